@@ -1,0 +1,74 @@
+//! # outbox-core
+//!
+//! The database-free heart of the transactional outbox and inbox: the message model,
+//! the contracts storage backends implement, the relay engine that moves messages to a
+//! broker, and the retry policy.
+//!
+//! ## How the pieces fit
+//!
+//! 1. A service writes business rows **and** [`NewMessage`]s in one database
+//!    transaction. Enqueueing is backend-specific because it takes the driver's own
+//!    transaction type (for example `outbox_postgres::enqueue(&mut *tx, ..)`); it never
+//!    commits on the caller's behalf.
+//! 2. A [`Relay`] claims due messages from an [`OutboxStore`] under a lease with a
+//!    fencing token, publishes them through a [`Publisher`], and completes or fails
+//!    them (retry with backoff, then dead-letter).
+//! 3. Consumers record processed ids in a [`DedupStore`] so broker redeliveries and
+//!    at-least-once publishing do not apply a message twice.
+//! 4. Singleton housekeeping (purging history) runs under a [`DistributedLock`].
+//!
+//! ## The claim protocol
+//!
+//! 1. **Claim** in one atomic step: select due messages, skipping (never waiting on)
+//!    rows another claimer holds; stamp each with a lease expiry by the storage's clock
+//!    and a fresh [`LeaseToken`]; increment `attempts`; return them.
+//! 2. **Publish** outside any database transaction.
+//! 3. **Settle** with the lease: [`OutboxStore::complete`], [`OutboxStore::fail`] or
+//!    [`OutboxStore::release`] match on id *and* token, so a relay whose lease lapsed and
+//!    whose message was claimed by another cannot change the new owner's claim; it learns
+//!    so through [`Settled::lost`] ([`ErrorKind::LeaseLost`] in the single-message
+//!    helpers).
+//! 4. A crashed relay's leases simply expire and the messages become due again.
+//!
+//! ## Writing a backend
+//!
+//! A backend crate provides:
+//!
+//! - an `enqueue` function taking the driver's transaction, validating every message
+//!   with [`MessageLimits::check`] before writing, and writing all of a batch or none;
+//! - a type implementing [`OutboxStore`] that honours every point of its `# Contract`;
+//! - optionally [`DedupStore`] and [`DistributedLock`] implementations;
+//! - one function in its `error.rs` mapping driver errors to [`Error`] with the right
+//!   [`ErrorKind`] and retryable status;
+//! - a `tests/conformance.rs` running `outbox-testkit`'s suite against a real server.
+//!
+//! ## Guarantees and limits
+//!
+//! Publishing is **at-least-once**. A message can be published twice when a relay dies
+//! after the broker accepted it but before completing, when a publish outlives its
+//! lease, or when shutdown abandons a publish in flight. Publishers pass the message id
+//! as the broker's dedup id where one exists, and consumers deduplicate with a
+//! [`DedupStore`].
+
+pub mod dedup;
+pub mod error;
+pub mod lock;
+pub mod message;
+pub mod publisher;
+pub mod purge;
+pub mod relay;
+pub mod retry;
+pub mod store;
+
+pub use dedup::{Consistency, Dedup, DedupStore};
+pub use error::{Error, ErrorKind, ErrorStatus, Result};
+pub use lock::{DistributedLock, LockGuard};
+pub use message::{Headers, Message, MessageId, MessageLimits, NewMessage, NewMessageBuilder};
+pub use publisher::{PublishOutcome, Publisher};
+pub use purge::{PurgeRun, Purger};
+pub use relay::{DispatchReport, Relay, RelayConfig, RelayHandle, Wakeup};
+pub use retry::RetryPolicy;
+pub use store::{
+    ClaimRequest, ClaimedMessage, Disposition, Failure, Lease, LeaseToken, Ordering,
+    OutboxStats, OutboxStore, OutboxStoreExt, Retention, Settled, StoreCapabilities,
+};

@@ -1,0 +1,38 @@
+//! Mutual exclusion across processes for singleton work: [`DistributedLock`].
+
+use std::fmt;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+
+/// A named lock shared by every process using the same storage.
+///
+/// Use it for work that must run once at a time across a fleet, such as purging
+/// dispatched rows. Dispatch itself never needs it: claims coordinate per row.
+///
+/// # Contract
+///
+/// - `try_lock` never waits for another holder: it returns `Ok(None)` when the lock is
+///   held elsewhere.
+/// - While a guard is alive and its backing session is healthy, no other `try_lock` for
+///   the same name succeeds.
+/// - [`LockGuard::unlock`] releases at once. Dropping a guard without unlocking must
+///   release eventually (session end, TTL), never hold the lock forever.
+/// - Names are validated; an invalid name is
+///   [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput).
+#[async_trait]
+pub trait DistributedLock: Send + Sync + fmt::Debug {
+    /// Take the lock if nobody holds it.
+    async fn try_lock(&self, name: &str) -> Result<Option<Box<dyn LockGuard>>>;
+}
+
+/// A held [`DistributedLock`].
+#[async_trait]
+pub trait LockGuard: Send + Sync + fmt::Debug {
+    /// The lock's name.
+    fn name(&self) -> &str;
+
+    /// Release the lock.
+    async fn unlock(self: Box<Self>) -> Result<()>;
+}

@@ -1,0 +1,1 @@
+//! PostgreSQL backend (in progress).

@@ -1,0 +1,85 @@
+//! What a backend implements to run the conformance suite.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use outbox_core::{
+    Error, ErrorKind, MessageId, NewMessage, Ordering, OutboxStore, Result, Retention,
+};
+
+/// What a backend under test supports beyond the [`OutboxStore`] contract; the suite runs
+/// every case these enable and prints a skip line for the others.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Features {
+    /// Stores can be made with [`Ordering::PerKey`].
+    pub per_key_ordering: bool,
+    /// Stores can be made with [`Retention::Keep`].
+    pub keep_retention: bool,
+    /// [`Fixture::enqueue_rolled_back`] is implemented (a real transaction).
+    pub transactional_enqueue: bool,
+    /// [`Fixture::lock_row`] is implemented (a row lock held by another transaction).
+    pub row_locks: bool,
+}
+
+impl Features {
+    /// Everything on: what a relational backend should support.
+    pub fn all() -> Self {
+        Features {
+            per_key_ordering: true,
+            keep_retention: true,
+            transactional_enqueue: true,
+            row_locks: true,
+        }
+    }
+}
+
+/// How the store of one case is made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FixtureOptions {
+    /// The ordering the store must enforce.
+    pub ordering: Ordering,
+    /// What completing does.
+    pub retention: Retention,
+}
+
+/// Hands out isolated stores, one per conformance case.
+#[async_trait]
+pub trait Harness: Send + Sync + 'static {
+    /// What the backend supports.
+    fn features(&self) -> Features;
+
+    /// A fresh store with its own schema, table or key prefix, so cases can run in
+    /// parallel and never see each other's rows.
+    async fn fixture(&self, options: FixtureOptions) -> Result<Box<dyn Fixture>>;
+}
+
+/// One case's store plus the backend-specific hooks the suite needs.
+#[async_trait]
+pub trait Fixture: Send + Sync + fmt::Debug {
+    /// The store under test.
+    fn store(&self) -> Arc<dyn OutboxStore>;
+
+    /// Enqueue `messages` through the backend's own enqueue path in one transaction and
+    /// commit it. All or nothing: an invalid message fails the whole call.
+    async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<()>;
+
+    /// Enqueue `messages` in a transaction and roll it back.
+    async fn enqueue_rolled_back(&self, _messages: Vec<NewMessage>) -> Result<()> {
+        Err(Error::new(ErrorKind::Unsupported, "enqueue_rolled_back"))
+    }
+
+    /// Lock the row of `id` from another transaction (as a concurrent writer would)
+    /// until the returned guard is released.
+    async fn lock_row(&self, _id: MessageId) -> Result<Box<dyn RowLock>> {
+        Err(Error::new(ErrorKind::Unsupported, "lock_row"))
+    }
+}
+
+/// A row lock held by another transaction, from [`Fixture::lock_row`].
+#[async_trait]
+pub trait RowLock: Send + fmt::Debug {
+    /// End the holding transaction.
+    async fn release(self: Box<Self>) -> Result<()>;
+}
