@@ -442,17 +442,31 @@ mod tests {
 
     #[test]
     fn rejects_bad_destinations() {
-        assert_eq!(kind(NewMessage::builder("").build()), ErrorKind::InvalidInput);
-        assert_eq!(kind(NewMessage::builder("  ").build()), ErrorKind::InvalidInput);
+        assert_eq!(
+            kind(NewMessage::builder("").build()),
+            ErrorKind::InvalidInput
+        );
+        assert_eq!(
+            kind(NewMessage::builder("  ").build()),
+            ErrorKind::InvalidInput
+        );
         let long = "d".repeat(256);
-        assert_eq!(kind(NewMessage::builder(long).build()), ErrorKind::InvalidInput);
-        assert_eq!(kind(NewMessage::builder("a\nb").build()), ErrorKind::InvalidInput);
+        assert_eq!(
+            kind(NewMessage::builder(long).build()),
+            ErrorKind::InvalidInput
+        );
+        assert_eq!(
+            kind(NewMessage::builder("a\nb").build()),
+            ErrorKind::InvalidInput
+        );
     }
 
     #[test]
     fn rejects_oversize_payload_with_configurable_limit() {
         let limits = MessageLimits::default().with_max_payload_bytes(4);
-        let ok = NewMessage::builder("d").payload(vec![0; 4]).limits(limits.clone());
+        let ok = NewMessage::builder("d")
+            .payload(vec![0; 4])
+            .limits(limits.clone());
         assert!(ok.build().is_ok());
         let big = NewMessage::builder("d").payload(vec![0; 5]).limits(limits);
         let err = big.build().unwrap_err();
@@ -468,17 +482,28 @@ mod tests {
         }
         let r = NewMessage::builder("d").header("ok", "line\nbreak").build();
         assert_eq!(kind(r), ErrorKind::InvalidInput);
-        let r = NewMessage::builder("d").header("ok", "v".repeat(4097)).build();
+        let r = NewMessage::builder("d")
+            .header("ok", "v".repeat(4097))
+            .build();
         assert_eq!(kind(r), ErrorKind::InvalidInput);
         let many: Headers = (0..65).map(|i| (format!("h{i}"), "v")).collect();
-        assert_eq!(kind(NewMessage::builder("d").headers(many).build()), ErrorKind::InvalidInput);
-        assert!(NewMessage::builder("d").header("tab", "a\tb").build().is_ok());
+        assert_eq!(
+            kind(NewMessage::builder("d").headers(many).build()),
+            ErrorKind::InvalidInput
+        );
+        assert!(NewMessage::builder("d")
+            .header("tab", "a\tb")
+            .build()
+            .is_ok());
     }
 
     #[test]
     fn message_id_round_trips_text() {
         let id = MessageId::new();
         assert_eq!(id.to_string().parse::<MessageId>().unwrap(), id);
-        assert_eq!("nope".parse::<MessageId>().unwrap_err().kind(), ErrorKind::InvalidInput);
+        assert_eq!(
+            "nope".parse::<MessageId>().unwrap_err().kind(),
+            ErrorKind::InvalidInput
+        );
     }
 }

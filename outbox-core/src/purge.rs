@@ -76,7 +76,11 @@ impl Purger {
         let mut total = 0;
         let mut outcome = Ok(());
         for _ in 0..self.max_batches {
-            match self.store.purge_dispatched(self.older_than, self.batch).await {
+            match self
+                .store
+                .purge_dispatched(self.older_than, self.batch)
+                .await
+            {
                 Ok(n) => {
                     total += n;
                     if n < self.batch as u64 {

@@ -70,7 +70,9 @@ impl RetryPolicy {
             return Err(Error::config("retry policy needs at least one attempt"));
         }
         if !(self.multiplier >= 1.0 && self.multiplier.is_finite()) {
-            return Err(Error::config("retry multiplier must be a finite number >= 1"));
+            return Err(Error::config(
+                "retry multiplier must be a finite number >= 1",
+            ));
         }
         if !(0.0..=1.0).contains(&self.jitter) {
             return Err(Error::config("retry jitter must be within [0, 1]"));
@@ -85,7 +87,9 @@ impl RetryPolicy {
     /// (1-based) failed.
     pub fn base_delay(&self, attempt: u32) -> Duration {
         let exponent = attempt.saturating_sub(1).min(64);
-        let factor = self.multiplier.powi(i32::try_from(exponent).unwrap_or(i32::MAX));
+        let factor = self
+            .multiplier
+            .powi(i32::try_from(exponent).unwrap_or(i32::MAX));
         let secs = self.initial_delay.as_secs_f64() * factor;
         if !secs.is_finite() || secs >= self.max_delay.as_secs_f64() {
             self.max_delay
@@ -135,7 +139,10 @@ mod tests {
         let mut seen_below = false;
         for _ in 0..200 {
             let d = p.delay(3);
-            assert!(d <= Duration::from_secs(10) && d >= Duration::from_secs(5), "{d:?}");
+            assert!(
+                d <= Duration::from_secs(10) && d >= Duration::from_secs(5),
+                "{d:?}"
+            );
             seen_below |= d < Duration::from_secs(10);
         }
         assert!(seen_below, "jitter never applied");
@@ -157,7 +164,8 @@ mod tests {
         assert!(RetryPolicy::default().validate().is_ok());
         assert!(RetryPolicy::with_max_attempts(0).validate().is_err());
         assert!(RetryPolicy::default().jitter(1.5).validate().is_err());
-        let inverted = RetryPolicy::default().backoff(Duration::from_secs(2), Duration::from_secs(1));
+        let inverted =
+            RetryPolicy::default().backoff(Duration::from_secs(2), Duration::from_secs(1));
         assert!(inverted.validate().is_err());
     }
 }

@@ -161,7 +161,11 @@ mod tests {
             RelayConfig::default().poll(Duration::from_secs(2), Duration::from_secs(1)),
         ];
         for c in bad {
-            assert_eq!(c.validate().unwrap_err().kind(), crate::ErrorKind::Config, "{c:?}");
+            assert_eq!(
+                c.validate().unwrap_err().kind(),
+                crate::ErrorKind::Config,
+                "{c:?}"
+            );
         }
     }
 }

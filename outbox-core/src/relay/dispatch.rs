@@ -58,12 +58,10 @@ impl Relay {
             first_id = %messages[0].id,
         );
         tracing::debug!(parent: &span, ids = ?messages.iter().map(|m| m.id).collect::<Vec<_>>(), "publishing");
-        let published = tokio::time::timeout(
-            config.publish_timeout,
-            inner.publisher.publish(&messages),
-        )
-        .instrument(span)
-        .await;
+        let published =
+            tokio::time::timeout(config.publish_timeout, inner.publisher.publish(&messages))
+                .instrument(span)
+                .await;
         let outcomes = match published {
             Ok(Ok(outcomes)) if outcomes.len() == messages.len() => outcomes,
             Ok(Ok(outcomes)) => {
@@ -138,13 +136,18 @@ impl Relay {
             }
             report.leases_lost += lost.len() as u64;
         }
-        ::metrics::counter!(metrics::DISPATCHED, "relay" => name.clone()).increment(report.dispatched);
+        ::metrics::counter!(metrics::DISPATCHED, "relay" => name.clone())
+            .increment(report.dispatched);
         ::metrics::counter!(metrics::RETRIED, "relay" => name.clone()).increment(report.retried);
         ::metrics::counter!(metrics::DEAD_LETTERED, "relay" => name.clone())
             .increment(report.dead_lettered);
         if report.leases_lost > 0 {
-            tracing::warn!(count = report.leases_lost, "leases lost before settling; those messages may publish again");
-            ::metrics::counter!(metrics::LEASES_LOST, "relay" => name).increment(report.leases_lost);
+            tracing::warn!(
+                count = report.leases_lost,
+                "leases lost before settling; those messages may publish again"
+            );
+            ::metrics::counter!(metrics::LEASES_LOST, "relay" => name)
+                .increment(report.leases_lost);
         }
         report
     }

@@ -307,7 +307,10 @@ impl Relay {
             .inner
             .store
             .claim(ClaimRequest::new(config.batch_size, config.lease))
-            .instrument(tracing::debug_span!("outbox.claim", limit = config.batch_size))
+            .instrument(tracing::debug_span!(
+                "outbox.claim",
+                limit = config.batch_size
+            ))
             .await;
         ::metrics::histogram!(metrics::CLAIM_SECONDS, "relay" => config.name.clone())
             .record(started.elapsed().as_secs_f64());

@@ -1,0 +1,59 @@
+//! The macro that turns the suite into tests.
+
+/// Expands to one `#[tokio::test]` per conformance case.
+///
+/// `$make` names an `async fn() -> Option<H>` where `H:`[`Harness`](crate::Harness);
+/// returning `None` skips the case (after [`service_url`](crate::service_url) printed
+/// why). The calling crate needs `tokio` with the `macros` and `rt-multi-thread`
+/// features as a dev-dependency.
+///
+/// ```ignore
+/// async fn harness() -> Option<MyHarness> {
+///     let url = outbox_testkit::service_url("MY_URL", "my backend conformance")?;
+///     Some(MyHarness::connect(&url).await)
+/// }
+/// outbox_testkit::conformance_suite!(harness);
+/// ```
+#[macro_export]
+macro_rules! conformance_suite {
+    ($make:path) => {
+        $crate::conformance_suite!(@cases $make;
+            enqueued_fields_round_trip,
+            delayed_messages_wait,
+            claim_skips_live_leases,
+            concurrent_claimers_claim_each_once,
+            expired_leases_are_reclaimable,
+            claim_ids_skips_rows_leased_elsewhere,
+            invalid_claims_are_rejected,
+            stale_complete_is_rejected,
+            stale_fail_and_release_are_rejected,
+            settled_leases_cannot_be_reused,
+            fail_schedules_the_retry,
+            last_attempt_dead_letters,
+            permanent_failure_dead_letters_at_once,
+            requeued_dead_letters_are_delivered,
+            claims_take_only_key_heads,
+            dead_head_does_not_block_its_key,
+            per_key_order_holds_with_racing_relays,
+            shutdown_releases_leases,
+            killed_relay_loses_nothing,
+            relays_deliver_all_without_duplicates,
+            explicit_dispatch_runs_alongside_sweeps,
+            purge_is_bounded_and_spares_undelivered,
+            delete_retention_keeps_no_history,
+            stats_are_exact,
+            rolled_back_enqueue_leaves_nothing,
+            invalid_batch_writes_nothing,
+            claim_skips_rows_locked_by_another_transaction,
+        );
+    };
+    (@cases $make:path; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let Some(harness) = $make().await else { return };
+                $crate::suite::$case(&harness).await;
+            }
+        )*
+    };
+}

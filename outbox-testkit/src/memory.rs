@@ -1,0 +1,452 @@
+//! An in-memory reference implementation of the whole store contract.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use outbox_core::{
+    ClaimRequest, ClaimedMessage, Disposition, Error, Failure, Lease, LeaseToken, Message,
+    MessageId, MessageLimits, NewMessage, Ordering, OutboxStats, OutboxStore, Result, Retention,
+    Settled, StoreCapabilities,
+};
+
+#[derive(Debug)]
+struct Row {
+    message: Message,
+    seq: u64,
+    available_at: SystemTime,
+    token: Option<LeaseToken>,
+    dispatched_at: Option<SystemTime>,
+    dead_at: Option<SystemTime>,
+}
+
+impl Row {
+    fn is_pending(&self) -> bool {
+        self.dispatched_at.is_none() && self.dead_at.is_none()
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    next_seq: u64,
+    rows: HashMap<MessageId, Row>,
+    /// Pending rows by availability then enqueue order: the partial "due" index.
+    due: BTreeSet<(SystemTime, u64, MessageId)>,
+    /// Enqueue positions of pending rows per partition key.
+    key_pending: HashMap<String, BTreeSet<u64>>,
+    /// Rows locked by another "transaction" (see [`MemoryStore::lock_row`]).
+    locked: HashSet<MessageId>,
+}
+
+impl State {
+    fn insert(&mut self, msg: &NewMessage, now: SystemTime) {
+        self.next_seq += 1;
+        let message = Message::from_parts(
+            msg.id(),
+            msg.destination().to_owned(),
+            msg.partition_key().map(str::to_owned),
+            msg.payload().to_vec(),
+            msg.content_type().map(str::to_owned),
+            msg.headers().clone(),
+            now,
+            0,
+            None,
+        );
+        let row = Row {
+            message,
+            seq: self.next_seq,
+            available_at: now + msg.delay(),
+            token: None,
+            dispatched_at: None,
+            dead_at: None,
+        };
+        self.index(&row);
+        self.rows.insert(msg.id(), row);
+    }
+
+    fn index(&mut self, row: &Row) {
+        self.due.insert((row.available_at, row.seq, row.message.id));
+        if let Some(key) = &row.message.partition_key {
+            self.key_pending
+                .entry(key.clone())
+                .or_default()
+                .insert(row.seq);
+        }
+    }
+
+    fn unindex(&mut self, id: MessageId) {
+        let Some(row) = self.rows.get(&id) else {
+            return;
+        };
+        self.due.remove(&(row.available_at, row.seq, id));
+        if let Some(key) = &row.message.partition_key {
+            if let Some(seqs) = self.key_pending.get_mut(key) {
+                seqs.remove(&row.seq);
+                if seqs.is_empty() {
+                    self.key_pending.remove(key);
+                }
+            }
+        }
+    }
+
+    fn is_key_head(&self, row: &Row) -> bool {
+        match &row.message.partition_key {
+            None => true,
+            Some(key) => self
+                .key_pending
+                .get(key)
+                .and_then(|s| s.first())
+                .is_none_or(|first| *first == row.seq),
+        }
+    }
+
+    fn claimable(&self, id: MessageId, ordering: Ordering, now: SystemTime) -> bool {
+        let Some(row) = self.rows.get(&id) else {
+            return false;
+        };
+        row.is_pending()
+            && row.available_at <= now
+            && !self.locked.contains(&id)
+            && (ordering == Ordering::Unordered || self.is_key_head(row))
+    }
+
+    fn lease(&mut self, id: MessageId, lease: Duration, now: SystemTime) -> ClaimedMessage {
+        let token = LeaseToken::new();
+        let expires_at = now + lease;
+        self.move_due(id, expires_at);
+        let row = self.rows.get_mut(&id).expect("claimed row exists");
+        row.token = Some(token);
+        row.message.attempts += 1;
+        ClaimedMessage {
+            message: row.message.clone(),
+            lease: Lease {
+                id,
+                token,
+                expires_at,
+            },
+        }
+    }
+
+    fn move_due(&mut self, id: MessageId, available_at: SystemTime) {
+        let row = self.rows.get_mut(&id).expect("row exists");
+        self.due.remove(&(row.available_at, row.seq, id));
+        row.available_at = available_at;
+        self.due.insert((available_at, row.seq, id));
+    }
+
+    fn holds(&self, lease: &Lease) -> bool {
+        self.rows
+            .get(&lease.id)
+            .is_some_and(|r| r.is_pending() && r.token == Some(lease.token))
+    }
+}
+
+/// An in-memory [`OutboxStore`] that honours the whole contract, including per-key
+/// order, fencing, retention and row locks held by "another transaction".
+///
+/// It is the reference the conformance suite is checked against and a convenient
+/// store for unit-testing services. Clones share state.
+///
+/// ```
+/// # tokio_test_block(async {
+/// use outbox_testkit::MemoryStore;
+/// use outbox_core::{NewMessage, OutboxStore, ClaimRequest};
+/// use std::time::Duration;
+///
+/// let store = MemoryStore::new();
+/// let mut tx = store.begin();
+/// tx.enqueue(NewMessage::builder("orders").payload(b"hi".to_vec()).build()?)?;
+/// tx.commit();
+/// let claimed = store.claim(ClaimRequest::new(10, Duration::from_secs(30))).await?;
+/// assert_eq!(claimed.len(), 1);
+/// # Ok::<(), outbox_core::Error>(()) });
+/// # fn tokio_test_block<F: std::future::Future>(f: F) -> F::Output {
+/// #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+/// # }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct MemoryStore {
+    state: Arc<Mutex<State>>,
+    capabilities: StoreCapabilities,
+    limits: MessageLimits,
+}
+
+impl MemoryStore {
+    /// An unordered store that deletes on completion.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A store with this ordering and retention.
+    pub fn with_capabilities(capabilities: StoreCapabilities) -> Self {
+        MemoryStore {
+            capabilities,
+            ..Self::default()
+        }
+    }
+
+    /// Validate enqueued messages against these limits.
+    pub fn with_limits(mut self, limits: MessageLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Start a "transaction": messages enqueued on it become visible on
+    /// [`MemoryTx::commit`] and vanish if it is dropped.
+    pub fn begin(&self) -> MemoryTx {
+        MemoryTx {
+            store: self.clone(),
+            staged: Vec::new(),
+        }
+    }
+
+    /// Enqueue and commit at once. All or nothing.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](outbox_core::ErrorKind::InvalidInput) when any
+    /// message breaks the store's limits; nothing is written.
+    pub fn enqueue(&self, messages: &[NewMessage]) -> Result<()> {
+        let mut tx = self.begin();
+        for m in messages {
+            tx.enqueue(m.clone())?;
+        }
+        tx.commit();
+        Ok(())
+    }
+
+    /// Hold `id` as another transaction's row lock would: claims skip it until
+    /// [`unlock_row`](Self::unlock_row).
+    pub fn lock_row(&self, id: MessageId) {
+        self.state().locked.insert(id);
+    }
+
+    /// End a [`lock_row`](Self::lock_row).
+    pub fn unlock_row(&self, id: MessageId) {
+        self.state().locked.remove(&id);
+    }
+
+    fn claim_where(
+        &self,
+        limit: usize,
+        lease: Duration,
+        mut wanted: impl FnMut(MessageId) -> bool,
+    ) -> Vec<ClaimedMessage> {
+        let now = SystemTime::now();
+        let ordering = self.capabilities.ordering;
+        let mut state = self.state();
+        let mut picked: Vec<MessageId> = Vec::new();
+        for (available_at, _, id) in state.due.iter() {
+            if picked.len() == limit || *available_at > now {
+                break;
+            }
+            if !wanted(*id) || !state.claimable(*id, ordering, now) {
+                continue;
+            }
+            picked.push(*id);
+        }
+        picked
+            .into_iter()
+            .map(|id| state.lease(id, lease, now))
+            .collect()
+    }
+
+    fn settle(&self, leases: &[Lease], mut apply: impl FnMut(&mut State, usize)) -> Settled {
+        let mut state = self.state();
+        let mut applied = Vec::new();
+        for (i, lease) in leases.iter().enumerate() {
+            if state.holds(lease) {
+                apply(&mut state, i);
+                applied.push(lease.id);
+            }
+        }
+        Settled::reconcile(leases.iter().map(|l| l.id), applied)
+    }
+}
+
+/// A "transaction" on a [`MemoryStore`]: see [`MemoryStore::begin`].
+#[derive(Debug)]
+pub struct MemoryTx {
+    store: MemoryStore,
+    staged: Vec<NewMessage>,
+}
+
+impl MemoryTx {
+    /// Stage a message, validated against the store's limits.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](outbox_core::ErrorKind::InvalidInput); nothing is
+    /// staged.
+    pub fn enqueue(&mut self, message: NewMessage) -> Result<()> {
+        self.store.limits.check(&message)?;
+        self.staged.push(message);
+        Ok(())
+    }
+
+    /// Make the staged messages visible.
+    pub fn commit(self) {
+        let now = SystemTime::now();
+        let mut state = self.store.state();
+        for m in &self.staged {
+            state.insert(m, now);
+        }
+    }
+
+    /// Discard the staged messages (dropping does the same).
+    pub fn rollback(self) {}
+}
+
+#[async_trait]
+impl OutboxStore for MemoryStore {
+    fn capabilities(&self) -> StoreCapabilities {
+        self.capabilities
+    }
+
+    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedMessage>> {
+        request.validate()?;
+        Ok(self.claim_where(request.limit, request.lease, |_| true))
+    }
+
+    async fn claim_ids(&self, ids: &[MessageId], lease: Duration) -> Result<Vec<ClaimedMessage>> {
+        ClaimRequest::new(ids.len().max(1), lease).validate()?;
+        let wanted: HashSet<MessageId> = ids.iter().copied().collect();
+        Ok(self.claim_where(ids.len(), lease, |id| wanted.contains(&id)))
+    }
+
+    async fn complete(&self, leases: &[Lease]) -> Result<Settled> {
+        let now = SystemTime::now();
+        let retention = self.capabilities.retention;
+        Ok(self.settle(leases, |state, i| {
+            let id = leases[i].id;
+            state.unindex(id);
+            match retention {
+                Retention::Delete => {
+                    state.rows.remove(&id);
+                }
+                Retention::Keep { .. } => {
+                    let row = state.rows.get_mut(&id).expect("held row exists");
+                    row.dispatched_at = Some(now);
+                    row.token = None;
+                }
+            }
+        }))
+    }
+
+    async fn fail(&self, failures: &[Failure]) -> Result<Settled> {
+        let now = SystemTime::now();
+        let leases: Vec<Lease> = failures.iter().map(|f| f.lease).collect();
+        Ok(self.settle(&leases, |state, i| {
+            let f = &failures[i];
+            match f.disposition {
+                Disposition::Retry { after } => state.move_due(f.lease.id, now + after),
+                Disposition::DeadLetter => {
+                    state.unindex(f.lease.id);
+                    state.rows.get_mut(&f.lease.id).expect("row").dead_at = Some(now);
+                }
+            }
+            let row = state.rows.get_mut(&f.lease.id).expect("held row exists");
+            row.token = None;
+            row.message.last_error = Some(f.error.clone());
+        }))
+    }
+
+    async fn release(&self, leases: &[Lease]) -> Result<Settled> {
+        let now = SystemTime::now();
+        Ok(self.settle(leases, |state, i| {
+            let id = leases[i].id;
+            state.move_due(id, now);
+            let row = state.rows.get_mut(&id).expect("held row exists");
+            row.token = None;
+            row.message.attempts = row.message.attempts.saturating_sub(1);
+        }))
+    }
+
+    async fn dead_letters(&self, after: Option<MessageId>, limit: usize) -> Result<Vec<Message>> {
+        let state = self.state();
+        let mut dead: Vec<&Row> = state
+            .rows
+            .values()
+            .filter(|r| r.dead_at.is_some() && after.is_none_or(|a| r.message.id > a))
+            .collect();
+        dead.sort_by_key(|r| r.message.id);
+        Ok(dead
+            .into_iter()
+            .take(limit)
+            .map(|r| r.message.clone())
+            .collect())
+    }
+
+    async fn requeue_dead(&self, ids: &[MessageId]) -> Result<u64> {
+        let now = SystemTime::now();
+        let mut state = self.state();
+        let mut requeued = 0;
+        for id in ids {
+            let Some(row) = state.rows.get_mut(id) else {
+                continue;
+            };
+            if row.dead_at.is_none() {
+                continue;
+            }
+            row.dead_at = None;
+            row.available_at = now;
+            row.message.attempts = 0;
+            let (available_at, seq, key) =
+                (row.available_at, row.seq, row.message.partition_key.clone());
+            state.due.insert((available_at, seq, *id));
+            if let Some(key) = key {
+                state.key_pending.entry(key).or_default().insert(seq);
+            }
+            requeued += 1;
+        }
+        Ok(requeued)
+    }
+
+    async fn purge_dispatched(&self, older_than: Duration, limit: usize) -> Result<u64> {
+        if limit == 0 {
+            return Err(Error::invalid_input("purge limit must be at least 1"));
+        }
+        let cutoff = SystemTime::now()
+            .checked_sub(older_than)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let mut state = self.state();
+        let old: Vec<MessageId> = state
+            .rows
+            .values()
+            .filter(|r| r.dispatched_at.is_some_and(|at| at <= cutoff))
+            .map(|r| r.message.id)
+            .take(limit)
+            .collect();
+        for id in &old {
+            state.rows.remove(id);
+        }
+        Ok(old.len() as u64)
+    }
+
+    async fn stats(&self) -> Result<OutboxStats> {
+        let now = SystemTime::now();
+        let state = self.state();
+        let (mut pending, mut in_flight, mut dead, mut dispatched) = (0, 0, 0, 0);
+        let mut oldest: Option<SystemTime> = None;
+        for row in state.rows.values() {
+            if row.dead_at.is_some() {
+                dead += 1;
+            } else if row.dispatched_at.is_some() {
+                dispatched += 1;
+            } else {
+                if row.token.is_some() && row.available_at > now {
+                    in_flight += 1;
+                } else {
+                    pending += 1;
+                }
+                let created = row.message.created_at;
+                oldest = Some(oldest.map_or(created, |o| o.min(created)));
+            }
+        }
+        let age = oldest.map(|o| now.duration_since(o).unwrap_or_default());
+        Ok(OutboxStats::new(pending, in_flight, dead, dispatched, age))
+    }
+}

@@ -1,0 +1,66 @@
+//! The conformance harness for [`MemoryStore`].
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use outbox_core::{MessageId, NewMessage, OutboxStore, Result, StoreCapabilities};
+
+use crate::harness::{Features, Fixture, FixtureOptions, Harness, RowLock};
+use crate::memory::MemoryStore;
+
+/// Runs the suite against [`MemoryStore`]; every feature is supported.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryHarness;
+
+#[async_trait]
+impl Harness for MemoryHarness {
+    fn features(&self) -> Features {
+        Features::all()
+    }
+
+    async fn fixture(&self, options: FixtureOptions) -> Result<Box<dyn Fixture>> {
+        let capabilities = StoreCapabilities::new(options.ordering, options.retention);
+        Ok(Box::new(MemoryFixture(MemoryStore::with_capabilities(
+            capabilities,
+        ))))
+    }
+}
+
+#[derive(Debug)]
+struct MemoryFixture(MemoryStore);
+
+#[async_trait]
+impl Fixture for MemoryFixture {
+    fn store(&self) -> Arc<dyn OutboxStore> {
+        Arc::new(self.0.clone())
+    }
+
+    async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<()> {
+        self.0.enqueue(&messages)
+    }
+
+    async fn enqueue_rolled_back(&self, messages: Vec<NewMessage>) -> Result<()> {
+        let mut tx = self.0.begin();
+        for m in messages {
+            tx.enqueue(m)?;
+        }
+        tx.rollback();
+        Ok(())
+    }
+
+    async fn lock_row(&self, id: MessageId) -> Result<Box<dyn RowLock>> {
+        self.0.lock_row(id);
+        Ok(Box::new(MemoryRowLock(self.0.clone(), id)))
+    }
+}
+
+#[derive(Debug)]
+struct MemoryRowLock(MemoryStore, MessageId);
+
+#[async_trait]
+impl RowLock for MemoryRowLock {
+    async fn release(self: Box<Self>) -> Result<()> {
+        self.0.unlock_row(self.1);
+        Ok(())
+    }
+}

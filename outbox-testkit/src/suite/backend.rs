@@ -1,0 +1,81 @@
+//! Cases that need the backend's own transactions: atomic enqueue, row locks, bad
+//! input. Guarantees 1, 2, 11 and 12.
+
+use std::time::Duration;
+
+use outbox_core::{ErrorKind, MessageLimits, NewMessage};
+
+use super::*;
+use crate::harness::Harness;
+
+/// A rolled-back enqueue leaves nothing; a committed one is claimable.
+pub async fn rolled_back_enqueue_leaves_nothing(h: &dyn Harness) {
+    if !supports(h, "rolled_back_enqueue_leaves_nothing", |f| {
+        f.transactional_enqueue
+    }) {
+        return;
+    }
+    let f = plain(h).await;
+    let store = f.store();
+    f.enqueue_rolled_back(msgs(3)).await.unwrap();
+    assert!(claim(&*store, 10, LONG_LEASE).await.is_empty());
+    assert_eq!(stats(&*store).await.pending, 0);
+    f.enqueue(msgs(2)).await.unwrap();
+    assert_eq!(claim(&*store, 10, LONG_LEASE).await.len(), 2);
+}
+
+/// A batch with one invalid message writes none of them.
+pub async fn invalid_batch_writes_nothing(h: &dyn Harness) {
+    let f = plain(h).await;
+    let store = f.store();
+    let oversize = NewMessage::builder("big")
+        .limits(MessageLimits::default().with_max_payload_bytes(usize::MAX))
+        .payload(vec![7u8; 2 * 1024 * 1024])
+        .build()
+        .unwrap();
+    let batch = vec![msg("ok", 0), msg("ok", 1), oversize];
+    let err = f.enqueue(batch).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    assert!(err.to_string().contains("payload"), "{err}");
+    let s = stats(&*store).await;
+    assert_eq!(
+        (s.pending, s.in_flight, s.dead),
+        (0, 0, 0),
+        "nothing may be half-written"
+    );
+}
+
+/// A claim skips a row another transaction has locked, without waiting for it, and
+/// takes the row once the lock is gone.
+pub async fn claim_skips_rows_locked_by_another_transaction(h: &dyn Harness) {
+    if !supports(h, "claim_skips_rows_locked_by_another_transaction", |f| {
+        f.row_locks
+    }) {
+        return;
+    }
+    let f = plain(h).await;
+    let store = f.store();
+    let batch = msgs(3);
+    let locked = batch[0].id();
+    f.enqueue(batch).await.unwrap();
+    let lock = f.lock_row(locked).await.unwrap();
+
+    let got = tokio::time::timeout(Duration::from_secs(10), claim(&*store, 10, LONG_LEASE))
+        .await
+        .expect("a claim must skip locked rows, not wait on them");
+    assert_eq!(got.len(), 2);
+    assert!(got.iter().all(|c| c.message.id != locked));
+    let explicit = tokio::time::timeout(
+        Duration::from_secs(10),
+        store.claim_ids(&[locked], LONG_LEASE),
+    )
+    .await
+    .expect("claim_ids must not wait either")
+    .unwrap();
+    assert!(explicit.is_empty());
+
+    lock.release().await.unwrap();
+    let got = claim(&*store, 10, LONG_LEASE).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].message.id, locked);
+}

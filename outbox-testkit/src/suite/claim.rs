@@ -1,0 +1,157 @@
+//! Claims: leases, concurrency, explicit ids. Guarantees 2 and 4.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::{ClaimRequest, ErrorKind, MessageId, NewMessage};
+
+use super::*;
+use crate::harness::Harness;
+
+/// Enqueued fields come back unchanged from a claim, and `attempts` counts the claim.
+pub async fn enqueued_fields_round_trip(h: &dyn Harness) {
+    let f = plain(h).await;
+    let sent = NewMessage::builder("orders.created")
+        .partition_key("order-7")
+        .content_type("application/json")
+        .header("traceparent", "00-abc-def-01")
+        .header("tenant", "acme")
+        .payload(b"{\"id\":7}\x00\xff".to_vec())
+        .build()
+        .unwrap();
+    f.enqueue(vec![sent.clone()]).await.unwrap();
+    let got = claim(&*f.store(), 10, LONG_LEASE).await;
+    assert_eq!(got.len(), 1);
+    let m = &got[0].message;
+    assert_eq!(m.id, sent.id());
+    assert_eq!(m.destination, "orders.created");
+    assert_eq!(m.partition_key.as_deref(), Some("order-7"));
+    assert_eq!(m.content_type.as_deref(), Some("application/json"));
+    assert_eq!(&m.headers, sent.headers());
+    assert_eq!(m.payload, sent.payload());
+    assert_eq!(m.attempts, 1);
+    assert_eq!(m.last_error, None);
+    assert_eq!(got[0].lease.id, sent.id());
+}
+
+/// A delayed message is not claimable before its delay has passed.
+pub async fn delayed_messages_wait(h: &dyn Harness) {
+    let f = plain(h).await;
+    let later = NewMessage::builder("d")
+        .delay(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    f.enqueue(vec![later, msg("d", 1)]).await.unwrap();
+    let got = claim(&*f.store(), 10, LONG_LEASE).await;
+    assert_eq!(got.len(), 1, "only the undelayed message is due");
+    assert_eq!(stats(&*f.store()).await.pending, 1);
+}
+
+/// Claims skip messages held by a live lease.
+pub async fn claim_skips_live_leases(h: &dyn Harness) {
+    let f = plain(h).await;
+    let store = f.store();
+    f.enqueue(msgs(3)).await.unwrap();
+    let first = claim(&*store, 2, LONG_LEASE).await;
+    assert_eq!(first.len(), 2);
+    let second = claim(&*store, 10, LONG_LEASE).await;
+    assert_eq!(second.len(), 1, "the two leased messages must be skipped");
+    let ids: HashSet<MessageId> = first.iter().chain(&second).map(|c| c.message.id).collect();
+    assert_eq!(ids.len(), 3);
+    assert!(claim(&*store, 10, LONG_LEASE).await.is_empty());
+}
+
+/// Eight concurrent claimers over 2,000 messages claim each exactly once.
+pub async fn concurrent_claimers_claim_each_once(h: &dyn Harness) {
+    let f = plain(h).await;
+    let store = f.store();
+    let all = msgs(2000);
+    let expected: HashSet<MessageId> = all.iter().map(|m| m.id()).collect();
+    for chunk in all.chunks(500) {
+        f.enqueue(chunk.to_vec()).await.unwrap();
+    }
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let got = claim(&*store, 25, LONG_LEASE).await;
+                if got.is_empty() {
+                    return mine;
+                }
+                mine.extend(got.into_iter().map(|c| c.message.id));
+            }
+        }));
+    }
+    let mut seen = HashSet::new();
+    let mut total = 0;
+    for t in tasks {
+        for id in t.await.unwrap() {
+            total += 1;
+            assert!(
+                seen.insert(id),
+                "message {id} claimed twice while its lease was live"
+            );
+        }
+    }
+    assert_eq!(total, 2000);
+    assert_eq!(seen, expected);
+}
+
+/// Once a lease lapses the message can be claimed again, with its attempt counted.
+pub async fn expired_leases_are_reclaimable(h: &dyn Harness) {
+    let f = plain(h).await;
+    let store = f.store();
+    f.enqueue(msgs(1)).await.unwrap();
+    let first = claim(&*store, 1, SHORT_LEASE).await;
+    assert_eq!(first.len(), 1);
+    let again = claim_eventually(&*store, 1, LONG_LEASE).await;
+    assert_eq!(again[0].message.id, first[0].message.id);
+    assert_eq!(again[0].message.attempts, 2);
+    assert_ne!(
+        again[0].lease.token, first[0].lease.token,
+        "a re-claim needs a fresh token"
+    );
+}
+
+/// `claim_ids` takes the named due messages and skips ones leased elsewhere.
+pub async fn claim_ids_skips_rows_leased_elsewhere(h: &dyn Harness) {
+    let f = plain(h).await;
+    let store = f.store();
+    let m = msgs(4);
+    let ids: Vec<MessageId> = m.iter().map(|m| m.id()).collect();
+    f.enqueue(m).await.unwrap();
+    let got = store.claim_ids(&ids[..2], LONG_LEASE).await.unwrap();
+    assert_eq!(got.len(), 2);
+    let unknown = MessageId::new();
+    let got = store
+        .claim_ids(&[ids[0], ids[1], ids[2], unknown], LONG_LEASE)
+        .await
+        .unwrap();
+    let got: Vec<MessageId> = got.into_iter().map(|c| c.message.id).collect();
+    assert_eq!(got, vec![ids[2]], "leased and unknown ids are skipped");
+    let rest = claim(&*store, 10, LONG_LEASE).await;
+    assert_eq!(rest.len(), 1);
+    assert_eq!(rest[0].message.id, ids[3]);
+}
+
+/// Out-of-bounds claim requests are rejected before storage is touched.
+pub async fn invalid_claims_are_rejected(h: &dyn Harness) {
+    let f = plain(h).await;
+    let store = f.store();
+    f.enqueue(msgs(1)).await.unwrap();
+    for bad in [
+        ClaimRequest::new(0, LONG_LEASE),
+        ClaimRequest::new(1, Duration::ZERO),
+    ] {
+        let err = store.claim(bad).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{bad:?}");
+    }
+    assert_eq!(
+        stats(&*store).await.pending,
+        1,
+        "a rejected claim changes nothing"
+    );
+}

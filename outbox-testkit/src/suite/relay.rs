@@ -1,0 +1,149 @@
+//! The relay engine against the store: shutdown, crashes, scale, explicit dispatch.
+//! Guarantees 4 and 7.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::MessageId;
+
+use super::*;
+use crate::harness::Harness;
+use crate::publishers::RecordingPublisher;
+
+/// Graceful shutdown releases leases it will not finish, without using up attempts.
+pub async fn shutdown_releases_leases(h: &dyn Harness) {
+    let f = plain(h).await;
+    let store = f.store();
+    f.enqueue(msgs(6)).await.unwrap();
+    // One publish call in flight at a time, and it never finishes within the grace.
+    let publisher = RecordingPublisher::new().with_delay(Duration::from_secs(600));
+    let config = fast_relay_config()
+        .lease(Duration::from_secs(600))
+        .publish(3, 1)
+        .shutdown_grace(Duration::from_millis(50));
+    let relay = relay(Arc::clone(&store), Arc::new(publisher.clone()), config).spawn();
+    publisher.wait_for_calls(1, DEADLINE).await.unwrap();
+    assert_eq!(stats(&*store).await.in_flight, 6);
+
+    let report = relay.shutdown().await.unwrap();
+    assert_eq!(report.released, 6);
+    assert_eq!(report.dispatched, 0);
+    let s = stats(&*store).await;
+    assert_eq!(
+        (s.pending, s.in_flight),
+        (6, 0),
+        "released leases are due at once"
+    );
+    for c in claim(&*store, 10, LONG_LEASE).await {
+        assert_eq!(c.message.attempts, 1, "a release gives the attempt back");
+    }
+}
+
+/// A relay task aborted mid-batch loses nothing: its leases lapse and another relay
+/// delivers every message.
+pub async fn killed_relay_loses_nothing(h: &dyn Harness) {
+    let f = plain(h).await;
+    let store = f.store();
+    let sent = msgs(40);
+    let ids: HashSet<MessageId> = sent.iter().map(|m| m.id()).collect();
+    f.enqueue(sent).await.unwrap();
+
+    let stuck = RecordingPublisher::new().with_delay(Duration::from_secs(600));
+    let config = fast_relay_config()
+        .lease(Duration::from_millis(800))
+        .batch_size(20)
+        .publish(10, 2);
+    let doomed = relay(Arc::clone(&store), Arc::new(stuck.clone()), config.clone()).spawn();
+    stuck.wait_for_calls(2, DEADLINE).await.unwrap();
+    doomed.abort();
+
+    let publisher = RecordingPublisher::new();
+    let survivor = relay(Arc::clone(&store), Arc::new(publisher.clone()), config).spawn();
+    publisher.wait_for_unique(40, DEADLINE).await.unwrap();
+    survivor.shutdown().await.unwrap();
+    let delivered: HashSet<MessageId> = publisher.published().iter().map(|m| m.id).collect();
+    assert_eq!(delivered, ids);
+    let s = stats(&*store).await;
+    assert_eq!((s.pending, s.in_flight, s.dead), (0, 0, 0));
+}
+
+/// Four relays over 10,000 messages deliver all of them exactly once when nothing fails.
+pub async fn relays_deliver_all_without_duplicates(h: &dyn Harness) {
+    let f = plain(h).await;
+    let store = f.store();
+    let sent = msgs(10_000);
+    for chunk in sent.chunks(1000) {
+        f.enqueue(chunk.to_vec()).await.unwrap();
+    }
+    let publisher = RecordingPublisher::new();
+    let relays: Vec<_> = (0..4)
+        .map(|i| {
+            let config = fast_relay_config()
+                .name(format!("relay-{i}"))
+                .batch_size(100)
+                .publish(50, 2);
+            relay(Arc::clone(&store), Arc::new(publisher.clone()), config).spawn()
+        })
+        .collect();
+    publisher
+        .wait_for_unique(10_000, DEADLINE * 4)
+        .await
+        .unwrap();
+    let mut dispatched = 0;
+    for r in relays {
+        dispatched += r.shutdown().await.unwrap().dispatched;
+    }
+    assert_eq!(
+        publisher.duplicates(),
+        0,
+        "no message may publish twice when nothing fails"
+    );
+    assert_eq!(publisher.published_count(), 10_000);
+    assert_eq!(dispatched, 10_000);
+    let s = stats(&*store).await;
+    assert_eq!((s.pending, s.in_flight), (0, 0));
+}
+
+/// Explicit dispatch right after commit runs alongside the background relay, with no
+/// message published twice.
+pub async fn explicit_dispatch_runs_alongside_sweeps(h: &dyn Harness) {
+    let f: Arc<dyn crate::Fixture> = Arc::from(plain(h).await);
+    let store = f.store();
+    let publisher = RecordingPublisher::new();
+    let relay = relay(
+        Arc::clone(&store),
+        Arc::new(publisher.clone()),
+        fast_relay_config(),
+    );
+    let background = relay.spawn();
+    let mut writers = Vec::new();
+    for w in 0..8 {
+        let (f, relay) = (Arc::clone(&f), relay.clone());
+        writers.push(tokio::spawn(async move {
+            let mut explicit = 0;
+            for round in 0..5 {
+                let batch: Vec<_> = (0..10)
+                    .map(|i| msg("explicit", w * 1000 + round * 10 + i))
+                    .collect();
+                let ids: Vec<MessageId> = batch.iter().map(|m| m.id()).collect();
+                f.enqueue(batch).await.unwrap();
+                explicit += relay.dispatch_ids(&ids).await.unwrap().dispatched;
+            }
+            explicit
+        }));
+    }
+    let mut explicit = 0;
+    for w in writers {
+        explicit += w.await.unwrap();
+    }
+    publisher.wait_for_unique(400, DEADLINE).await.unwrap();
+    background.relay().wait_idle(DEADLINE).await.unwrap();
+    let report = background.shutdown().await.unwrap();
+    assert_eq!(publisher.duplicates(), 0);
+    assert_eq!(
+        report.dispatched, 400,
+        "explicit and background dispatches add up"
+    );
+    assert!(explicit > 0, "explicit dispatch published nothing");
+}
