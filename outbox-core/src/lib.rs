@@ -8,7 +8,7 @@
 //!
 //! 1. A service writes business rows **and** [`NewMessage`]s in one database
 //!    transaction. Enqueueing is backend-specific because it takes the driver's own
-//!    transaction type (for example `outbox_postgres::enqueue(&mut *tx, ..)`); it never
+//!    transaction type (for example `outbox_postgres::PgOutbox::enqueue(&mut *tx, ..)`); it never
 //!    commits on the caller's behalf.
 //! 2. A [`Relay`] claims due messages from an [`OutboxStore`] under a lease with a
 //!    fencing token, publishes them through a [`Publisher`], and completes or fails

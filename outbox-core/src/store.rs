@@ -296,9 +296,14 @@ impl OutboxStats {
 /// # Errors
 ///
 /// Invalid arguments give [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput)
-/// before storage is touched; rows that do not decode give
-/// [`ErrorKind::Decode`](crate::ErrorKind::Decode); driver errors are mapped to their
-/// kinds with [`Error::is_retryable`] set for transient ones. A lost lease is not an
+/// before storage is touched. A claimed row whose *content* does not decode (headers
+/// that are not a map of strings, say) must not wedge relays: the claim dead-letters it
+/// with a `last_error` saying why and returns the others. A row whose *shape* is wrong
+/// (a missing column, an unexpected type) is a schema problem and gives
+/// [`ErrorKind::Decode`](crate::ErrorKind::Decode) or
+/// [`ErrorKind::Schema`](crate::ErrorKind::Schema). Driver errors are mapped to their
+/// kinds with [`Error::is_retryable`] set for transient ones. A `limit` of 0 asks for
+/// nothing: listings return empty and purges delete nothing. A lost lease is not an
 /// error of the batch methods (see [`Settled`]); the single-message helpers of
 /// [`OutboxStoreExt`] turn it into [`ErrorKind::LeaseLost`](crate::ErrorKind::LeaseLost).
 #[async_trait]

@@ -6,9 +6,9 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use outbox_core::{
-    ClaimRequest, ClaimedMessage, Disposition, Error, Failure, Lease, LeaseToken, Message,
-    MessageId, MessageLimits, NewMessage, Ordering, OutboxStats, OutboxStore, Result, Retention,
-    Settled, StoreCapabilities,
+    ClaimRequest, ClaimedMessage, Disposition, Failure, Lease, LeaseToken, Message, MessageId,
+    MessageLimits, NewMessage, Ordering, OutboxStats, OutboxStore, Result, Retention, Settled,
+    StoreCapabilities,
 };
 
 #[derive(Debug)]
@@ -406,9 +406,6 @@ impl OutboxStore for MemoryStore {
     }
 
     async fn purge_dispatched(&self, older_than: Duration, limit: usize) -> Result<u64> {
-        if limit == 0 {
-            return Err(Error::invalid_input("purge limit must be at least 1"));
-        }
         let cutoff = SystemTime::now()
             .checked_sub(older_than)
             .unwrap_or(SystemTime::UNIX_EPOCH);

@@ -1,0 +1,99 @@
+//! The relay engine with no database: the in-memory reference store, a publisher that
+//! prints, a broker that fails now and then, retries, a dead letter, and a graceful
+//! shutdown.
+//!
+//! Run it with:
+//!
+//! ```sh
+//! cargo run -p example-in-memory
+//! ```
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox_core::{
+    Message, NewMessage, OutboxStore, PublishOutcome, Publisher, Relay, RelayConfig, Result,
+    RetryPolicy,
+};
+use outbox_testkit::MemoryStore;
+
+/// Prints what it publishes; every third call fails (retryable), and messages to
+/// `audit.bogus` are refused for good.
+#[derive(Debug, Default)]
+struct FlakyPrinter {
+    calls: AtomicU32,
+}
+
+#[async_trait]
+impl Publisher for FlakyPrinter {
+    async fn publish(&self, batch: &[Message]) -> Result<Vec<PublishOutcome>> {
+        let call = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+        Ok(batch
+            .iter()
+            .map(|m| {
+                if m.destination == "audit.bogus" {
+                    PublishOutcome::Permanent("no such topic".into())
+                } else if call % 3 == 0 {
+                    println!("  broker hiccup on {} (attempt {})", m.id, m.attempts);
+                    PublishOutcome::Retryable("broker hiccup".into())
+                } else {
+                    let body = String::from_utf8_lossy(&m.payload);
+                    println!(
+                        "published {} to {}: {body} (attempt {})",
+                        m.id, m.destination, m.attempts
+                    );
+                    PublishOutcome::Published
+                }
+            })
+            .collect())
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let store = MemoryStore::new();
+
+    // A "transaction": nothing is visible until commit.
+    let mut tx = store.begin();
+    for n in 1..=5 {
+        tx.enqueue(
+            NewMessage::builder("orders.created")
+                .content_type("application/json")
+                .payload(format!("{{\"order\":{n}}}"))
+                .build()?,
+        )?;
+    }
+    tx.enqueue(NewMessage::builder("audit.bogus").payload("?").build()?)?;
+    tx.commit();
+
+    let config = RelayConfig::default().batch_size(2).publish(2, 1).retry(
+        RetryPolicy::with_max_attempts(5)
+            .backoff(Duration::from_millis(20), Duration::from_millis(100)),
+    );
+    let relay = Relay::new(
+        Arc::new(store.clone()),
+        Arc::new(FlakyPrinter::default()),
+        config,
+    )?;
+    let handle = relay.spawn();
+    handle.wake();
+
+    // Wait until everything due is handled (retries back off briefly).
+    while store.stats().await?.pending + store.stats().await?.in_flight > 0 {
+        relay.wait_idle(Duration::from_secs(5)).await?;
+    }
+    let report = handle.shutdown().await?;
+    println!(
+        "dispatched {}, retried {}, dead-lettered {}",
+        report.dispatched, report.retried, report.dead_lettered
+    );
+    for dead in store.dead_letters(None, 10).await? {
+        println!(
+            "dead letter {} to {}: {:?}",
+            dead.id, dead.destination, dead.last_error
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,158 @@
+//! Benchmarks of the PostgreSQL outbox against a real server.
+//!
+//! ```text
+//! cargo bench -p outbox-postgres --bench pg_bench              # full: a few minutes
+//! cargo bench -p outbox-postgres --bench pg_bench -- --quick   # about a minute
+//! OUTBOX_BENCH_QUICK=1 cargo bench -p outbox-postgres --bench pg_bench
+//! ```
+//!
+//! Scenarios, each printed as a table with what it compares, the machine and the mode:
+//!
+//! 1. **Enqueue overhead**: TPS of a business insert plus one outbox message in one
+//!    transaction, against the business insert alone.
+//! 2. **Drain throughput** with a no-op publisher, batch {1, 10, 100, 1000} x relays
+//!    {1, 2, 4}, against `pgbench` running the library's own claim + complete SQL (the
+//!    ceiling) and against pgmq's pure-Rust `PGMQueue` client (the peer).
+//! 3. **Commit-to-publish latency** at 1,000 msg/s offered: NOTIFY wake-up vs polling.
+//! 4. **Claim latency vs history**: 10^4 vs 10^6 dispatched rows kept (10^5 in quick
+//!    mode).
+//!
+//! The bench reports figures and ratios; it asserts none. Results also go to
+//! `target/outbox-bench/results.json` (under `CARGO_TARGET_DIR` when set), next to
+//! the generated pgbench script and the EXPLAIN output of the claim.
+//!
+//! Environment: `OUTBOX_PG_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/outbox_bench`; the database is created when
+//! missing). Every object lives in `obx_bench_*` schemas (and a `pgmq.*_obx_bench_drain`
+//! queue), dropped at the end unless `OUTBOX_BENCH_KEEP=1`. `pgbench` must be on the
+//! PATH for the ceiling column.
+
+#[path = "pg_bench/drain.rs"]
+mod drain;
+#[path = "pg_bench/enqueue.rs"]
+mod enqueue;
+#[path = "pg_bench/harness.rs"]
+mod harness;
+#[path = "pg_bench/history.rs"]
+mod history;
+#[path = "pg_bench/latency.rs"]
+mod latency;
+#[path = "pg_bench/pgbench.rs"]
+mod pgbench;
+#[path = "pg_bench/pgmq_peer.rs"]
+mod pgmq_peer;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use harness::{drop_bench_schemas, Env, Mode, Res};
+
+const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/outbox_bench";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick")
+        || std::env::var("OUTBOX_BENCH_QUICK").is_ok_and(|v| v.trim() == "1");
+    // `cargo bench` passes `--bench`; `cargo test --benches` does not, and should not
+    // spend minutes here.
+    if !quick && !args.iter().any(|a| a == "--bench") {
+        println!(
+            "pg_bench: not started by `cargo bench`; skipping. Run \
+             `cargo bench -p outbox-postgres --bench pg_bench [-- --quick]`."
+        );
+        return ExitCode::SUCCESS;
+    }
+    let mode = if quick { Mode::Quick } else { Mode::Full };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("pg_bench: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(mode)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pg_bench failed: {e}");
+            let mut source = e.source();
+            while let Some(cause) = source {
+                eprintln!("  caused by: {cause}");
+                source = cause.source();
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(mode: Mode) -> Res<()> {
+    let url = std::env::var("OUTBOX_PG_URL")
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_URL.to_owned());
+    let out_dir = target_dir().join("outbox-bench");
+    let env = Env::connect(mode, url, out_dir).await?;
+    let admin = env.pool(1).await?;
+    drop_bench_schemas(&admin).await?;
+    let started = Instant::now();
+    println!("pg_bench ({} mode): {}", mode.name(), env.machine);
+
+    let outcome = scenarios(&env).await;
+    if std::env::var("OUTBOX_BENCH_KEEP").is_ok_and(|v| v.trim() == "1") {
+        println!("OUTBOX_BENCH_KEEP=1: leaving the obx_bench_* schemas in place");
+    } else {
+        drop_bench_schemas(&admin).await?;
+    }
+    admin.close().await;
+    let results = outcome?;
+
+    let options = &env.options;
+    let report = serde_json::json!({
+        "mode": mode.name(),
+        "machine": env.machine,
+        "nproc": env.nproc,
+        "server": format!(
+            "{}:{}/{}",
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap_or("")
+        ),
+        "finished_at": chrono::Utc::now().to_rfc3339(),
+        "total_seconds": started.elapsed().as_secs_f64(),
+        "enqueue_overhead": results[0],
+        "drain_throughput": results[1],
+        "commit_to_publish_latency": results[2],
+        "claim_latency_vs_history": results[3],
+    });
+    let path = env.out_dir.join("results.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
+    println!();
+    println!(
+        "results: {} ({:.0?} in total)",
+        path.display(),
+        started.elapsed()
+    );
+    Ok(())
+}
+
+async fn scenarios(env: &Env) -> Res<[serde_json::Value; 4]> {
+    Ok([
+        enqueue::run(env).await?,
+        drain::run(env).await?,
+        latency::run(env).await?,
+        history::run(env).await?,
+    ])
+}
+
+/// `CARGO_TARGET_DIR` when set, else the workspace's `target/`.
+fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .map_or_else(|| PathBuf::from("target"), |root| root.join("target")),
+    }
+}

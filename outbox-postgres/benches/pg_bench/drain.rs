@@ -1,0 +1,206 @@
+//! Scenario 2: drain throughput with a no-op publisher, against two references.
+//!
+//! For every batch size and relay count the same pre-loaded backlog is drained three
+//! ways: by the library's [`Relay`]s; by `pgbench` running the library's own claim +
+//! complete statements (the ceiling); and by pgmq's pure-Rust client (the peer). Each
+//! run starts from a truncated, freshly loaded and vacuumed table.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outbox_core::{OutboxStore, Relay, RelayConfig};
+use outbox_postgres::{NotifyMode, PgOutbox, PgOutboxConfig};
+
+use crate::harness::{
+    fmt_ratio, json_num, noop_publisher, preload, qualified, ratio, vacuum, Env, Res, Table,
+};
+use crate::pgbench;
+use crate::pgmq_peer::Peer;
+
+const SCHEMA: &str = "obx_bench_drain";
+const RELAYS: [u32; 3] = [1, 2, 4];
+/// Longest one drain may take before the bench gives up.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Run the scenario; returns its JSON results.
+pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
+    // Backlog per batch size: a multiple of batch x 4 relays, so pgbench's `-t` drains
+    // it exactly; sized for a few seconds per run on a 2-core machine.
+    let plan: [(usize, u64); 4] = env.mode.pick(
+        [(1, 4_000), (10, 20_000), (100, 80_000), (1_000, 120_000)],
+        [(1, 400), (10, 2_000), (100, 8_000), (1_000, 12_000)],
+    );
+    let with_pgbench = pgbench::available();
+    env.heading(
+        "2. Drain throughput (no-op publisher)",
+        "msgs/s to empty a pre-loaded table: library Relays (claim batch = publish batch, \
+         1 publish call in flight) vs pgbench running the library's own claim + complete \
+         SQL (-M prepared, clients = relays) vs pgmq::PGMQueue read_batch + delete_batch \
+         (workers = relays, same batch)",
+    );
+
+    let config = PgOutboxConfig::default()
+        .schema(SCHEMA)
+        .notify(NotifyMode::Off);
+    let admin = env.pool(2).await?;
+    let outbox = PgOutbox::new(admin.clone(), config.clone())?;
+    outbox.install().await?;
+    let script = if with_pgbench {
+        let captured = pgbench::capture(env, config.clone()).await?;
+        let path = pgbench::write_script(
+            &env.out_dir,
+            "pgbench_claim_complete.sql",
+            &pgbench::script(&captured)?,
+        )?;
+        println!("pgbench script: {}", path.display());
+        Some(path)
+    } else {
+        println!("pgbench not found on PATH: the ceiling column is skipped");
+        None
+    };
+    let peer = Peer::setup(env).await?;
+
+    let mut table = Table::new(&[
+        "batch",
+        "relays",
+        "msgs",
+        "library/s",
+        "pgbench/s",
+        "lib/pgbench",
+        "pgmq/s",
+        "lib/pgmq",
+        "lib vs batch 1",
+    ]);
+    let mut rows = Vec::new();
+    let mut batch_one = [f64::NAN; RELAYS.len()];
+    for (batch, n) in plan {
+        for (slot, relays) in RELAYS.into_iter().enumerate() {
+            let library = rate(n, library_drain(env, &outbox, batch, relays, n).await?);
+            let ceiling = match &script {
+                Some(script) => {
+                    reset(&outbox, n).await?;
+                    let per_client = n / (u64::try_from(batch)? * u64::from(relays));
+                    let run = pgbench::run(env, script, relays, per_client, batch).await?;
+                    ensure_empty(&outbox, "pgbench").await?;
+                    run.tps * f64::from(u32::try_from(batch)?)
+                }
+                None => f64::NAN,
+            };
+            let pgmq = rate(n, peer.drain(env, batch, relays, n).await?);
+            if batch == 1 {
+                batch_one[slot] = library;
+            }
+            let vs_one = ratio(library, batch_one[slot]);
+            table.row(vec![
+                batch.to_string(),
+                relays.to_string(),
+                n.to_string(),
+                format!("{library:.0}"),
+                if ceiling.is_finite() {
+                    format!("{ceiling:.0}")
+                } else {
+                    "-".to_owned()
+                },
+                fmt_ratio(ratio(library, ceiling)),
+                format!("{pgmq:.0}"),
+                fmt_ratio(ratio(library, pgmq)),
+                fmt_ratio(vs_one),
+            ]);
+            rows.push(serde_json::json!({
+                "batch": batch,
+                "relays": relays,
+                "messages": n,
+                "library_msgs_per_s": json_num(library),
+                "pgbench_msgs_per_s": json_num(ceiling),
+                "pgmq_msgs_per_s": json_num(pgmq),
+                "library_vs_pgbench": json_num(ratio(library, ceiling)),
+                "library_vs_pgmq": json_num(ratio(library, pgmq)),
+                "library_vs_batch_1": json_num(vs_one),
+            }));
+        }
+    }
+    table.print();
+    println!(
+        "targets: batch 100 lib/pgbench >= 0.80; lib/pgmq >= 1.00 at equal batch and \
+         workers; batch 100 >= 20x batch 1"
+    );
+    peer.teardown().await?;
+    admin.close().await;
+    Ok(serde_json::json!({
+        "description": "drain a pre-loaded backlog with a no-op publisher",
+        "relay_config": "batch_size = publish_batch_size = batch, publish_concurrency = 1, lease 30 s",
+        "pgbench": "library claim statement wrapped in a CTE aggregating ids for \\gset; complete verbatim; -M prepared",
+        "rows": rows,
+    }))
+}
+
+fn rate(n: u64, took: Duration) -> f64 {
+    n as f64 / took.as_secs_f64()
+}
+
+/// Empty the table, enqueue `n` messages through the library, vacuum.
+async fn reset(outbox: &PgOutbox, n: u64) -> Res<()> {
+    let table = qualified(outbox);
+    sqlx::query(&format!("TRUNCATE {table}"))
+        .execute(outbox.pool())
+        .await?;
+    preload(outbox, n).await?;
+    vacuum(outbox.pool(), &table).await
+}
+
+async fn ensure_empty(outbox: &PgOutbox, who: &str) -> Res<()> {
+    let left: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", qualified(outbox)))
+        .fetch_one(outbox.pool())
+        .await?;
+    if left != 0 {
+        return Err(format!("{who} left {left} messages in the outbox").into());
+    }
+    Ok(())
+}
+
+/// Pre-load `n`, then run `relays` relays on one pool until all are dispatched.
+async fn library_drain(
+    env: &Env,
+    outbox: &PgOutbox,
+    batch: usize,
+    relays: u32,
+    n: u64,
+) -> Res<Duration> {
+    reset(outbox, n).await?;
+    let pool = env.pool(relays + 1).await?;
+    let store: Arc<dyn OutboxStore> =
+        Arc::new(PgOutbox::new(pool.clone(), outbox.config().clone())?);
+    let publisher = noop_publisher();
+    let relays = (0..relays)
+        .map(|i| {
+            let config = RelayConfig::default()
+                .name(format!("bench-{i}"))
+                .batch_size(batch)
+                .publish(batch, 1);
+            Relay::new(store.clone(), publisher.clone(), config)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let start = Instant::now();
+    let handles: Vec<_> = relays.iter().map(Relay::spawn).collect();
+    let dispatched = || relays.iter().map(|r| r.report().dispatched).sum::<u64>();
+    while dispatched() < n {
+        if start.elapsed() > DRAIN_TIMEOUT {
+            return Err(format!(
+                "relays dispatched {} of {n} in {DRAIN_TIMEOUT:?}",
+                dispatched()
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let took = start.elapsed();
+    for handle in handles {
+        let report = handle.shutdown().await?;
+        if report.retried + report.dead_lettered + report.leases_lost > 0 {
+            return Err(format!("relay did not just dispatch: {report:?}").into());
+        }
+    }
+    pool.close().await;
+    ensure_empty(outbox, "the relays").await?;
+    Ok(took)
+}

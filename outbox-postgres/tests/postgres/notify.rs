@@ -1,0 +1,137 @@
+//! NOTIFY is sent on commit only, and the listener wakes relays and survives its
+//! connection being killed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::{Relay, RelayConfig};
+use outbox_postgres::{spawn_listener, PgOutboxConfig};
+use outbox_testkit::RecordingPublisher;
+use sqlx::postgres::PgListener;
+
+use crate::common::{self, DEADLINE};
+use crate::{msg, outbox};
+
+async fn next_payload(listener: &mut PgListener) -> String {
+    let n = tokio::time::timeout(DEADLINE, listener.recv())
+        .await
+        .expect("a notification within the deadline")
+        .unwrap();
+    n.payload().to_owned()
+}
+
+#[tokio::test]
+async fn notify_is_sent_on_commit_only_and_once_per_transaction() {
+    let Some(url) = common::url("notify on commit") else {
+        return;
+    };
+    let pool = common::pool(&url, 3).await;
+    let outbox = outbox(&pool, PgOutboxConfig::default()).await;
+    let channel = outbox.config().notify_channel().unwrap();
+    let mut listener = PgListener::connect_with(&pool).await.unwrap();
+    listener.listen(&channel).await.unwrap();
+    let sentinel = |text: &'static str| {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(channel.clone())
+            .bind(text)
+    };
+
+    let mut tx = pool.begin().await.unwrap();
+    outbox.enqueue(&mut tx, &[msg(0)]).await.unwrap();
+    tx.rollback().await.unwrap();
+    sentinel("after rollback").execute(&pool).await.unwrap();
+    // Notifications arrive in commit order: one from the rollback would come first.
+    assert_eq!(next_payload(&mut listener).await, "after rollback");
+
+    let mut tx = pool.begin().await.unwrap();
+    outbox.enqueue(&mut tx, &[msg(1)]).await.unwrap();
+    outbox.enqueue(&mut tx, &[msg(2), msg(3)]).await.unwrap();
+    tx.commit().await.unwrap();
+    sentinel("after commit").execute(&pool).await.unwrap();
+    assert_eq!(
+        next_payload(&mut listener).await,
+        "",
+        "the enqueue's notification"
+    );
+    assert_eq!(
+        next_payload(&mut listener).await,
+        "after commit",
+        "identical notifications in one transaction fold into one"
+    );
+}
+
+/// The backend pid of the session listening on `channel`, once there is one.
+async fn listener_pid(pool: &sqlx::PgPool, channel: &str, not: Option<i32>) -> i32 {
+    let query = format!("LISTEN \"{channel}\"");
+    common::poll_for("the listener's session", || {
+        let (pool, query) = (pool.clone(), query.clone());
+        async move {
+            sqlx::query_scalar::<_, i32>(
+                "SELECT pid FROM pg_stat_activity WHERE query = $1 AND pid <> $2",
+            )
+            .bind(&query)
+            .bind(not.unwrap_or(0))
+            .fetch_optional(&pool)
+            .await
+            .unwrap()
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn listener_wakes_an_idle_relay_and_recovers_from_a_killed_connection() {
+    let Some(url) = common::url("listener") else {
+        return;
+    };
+    let pool = common::pool(&url, 6).await;
+    let outbox = outbox(&pool, PgOutboxConfig::default()).await;
+    let publisher = RecordingPublisher::new();
+    // Polls so rare that only wake-ups can explain a prompt delivery.
+    let hour = Duration::from_secs(3600);
+    let config = RelayConfig::default().poll(hour, hour);
+    let relay = Relay::new(
+        Arc::new(outbox.clone()),
+        Arc::new(publisher.clone()),
+        config,
+    )
+    .unwrap();
+    let channel = outbox.config().notify_channel().unwrap();
+    let listener = spawn_listener(pool.clone(), channel.clone(), relay.wakeup()).unwrap();
+    let running = relay.spawn();
+    common::wait_until("the listener to connect", || {
+        let connected = listener.connections() >= 1;
+        async move { connected }
+    })
+    .await;
+    let pid = listener_pid(&pool, &channel, None).await;
+
+    crate::enqueue(&outbox, &[msg(0)]).await;
+    publisher.wait_for_unique(1, DEADLINE).await.unwrap();
+    assert!(listener.notifications() >= 1);
+
+    let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(killed);
+    common::wait_until("the listener to reconnect", || {
+        let reconnected = listener.connections() >= 2;
+        async move { reconnected }
+    })
+    .await;
+    listener_pid(&pool, &channel, Some(pid)).await;
+
+    let before = listener.notifications();
+    crate::enqueue(&outbox, &[msg(1)]).await;
+    publisher.wait_for_unique(2, DEADLINE).await.unwrap();
+    common::wait_until("the notification after reconnecting", || {
+        let received = listener.notifications() > before;
+        async move { received }
+    })
+    .await;
+
+    running.shutdown().await.unwrap();
+    listener.stop().await;
+}

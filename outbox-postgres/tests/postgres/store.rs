@@ -1,0 +1,201 @@
+//! Claims, fencing, undecodable rows and schema installation on a real server.
+
+use std::time::Duration;
+
+use outbox_core::{
+    ClaimRequest, Disposition, ErrorKind, Failure, OutboxStore, OutboxStoreExt, Retention,
+};
+use outbox_postgres::{PgOutbox, PgOutboxConfig};
+use uuid::Uuid;
+
+use crate::{common, enqueue, msg, outbox, row_count, table};
+
+const LONG: Duration = Duration::from_secs(300);
+
+#[tokio::test]
+async fn completing_with_a_stale_lease_is_rejected_and_changes_nothing() {
+    let Some(url) = common::url("stale lease") else {
+        return;
+    };
+    let pool = common::pool(&url, 4).await;
+    let outbox = outbox(&pool, PgOutboxConfig::default()).await;
+    enqueue(&outbox, &[msg(0)]).await;
+
+    let first = outbox
+        .claim(ClaimRequest::new(1, Duration::from_millis(200)))
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 1);
+    let stale = first[0].lease;
+
+    let second = common::poll_for("the expired lease to be claimed again", || {
+        let outbox = outbox.clone();
+        async move {
+            let got = outbox.claim(ClaimRequest::new(1, LONG)).await.unwrap();
+            (!got.is_empty()).then_some(got)
+        }
+    })
+    .await;
+    let current = second[0].lease;
+    assert_ne!(stale.token, current.token);
+    assert_eq!(second[0].message.attempts, 2);
+
+    let err = outbox.complete_one(&stale).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LeaseLost);
+    assert_eq!(err.ids(), &[stale.id]);
+    let failure = Failure {
+        lease: stale,
+        error: "late".into(),
+        disposition: Disposition::DeadLetter,
+    };
+    assert_eq!(
+        outbox.fail_one(failure).await.unwrap_err().kind(),
+        ErrorKind::LeaseLost
+    );
+    assert_eq!(
+        outbox.release_one(&stale).await.unwrap_err().kind(),
+        ErrorKind::LeaseLost
+    );
+
+    let (token, attempts, dead, error): (Option<Uuid>, i32, bool, Option<String>) =
+        sqlx::query_as(&format!(
+            "SELECT lease_token, attempts, dead_at IS NOT NULL, last_error FROM {}",
+            table(&outbox)
+        ))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        (token, attempts, dead, error),
+        (Some(current.token.as_uuid()), 2, false, None),
+        "the stale settles must not touch the row"
+    );
+    outbox.complete_one(&current).await.unwrap();
+    assert_eq!(row_count(&outbox).await, 0);
+}
+
+#[tokio::test]
+async fn undecodable_rows_are_dead_lettered_not_wedging_claims() {
+    let Some(url) = common::url("undecodable rows") else {
+        return;
+    };
+    let pool = common::pool(&url, 2).await;
+    let outbox = outbox(&pool, PgOutboxConfig::default()).await;
+    let batch: Vec<_> = (0..4).map(msg).collect();
+    enqueue(&outbox, &batch).await;
+    let t = table(&outbox);
+    for (id, headers) in [(batch[1].id(), r#"{"n": 1}"#), (batch[2].id(), "[1, 2]")] {
+        sqlx::query(&format!("UPDATE {t} SET headers = $1::jsonb WHERE id = $2"))
+            .bind(headers)
+            .bind(id.as_uuid())
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+
+    let claimed = outbox.claim(ClaimRequest::new(10, LONG)).await.unwrap();
+    let ids: Vec<_> = claimed.iter().map(|c| c.message.id).collect();
+    assert_eq!(
+        ids,
+        vec![batch[0].id(), batch[3].id()],
+        "good rows, in order"
+    );
+
+    let dead = outbox.dead_letters(None, 10).await.unwrap();
+    let mut dead_ids: Vec<_> = dead.iter().map(|m| m.id).collect();
+    dead_ids.sort();
+    assert_eq!(dead_ids, vec![batch[1].id(), batch[2].id()]);
+    for m in &dead {
+        let error = m.last_error.as_deref().unwrap_or_default();
+        assert!(error.contains("undecodable row"), "{error}");
+        assert!(m.headers.is_empty());
+    }
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.dead, stats.in_flight, stats.pending), (2, 2, 0));
+
+    // Nothing is left to wedge the next claim.
+    outbox
+        .complete(&[claimed[0].lease, claimed[1].lease])
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
+    assert!(outbox
+        .claim(ClaimRequest::new(10, LONG))
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test]
+async fn install_is_idempotent_concurrent_and_versioned() {
+    let Some(url) = common::url("schema install") else {
+        return;
+    };
+    let pool = common::pool(&url, 6).await;
+    let config = PgOutboxConfig::default().schema(common::schema_name());
+    let installs = (0..4).map(|_| outbox_postgres::install(&pool, &config));
+    for result in futures::future::join_all(installs).await {
+        result.unwrap();
+    }
+    outbox_postgres::install(&pool, &config).await.unwrap();
+
+    let versions = format!("\"{}\".outbox_schema_versions", config.schema_name());
+    sqlx::query(&format!("UPDATE {versions} SET version = 99"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let err = outbox_postgres::install(&pool, &config).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Schema);
+    assert!(err.to_string().contains("version 99"), "{err}");
+}
+
+#[tokio::test]
+async fn ddl_text_installs_the_same_table() {
+    let Some(url) = common::url("ddl text") else {
+        return;
+    };
+    let pool = common::pool(&url, 2).await;
+    let config = PgOutboxConfig::default()
+        .schema(common::schema_name())
+        .retention(Retention::Keep { window: LONG });
+    let outbox = PgOutbox::new(pool.clone(), config).unwrap();
+    sqlx::raw_sql(&outbox.ddl()).execute(&pool).await.unwrap();
+    // The version is recorded, so install finds nothing to do.
+    outbox.install().await.unwrap();
+    enqueue(&outbox, &[msg(0)]).await;
+    let claimed = outbox.claim(ClaimRequest::new(1, LONG)).await.unwrap();
+    outbox.complete_one(&claimed[0].lease).await.unwrap();
+    assert_eq!(outbox.stats().await.unwrap().dispatched, 1);
+}
+
+#[tokio::test]
+async fn a_missing_table_is_a_schema_error() {
+    let Some(url) = common::url("missing table") else {
+        return;
+    };
+    let pool = common::pool(&url, 2).await;
+    let config = PgOutboxConfig::default().schema(common::schema_name());
+    let outbox = PgOutbox::new(pool, config).unwrap();
+    let err = outbox.claim(ClaimRequest::new(1, LONG)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Schema, "{err}");
+    assert!(!err.is_retryable());
+}
+
+#[tokio::test]
+async fn large_batches_are_one_statement_and_keep_their_order() {
+    let Some(url) = common::url("large batch") else {
+        return;
+    };
+    let pool = common::pool(&url, 2).await;
+    let outbox = outbox(&pool, PgOutboxConfig::default()).await;
+    let batch: Vec<_> = (0..2_000).map(msg).collect();
+    enqueue(&outbox, &batch).await;
+    let claimed = outbox.claim(ClaimRequest::new(2_000, LONG)).await.unwrap();
+    let ids: Vec<_> = claimed.iter().map(|c| c.message.id).collect();
+    let expected: Vec<_> = batch.iter().map(|m| m.id()).collect();
+    assert_eq!(ids, expected);
+    let leases: Vec<_> = claimed.iter().map(|c| c.lease).collect();
+    let settled = outbox.complete(&leases).await.unwrap();
+    assert_eq!((settled.applied, settled.lost.len()), (2_000, 0));
+}
