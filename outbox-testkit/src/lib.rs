@@ -15,26 +15,49 @@
 //!
 //! ## Adding a backend
 //!
-//! In the backend crate's `tests/conformance.rs`:
+//! In the backend crate's `tests/conformance.rs`, implement [`Harness`] and [`Fixture`]
+//! over a fresh schema / table / key prefix per fixture, then invoke the macro. Here
+//! the "backend" is the in-memory store; a real one would connect to its server
+//! (with the URL from [`service_url`]) and create a schema in `fixture`:
 //!
-//! ```ignore
-//! struct PgHarness { pool: PgPool }
+//! ```no_run
+//! use std::sync::Arc;
+//! use outbox_core::{NewMessage, OutboxStore, Result, StoreCapabilities};
+//! use outbox_testkit::{Features, Fixture, FixtureOptions, Harness, MemoryStore};
+//!
+//! struct MyHarness;
 //!
 //! #[async_trait::async_trait]
-//! impl outbox_testkit::Harness for PgHarness {
-//!     fn features(&self) -> outbox_testkit::Features { outbox_testkit::Features::all() }
-//!     async fn fixture(&self, o: outbox_testkit::FixtureOptions)
-//!         -> outbox_core::Result<Box<dyn outbox_testkit::Fixture>> {
-//!         // create a fresh schema, install the table, return a fixture over it
+//! impl Harness for MyHarness {
+//!     fn features(&self) -> Features {
+//!         Features::default() // declare what your backend supports
+//!     }
+//!     async fn fixture(&self, options: FixtureOptions) -> Result<Box<dyn Fixture>> {
+//!         let caps = StoreCapabilities::new(options.ordering, options.retention);
+//!         Ok(Box::new(MyFixture(MemoryStore::with_capabilities(caps))))
 //!     }
 //! }
 //!
-//! async fn harness() -> Option<PgHarness> {
-//!     let url = outbox_testkit::service_url("OUTBOX_PG_URL", "postgres conformance")?;
-//!     Some(PgHarness { pool: PgPool::connect(&url).await.unwrap() })
+//! #[derive(Debug)]
+//! struct MyFixture(MemoryStore);
+//!
+//! #[async_trait::async_trait]
+//! impl Fixture for MyFixture {
+//!     fn store(&self) -> Arc<dyn OutboxStore> {
+//!         Arc::new(self.0.clone())
+//!     }
+//!     async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<()> {
+//!         self.0.enqueue(&messages) // your backend's enqueue, in a committed transaction
+//!     }
+//! }
+//!
+//! async fn harness() -> Option<MyHarness> {
+//!     // let url = outbox_testkit::service_url("MY_BACKEND_URL", "my backend conformance")?;
+//!     Some(MyHarness)
 //! }
 //!
 //! outbox_testkit::conformance_suite!(harness);
+//! # fn main() {}
 //! ```
 //!
 //! Each case makes its own fixture, so cases run in parallel. Cases for features a

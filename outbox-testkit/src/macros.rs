@@ -7,13 +7,7 @@
 /// why). The calling crate needs `tokio` with the `macros` and `rt-multi-thread`
 /// features as a dev-dependency.
 ///
-/// ```ignore
-/// async fn harness() -> Option<MyHarness> {
-///     let url = outbox_testkit::service_url("MY_URL", "my backend conformance")?;
-///     Some(MyHarness::connect(&url).await)
-/// }
-/// outbox_testkit::conformance_suite!(harness);
-/// ```
+/// See the [crate docs](crate#adding-a-backend) for a complete example.
 #[macro_export]
 macro_rules! conformance_suite {
     ($make:path) => {
@@ -36,6 +30,7 @@ macro_rules! conformance_suite {
             dead_head_does_not_block_its_key,
             per_key_order_holds_with_racing_relays,
             shutdown_releases_leases,
+            shutdown_finishes_in_flight_and_releases_the_rest,
             killed_relay_loses_nothing,
             relays_deliver_all_without_duplicates,
             explicit_dispatch_runs_alongside_sweeps,

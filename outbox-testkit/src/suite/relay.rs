@@ -40,6 +40,27 @@ pub async fn shutdown_releases_leases(h: &dyn Harness) {
     }
 }
 
+/// Shutdown lets a publish in flight finish within the grace period and releases the
+/// part of the batch it had not started.
+pub async fn shutdown_finishes_in_flight_and_releases_the_rest(h: &dyn Harness) {
+    let f = plain(h).await;
+    let store = f.store();
+    f.enqueue(msgs(6)).await.unwrap();
+    let publisher = RecordingPublisher::new().with_delay(Duration::from_millis(300));
+    let config = fast_relay_config()
+        .lease(Duration::from_secs(600))
+        .publish(3, 1)
+        .shutdown_grace(DEADLINE);
+    let relay = relay(Arc::clone(&store), Arc::new(publisher.clone()), config).spawn();
+    publisher.wait_for_calls(1, DEADLINE).await.unwrap();
+
+    let report = relay.shutdown().await.unwrap();
+    assert_eq!((report.dispatched, report.released), (3, 3), "{report:?}");
+    assert_eq!(publisher.calls(), 1, "no publish may start after shutdown");
+    let s = stats(&*store).await;
+    assert_eq!((s.pending, s.in_flight), (3, 0));
+}
+
 /// A relay task aborted mid-batch loses nothing: its leases lapse and another relay
 /// delivers every message.
 pub async fn killed_relay_loses_nothing(h: &dyn Harness) {
