@@ -1,0 +1,185 @@
+//! Relay-engine behaviours that do not depend on the store: how publisher misbehaviour
+//! and timeouts are handled, idle waiting and wake-ups. Run against the in-memory store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox_core::{
+    Error, ErrorKind, ErrorStatus, Message, NewMessage, OutboxStore, PublishOutcome, Publisher,
+    Relay, RelayConfig, Result, RetryPolicy,
+};
+use outbox_testkit::{MemoryStore, RecordingPublisher};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn config() -> RelayConfig {
+    RelayConfig::default()
+        .poll(Duration::from_millis(10), Duration::from_millis(50))
+        .retry(
+            RetryPolicy::with_max_attempts(3)
+                .backoff(Duration::from_secs(3600), Duration::from_secs(3600)),
+        )
+}
+
+fn store_with(n: usize) -> MemoryStore {
+    let store = MemoryStore::new();
+    let msgs: Vec<_> = (0..n)
+        .map(|i| {
+            NewMessage::builder("t")
+                .payload(vec![u8::try_from(i).unwrap()])
+                .build()
+                .unwrap()
+        })
+        .collect();
+    store.enqueue(&msgs).unwrap();
+    store
+}
+
+/// A publisher that answers every call the same way.
+#[derive(Debug)]
+enum Misbehaving {
+    WrongCount,
+    Fails(ErrorStatus),
+    Hangs,
+}
+
+#[async_trait]
+impl Publisher for Misbehaving {
+    async fn publish(&self, batch: &[Message]) -> Result<Vec<PublishOutcome>> {
+        match self {
+            Misbehaving::WrongCount => Ok(vec![PublishOutcome::Published; batch.len() - 1]),
+            Misbehaving::Fails(status) => {
+                Err(Error::new(ErrorKind::Publish, "broker said no").with_status(*status))
+            }
+            Misbehaving::Hangs => std::future::pending().await,
+        }
+    }
+}
+
+async fn run_once(
+    store: &MemoryStore,
+    publisher: Misbehaving,
+    config: RelayConfig,
+) -> outbox_core::DispatchReport {
+    let relay = Relay::new(Arc::new(store.clone()), Arc::new(publisher), config).unwrap();
+    let handle = relay.spawn();
+    relay.wait_idle(DEADLINE).await.unwrap();
+    handle.shutdown().await.unwrap()
+}
+
+#[tokio::test]
+async fn wrong_outcome_count_retries_the_whole_batch() {
+    let store = store_with(3);
+    let report = run_once(&store, Misbehaving::WrongCount, config()).await;
+    assert_eq!((report.dispatched, report.retried), (0, 3));
+    assert_eq!(store.stats().await.unwrap().pending, 3);
+}
+
+#[tokio::test]
+async fn retryable_batch_error_retries_and_permanent_dead_letters() {
+    let store = store_with(2);
+    let report = run_once(&store, Misbehaving::Fails(ErrorStatus::Temporary), config()).await;
+    assert_eq!((report.retried, report.dead_lettered), (2, 0));
+
+    let store = store_with(2);
+    let report = run_once(&store, Misbehaving::Fails(ErrorStatus::Permanent), config()).await;
+    assert_eq!((report.retried, report.dead_lettered), (0, 2));
+    let dead = store.dead_letters(None, 10).await.unwrap();
+    assert!(dead[0]
+        .last_error
+        .as_deref()
+        .unwrap()
+        .contains("broker said no"));
+}
+
+#[tokio::test]
+async fn publish_timeout_counts_as_a_retryable_failure() {
+    let store = store_with(2);
+    let config = config().publish_timeout(Duration::from_millis(50));
+    let report = run_once(&store, Misbehaving::Hangs, config).await;
+    assert_eq!(report.retried, 2);
+    let next = store
+        .claim_ids(
+            &store
+                .dead_letters(None, 1)
+                .await
+                .unwrap()
+                .iter()
+                .map(|m| m.id)
+                .collect::<Vec<_>>(),
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+    assert!(next.is_empty());
+    assert_eq!(
+        store.stats().await.unwrap().pending,
+        2,
+        "scheduled for retry, not lost"
+    );
+}
+
+#[tokio::test]
+async fn wakeup_ends_a_long_idle_wait() {
+    let store = MemoryStore::new();
+    let publisher = RecordingPublisher::new();
+    // The relay would otherwise sleep for an hour between polls.
+    let config = RelayConfig::default().poll(Duration::from_secs(3600), Duration::from_secs(3600));
+    let relay = Relay::new(Arc::new(store.clone()), Arc::new(publisher.clone()), config).unwrap();
+    let handle = relay.spawn();
+    relay.wait_idle(DEADLINE).await.unwrap();
+    store
+        .enqueue(&[NewMessage::builder("t").build().unwrap()])
+        .unwrap();
+    relay.wakeup().wake();
+    publisher.wait_for_unique(1, DEADLINE).await.unwrap();
+    handle.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn wait_idle_times_out_when_the_loop_is_not_running() {
+    let relay = Relay::new(
+        Arc::new(MemoryStore::new()),
+        Arc::new(RecordingPublisher::new()),
+        RelayConfig::default(),
+    )
+    .unwrap();
+    let err = relay
+        .wait_idle(Duration::from_millis(50))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout);
+}
+
+#[tokio::test]
+async fn invalid_config_is_rejected() {
+    let err = Relay::new(
+        Arc::new(MemoryStore::new()),
+        Arc::new(RecordingPublisher::new()),
+        RelayConfig::default().batch_size(0),
+    )
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config);
+}
+
+#[tokio::test]
+async fn explicit_dispatch_of_unknown_or_empty_ids_does_nothing() {
+    let store = store_with(1);
+    let relay = Relay::new(
+        Arc::new(store.clone()),
+        Arc::new(RecordingPublisher::new()),
+        config(),
+    )
+    .unwrap();
+    assert_eq!(relay.dispatch_ids(&[]).await.unwrap().claimed, 0);
+    assert_eq!(
+        relay
+            .dispatch_ids(&[outbox_core::MessageId::new()])
+            .await
+            .unwrap()
+            .claimed,
+        0
+    );
+    assert_eq!(store.stats().await.unwrap().pending, 1);
+}
