@@ -99,20 +99,6 @@ async fn publish_timeout_counts_as_a_retryable_failure() {
     let config = config().publish_timeout(Duration::from_millis(50));
     let report = run_once(&store, Misbehaving::Hangs, config).await;
     assert_eq!(report.retried, 2);
-    let next = store
-        .claim_ids(
-            &store
-                .dead_letters(None, 1)
-                .await
-                .unwrap()
-                .iter()
-                .map(|m| m.id)
-                .collect::<Vec<_>>(),
-            Duration::from_secs(1),
-        )
-        .await
-        .unwrap();
-    assert!(next.is_empty());
     assert_eq!(
         store.stats().await.unwrap().pending,
         2,
