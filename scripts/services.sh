@@ -44,16 +44,7 @@ ensure_database() {
         log "creating database $pg_db"
         psql_admin -d postgres -c "create database $pg_db" >&2
     fi
-    # Each test case makes its own schema (obx_t_*); drop what earlier runs left.
-    psql_admin -d "$pg_db" >&2 <<'SQL'
-DO $$
-DECLARE s text;
-BEGIN
-  FOR s IN SELECT nspname FROM pg_namespace WHERE nspname LIKE 'obx\_t\_%' LOOP
-    EXECUTE format('DROP SCHEMA %I CASCADE', s);
-  END LOOP;
-END $$;
-SQL
+    # Test schemas (obx_<secs>_<rand>) older than an hour are dropped by the tests.
 }
 
 ensure_postgres

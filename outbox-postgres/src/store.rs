@@ -113,6 +113,13 @@ impl PgOutbox {
         schema::ddl(&self.inner.config)
     }
 
+    /// The claim statement this store runs (`$1` limit, `$2` lease in microseconds,
+    /// `$3` lease token), for `EXPLAIN` and for reviewing the SQL; identifiers are
+    /// the config's, values are always bound.
+    pub fn claim_statement(&self) -> &str {
+        &self.inner.sql.claim
+    }
+
     /// Create the schema, table and indexes if missing (see
     /// [`schema::install`]).
     ///

@@ -9,6 +9,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod history;
 mod inbox;
 mod input;
 mod lock;

@@ -1,0 +1,103 @@
+//! Guarantee 8 on a real server: claims do not read dispatched history, and the purger
+//! removes it in bounded batches under the advisory lock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::{DistributedLock, PurgeRun, Purger, Retention};
+use outbox_postgres::{PgAdvisoryLock, PgOutbox, PgOutboxConfig};
+
+use crate::{common, enqueue, msg, outbox, table};
+
+/// Bulk-load `n` dispatched rows, as months of kept history would look.
+async fn load_history(outbox: &PgOutbox, n: i64) {
+    sqlx::query(&format!(
+        "INSERT INTO {} (id, destination, payload, available_at, dispatched_at) \
+         SELECT gen_random_uuid(), 'history', '\\x00', now(), now() - interval '1 day' \
+         FROM generate_series(1, $1)",
+        table(outbox)
+    ))
+    .bind(n)
+    .execute(outbox.pool())
+    .await
+    .unwrap();
+    sqlx::query(&format!("ANALYZE {}", table(outbox)))
+        .execute(outbox.pool())
+        .await
+        .unwrap();
+}
+
+fn keep(window: Duration) -> PgOutboxConfig {
+    PgOutboxConfig::default().retention(Retention::Keep { window })
+}
+
+#[tokio::test]
+async fn claims_read_the_pending_index_not_the_history() {
+    let Some(url) = common::url("claim plan over history") else {
+        return;
+    };
+    let pool = common::pool(&url, 2).await;
+    let outbox = outbox(&pool, keep(Duration::from_secs(3600))).await;
+    load_history(&outbox, 100_000).await;
+    enqueue(&outbox, &(0..20).map(msg).collect::<Vec<_>>()).await;
+
+    let mut tx = pool.begin().await.unwrap();
+    // ANALYZE runs the claim; the transaction is rolled back, so nothing stays leased.
+    let plan: Vec<String> = sqlx::query_scalar(&format!(
+        "EXPLAIN (ANALYZE, COSTS OFF) {}",
+        outbox.claim_statement()
+    ))
+    .bind(100_i64)
+    .bind(30_000_000_i64)
+    .bind(uuid::Uuid::new_v4())
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    let plan = plan.join("\n");
+    let due_index = format!("{}_due", outbox.config().table_name());
+    assert!(
+        plan.contains(&due_index),
+        "claim must use the partial index {due_index}:\n{plan}"
+    );
+    assert!(
+        !plan.contains("Seq Scan"),
+        "claim must not scan the table:\n{plan}"
+    );
+}
+
+#[tokio::test]
+async fn purger_deletes_expired_history_in_batches_under_the_lock() {
+    let Some(url) = common::url("purger") else {
+        return;
+    };
+    let pool = common::pool(&url, 4).await;
+    let outbox = outbox(&pool, keep(Duration::from_secs(3600))).await;
+    load_history(&outbox, 2_500).await;
+    enqueue(&outbox, &(0..5).map(msg).collect::<Vec<_>>()).await;
+
+    let lock = Arc::new(PgAdvisoryLock::new(pool.clone()));
+    let purger = Purger::new(Arc::new(outbox.clone()), lock.clone(), 1_000)
+        .unwrap()
+        .lock_name(format!("purge-{}", outbox.config().schema_name()));
+
+    let held = lock
+        .try_lock(&format!("purge-{}", outbox.config().schema_name()))
+        .await
+        .unwrap()
+        .expect("lock is free");
+    assert_eq!(
+        purger.run_once().await.unwrap(),
+        PurgeRun::Skipped,
+        "another process purges"
+    );
+    held.unlock().await.unwrap();
+
+    assert_eq!(purger.run_once().await.unwrap(), PurgeRun::Purged(2_500));
+    let stats = outbox_core::OutboxStore::stats(&outbox).await.unwrap();
+    assert_eq!(
+        (stats.dispatched, stats.pending),
+        (0, 5),
+        "pending rows are never purged"
+    );
+}
