@@ -5,6 +5,7 @@
 //! complete statements (the ceiling); and by pgmq's pure-Rust client (the peer). Each
 //! run starts from a truncated, freshly loaded and vacuumed table.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,7 @@ use outbox_core::{OutboxStore, Relay, RelayConfig};
 use outbox_postgres::{NotifyMode, PgOutbox, PgOutboxConfig};
 
 use crate::harness::{
-    fmt_ratio, json_num, noop_publisher, preload, qualified, ratio, vacuum, Env, Res, Table,
+    fmt_ratio, json_num, median, noop_publisher, preload, qualified, ratio, vacuum, Env, Res, Table,
 };
 use crate::pgbench;
 use crate::pgmq_peer::Peer;
@@ -25,18 +26,22 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
 /// Run the scenario; returns its JSON results.
 pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
     // Backlog per batch size: a multiple of batch x 4 relays, so pgbench's `-t` drains
-    // it exactly; sized for a few seconds per run on a 2-core machine.
+    // it exactly; sized for one to three seconds per run on a 2-core machine.
     let plan: [(usize, u64); 4] = env.mode.pick(
-        [(1, 4_000), (10, 20_000), (100, 80_000), (1_000, 120_000)],
+        [(1, 2_000), (10, 10_000), (100, 40_000), (1_000, 80_000)],
         [(1, 400), (10, 2_000), (100, 8_000), (1_000, 12_000)],
     );
+    let repeats = env.mode.pick(3, 1);
     let with_pgbench = pgbench::available();
     env.heading(
         "2. Drain throughput (no-op publisher)",
-        "msgs/s to empty a pre-loaded table: library Relays (claim batch = publish batch, \
+        &format!(
+            "msgs/s to empty a pre-loaded table: library Relays (claim batch = publish batch, \
          1 publish call in flight) vs pgbench running the library's own claim + complete \
          SQL (-M prepared, clients = relays) vs pgmq::PGMQueue read_batch + delete_batch \
-         (workers = relays, same batch)",
+         (workers = relays, same batch); each figure is the median of {repeats} run(s), \
+         the three systems taking turns"
+        ),
     );
 
     let config = PgOutboxConfig::default()
@@ -75,18 +80,22 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
     let mut batch_one = [f64::NAN; RELAYS.len()];
     for (batch, n) in plan {
         for (slot, relays) in RELAYS.into_iter().enumerate() {
-            let library = rate(n, library_drain(env, &outbox, batch, relays, n).await?);
-            let ceiling = match &script {
-                Some(script) => {
-                    reset(&outbox, n).await?;
-                    let per_client = n / (u64::try_from(batch)? * u64::from(relays));
-                    let run = pgbench::run(env, script, relays, per_client, batch).await?;
-                    ensure_empty(&outbox, "pgbench").await?;
-                    run.tps * f64::from(u32::try_from(batch)?)
+            let mut runs = Runs::default();
+            for _ in 0..repeats {
+                runs.library.push(rate(
+                    n,
+                    library_drain(env, &outbox, batch, relays, n).await?,
+                ));
+                if let Some(script) = &script {
+                    runs.pgbench
+                        .push(pgbench_drain(env, &outbox, script, batch, relays, n).await?);
                 }
-                None => f64::NAN,
-            };
-            let pgmq = rate(n, peer.drain(env, batch, relays, n).await?);
+                runs.pgmq
+                    .push(rate(n, peer.drain(env, batch, relays, n).await?));
+            }
+            let library = median(&runs.library);
+            let ceiling = median(&runs.pgbench);
+            let pgmq = median(&runs.pgmq);
             if batch == 1 {
                 batch_one[slot] = library;
             }
@@ -116,6 +125,11 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
                 "library_vs_pgbench": json_num(ratio(library, ceiling)),
                 "library_vs_pgmq": json_num(ratio(library, pgmq)),
                 "library_vs_batch_1": json_num(vs_one),
+                "runs": {
+                    "library": runs.library,
+                    "pgbench": runs.pgbench,
+                    "pgmq": runs.pgmq,
+                },
             }));
         }
     }
@@ -132,6 +146,30 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
         "pgbench": "library claim statement wrapped in a CTE aggregating ids for \\gset; complete verbatim; -M prepared",
         "rows": rows,
     }))
+}
+
+/// msgs/s of every repetition, per system.
+#[derive(Debug, Default)]
+struct Runs {
+    library: Vec<f64>,
+    pgbench: Vec<f64>,
+    pgmq: Vec<f64>,
+}
+
+/// Pre-load `n`, then drain with pgbench: `relays` clients, exactly enough rounds each.
+async fn pgbench_drain(
+    env: &Env,
+    outbox: &PgOutbox,
+    script: &Path,
+    batch: usize,
+    relays: u32,
+    n: u64,
+) -> Res<f64> {
+    reset(outbox, n).await?;
+    let per_client = n / (u64::try_from(batch)? * u64::from(relays));
+    let run = pgbench::run(env, script, relays, per_client, batch).await?;
+    ensure_empty(outbox, "pgbench").await?;
+    Ok(run.tps * f64::from(u32::try_from(batch)?))
 }
 
 fn rate(n: u64, took: Duration) -> f64 {

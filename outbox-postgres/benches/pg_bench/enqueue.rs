@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use outbox_postgres::{NotifyMode, PgOutbox, PgOutboxConfig};
 use sqlx::{Connection, PgConnection, PgPool};
 
-use crate::harness::{fmt_ratio, json_num, order_message, ratio, Env, Res, Table};
+use crate::harness::{fmt_ratio, json_num, median, order_message, ratio, Env, Res, Table};
 
 const SCHEMA: &str = "obx_bench_enqueue";
 
@@ -25,14 +25,15 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
     let clients_list: [u32; 2] = [1, 8];
     let phase = env
         .mode
-        .pick(Duration::from_secs(4), Duration::from_millis(1_500));
-    let rounds = env.mode.pick(2_u32, 1);
+        .pick(Duration::from_secs(2), Duration::from_millis(1_500));
+    let rounds = env.mode.pick(5_u32, 1);
     env.heading(
         "1. Enqueue overhead",
         &format!(
             "TPS of (INSERT order + PgOutbox::enqueue of 1 message) vs (INSERT order alone), \
-             one transaction each, same clients; {rounds} interleaved round(s) of {phase:?} per \
-             variant after a warm-up; outbox with NOTIFY on (the default) and off"
+             one transaction each, same clients; median of {rounds} round(s) of {phase:?} per \
+             variant, variants taking turns, after a warm-up; outbox with NOTIFY on (the \
+             default) and off"
         ),
     );
 
@@ -44,19 +45,15 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
     for clients in clients_list {
         let pool = env.pool(clients).await?;
         phase_run(&pool, clients, &variants[0], phase / 2).await?; // warm-up
-        let mut totals = vec![(0_u64, Duration::ZERO); variants.len()];
+        let mut per_round = vec![Vec::new(); variants.len()];
         for _ in 0..rounds {
-            for (variant, total) in variants.iter().zip(totals.iter_mut()) {
+            for (variant, tps) in variants.iter().zip(per_round.iter_mut()) {
                 let (count, took) = phase_run(&pool, clients, variant, phase).await?;
-                total.0 += count;
-                total.1 += took;
+                tps.push(count as f64 / took.as_secs_f64());
             }
         }
         pool.close().await;
-        let tps: Vec<f64> = totals
-            .iter()
-            .map(|(count, took)| *count as f64 / took.as_secs_f64())
-            .collect();
+        let tps: Vec<f64> = per_round.iter().map(|r| median(r)).collect();
         for (i, variant) in variants.iter().enumerate() {
             let r = ratio(tps[i], tps[0]);
             let target = if variant.outbox.is_some() {
@@ -74,9 +71,8 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
             results.push(serde_json::json!({
                 "clients": clients,
                 "variant": variant.name,
-                "transactions": totals[i].0,
-                "seconds": totals[i].1.as_secs_f64(),
-                "tps": json_num(tps[i]),
+                "tps_median": json_num(tps[i]),
+                "tps_per_round": per_round[i],
                 "ratio_vs_business_only": json_num(r),
             }));
         }

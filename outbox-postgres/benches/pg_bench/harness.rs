@@ -260,6 +260,17 @@ impl Percentiles {
     }
 }
 
+/// The median, or NaN for no values.
+pub(crate) fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
 /// A duration in milliseconds.
 pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1_000.0

@@ -66,6 +66,11 @@ pub(crate) async fn capture(env: &Env, config: PgOutboxConfig) -> Res<Captured> 
     let (complete, complete_types) = find("complete", &|(sql, types)| {
         !sql.contains("SKIP LOCKED") && types.len() == 2 && types.iter().all(|t| t == "uuid[]")
     })?;
+    if claim != outbox.claim_statement() {
+        return Err(
+            "the claim statement the server saw differs from PgOutbox::claim_statement".into(),
+        );
+    }
     if claim_types != ["bigint", "bigint", "uuid"] {
         return Err(format!(
             "the library's claim now takes {claim_types:?}, not (limit bigint, lease_us bigint, \
