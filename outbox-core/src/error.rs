@@ -33,7 +33,9 @@ pub enum ErrorKind {
     Schema,
     /// A configuration value is invalid.
     Config,
-    /// The broker refused a message.
+    /// The broker did not take a message. Temporary by default (a nack, a full
+    /// queue); mark it [`ErrorStatus::Permanent`] with [`Error::with_status`] when
+    /// retrying cannot help.
     Publish,
     /// A store or publisher was used in a way its declared capabilities do not allow.
     Unsupported,
@@ -45,9 +47,10 @@ impl ErrorKind {
     /// The status an error of this kind gets unless the constructor says otherwise.
     pub fn default_status(self) -> ErrorStatus {
         match self {
-            ErrorKind::Unavailable | ErrorKind::Timeout | ErrorKind::Contention => {
-                ErrorStatus::Temporary
-            }
+            ErrorKind::Unavailable
+            | ErrorKind::Timeout
+            | ErrorKind::Contention
+            | ErrorKind::Publish => ErrorStatus::Temporary,
             _ => ErrorStatus::Permanent,
         }
     }

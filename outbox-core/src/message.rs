@@ -313,8 +313,10 @@ pub struct NewMessageBuilder {
 }
 
 impl NewMessageBuilder {
-    /// Use this id instead of a fresh UUIDv7 (for example one carried from an inbound
-    /// message, so a retried handler enqueues the same id).
+    /// Use this id instead of a fresh UUIDv7, for example one derived from an inbound
+    /// message. Ids are unique per outbox: enqueueing an id that is already stored fails
+    /// with [`ErrorKind::Conflict`](crate::ErrorKind::Conflict) and writes nothing, which
+    /// is how a retried handler learns its earlier attempt already committed.
     pub fn id(mut self, id: MessageId) -> Self {
         self.msg.id = id;
         self

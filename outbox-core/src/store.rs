@@ -233,7 +233,9 @@ pub struct OutboxStats {
     pub dead: u64,
     /// Dispatched messages still kept under [`Retention::Keep`].
     pub dispatched: u64,
-    /// Age of the oldest undelivered (pending or in-flight) message.
+    /// Age of the oldest undelivered (pending or in-flight) message, by `created_at`.
+    /// Messages enqueued with a delay or waiting out a retry backoff count too, so a
+    /// long delay raises this figure without anything being stuck.
     pub oldest_pending_age: Option<Duration>,
 }
 
@@ -265,11 +267,14 @@ impl OutboxStats {
 ///
 /// # Contract
 ///
-/// Implementations must hold to these, and `outbox-testkit`'s conformance suite checks
-/// every one of them:
+/// Implementations must hold to these; `outbox-testkit`'s conformance suite checks
+/// them case by case:
 ///
 /// - **Atomic enqueue.** A message becomes visible to claims only when the enqueuing
-///   transaction commits; a rolled-back transaction leaves nothing.
+///   transaction commits; a rolled-back transaction leaves nothing. A batch with an
+///   invalid message or an id already stored fails whole
+///   ([`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput),
+///   [`ErrorKind::Conflict`](crate::ErrorKind::Conflict)) and writes nothing.
 /// - **Claims are atomic and never wait.** A claim selects due messages, stamps a lease
 ///   (expiry by the storage's clock and a fresh [`LeaseToken`]) and returns them in one
 ///   atomic step. Messages held by a live lease or locked by another transaction are

@@ -77,4 +77,4 @@ pub use env::{integration_required, service_url};
 pub use harness::{Features, Fixture, FixtureOptions, Harness, RowLock};
 pub use memory::{MemoryStore, MemoryTx};
 pub use memory_harness::MemoryHarness;
-pub use publishers::RecordingPublisher;
+pub use publishers::{Gate, RecordingPublisher};

@@ -6,9 +6,9 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use outbox_core::{
-    ClaimRequest, ClaimedMessage, Disposition, Failure, Lease, LeaseToken, Message, MessageId,
-    MessageLimits, NewMessage, Ordering, OutboxStats, OutboxStore, Result, Retention, Settled,
-    StoreCapabilities,
+    ClaimRequest, ClaimedMessage, Disposition, Error, ErrorKind, Failure, Lease, LeaseToken,
+    Message, MessageId, MessageLimits, NewMessage, Ordering, OutboxStats, OutboxStore, Result,
+    Retention, Settled, StoreCapabilities,
 };
 
 #[derive(Debug)]
@@ -40,7 +40,7 @@ struct State {
 }
 
 impl State {
-    fn insert(&mut self, msg: &NewMessage, now: SystemTime) {
+    fn insert(&mut self, msg: &NewMessage, now: SystemTime, available_at: SystemTime) {
         self.next_seq += 1;
         let message = Message::from_parts(
             msg.id(),
@@ -56,7 +56,7 @@ impl State {
         let row = Row {
             message,
             seq: self.next_seq,
-            available_at: now + msg.delay(),
+            available_at,
             token: None,
             dispatched_at: None,
             dead_at: None,
@@ -157,7 +157,7 @@ impl State {
 /// let store = MemoryStore::new();
 /// let mut tx = store.begin();
 /// tx.enqueue(NewMessage::builder("orders").payload(b"hi".to_vec()).build()?)?;
-/// tx.commit();
+/// tx.commit()?;
 /// let claimed = store.claim(ClaimRequest::new(10, Duration::from_secs(30))).await?;
 /// assert_eq!(claimed.len(), 1);
 /// # Ok::<(), outbox_core::Error>(()) });
@@ -208,15 +208,13 @@ impl MemoryStore {
     /// Enqueue and commit at once. All or nothing.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidInput`](outbox_core::ErrorKind::InvalidInput) when any
-    /// message breaks the store's limits; nothing is written.
+    /// As [`MemoryTx::enqueue`] and [`MemoryTx::commit`]; nothing is written.
     pub fn enqueue(&self, messages: &[NewMessage]) -> Result<()> {
         let mut tx = self.begin();
         for m in messages {
             tx.enqueue(m.clone())?;
         }
-        tx.commit();
-        Ok(())
+        tx.commit()
     }
 
     /// Hold `id` as another transaction's row lock would: claims skip it until
@@ -287,13 +285,31 @@ impl MemoryTx {
         Ok(())
     }
 
-    /// Make the staged messages visible.
-    pub fn commit(self) {
+    /// Make the staged messages visible, all or none.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Conflict`](outbox_core::ErrorKind::Conflict) when an id is already
+    /// stored or staged twice; [`ErrorKind::InvalidInput`](outbox_core::ErrorKind::InvalidInput)
+    /// for a delay too long to represent. Nothing is written.
+    pub fn commit(self) -> Result<()> {
         let now = SystemTime::now();
         let mut state = self.store.state();
+        let mut ids = HashSet::new();
+        let mut due = Vec::with_capacity(self.staged.len());
         for m in &self.staged {
-            state.insert(m, now);
+            if state.rows.contains_key(&m.id()) || !ids.insert(m.id()) {
+                return Err(Error::new(
+                    ErrorKind::Conflict,
+                    format!("message {} is already in the outbox", m.id()),
+                )
+                .with_ids(vec![m.id()]));
+            }
+            due.push(later(now, m.delay())?);
         }
+        for (m, available_at) in self.staged.iter().zip(due) {
+            state.insert(m, now, available_at);
+        }
+        Ok(())
     }
 
     /// Discard the staged messages (dropping does the same).
@@ -338,11 +354,18 @@ impl OutboxStore for MemoryStore {
 
     async fn fail(&self, failures: &[Failure]) -> Result<Settled> {
         let now = SystemTime::now();
+        let mut retry_at = Vec::with_capacity(failures.len());
+        for f in failures {
+            retry_at.push(match f.disposition {
+                Disposition::Retry { after } => later(now, after)?,
+                Disposition::DeadLetter => now,
+            });
+        }
         let leases: Vec<Lease> = failures.iter().map(|f| f.lease).collect();
         Ok(self.settle(&leases, |state, i| {
             let f = &failures[i];
             match f.disposition {
-                Disposition::Retry { after } => state.move_due(f.lease.id, now + after),
+                Disposition::Retry { .. } => state.move_due(f.lease.id, retry_at[i]),
                 Disposition::DeadLetter => {
                     state.unindex(f.lease.id);
                     state.rows.get_mut(&f.lease.id).expect("row").dead_at = Some(now);
@@ -446,4 +469,10 @@ impl OutboxStore for MemoryStore {
         let age = oldest.map(|o| now.duration_since(o).unwrap_or_default());
         Ok(OutboxStats::new(pending, in_flight, dead, dispatched, age))
     }
+}
+
+/// `now + delay`, or a typed error when that is past what the clock can represent.
+fn later(now: SystemTime, delay: Duration) -> Result<SystemTime> {
+    now.checked_add(delay)
+        .ok_or_else(|| Error::invalid_input(format!("a delay of {delay:?} is too long")))
 }

@@ -36,7 +36,9 @@ struct Log {
 ///   then accepts it;
 /// - [`failing_destination`](Self::failing_destination) fails one destination always;
 /// - [`rejecting`](Self::rejecting) fails everything permanently;
-/// - [`with_delay`](Self::with_delay) makes every call slow.
+/// - [`with_delay`](Self::with_delay) makes every call slow;
+/// - [`hold_destination`](Self::hold_destination) blocks calls for one destination
+///   until the returned [`Gate`] opens.
 ///
 /// Clones share the log. Counting helpers report duplicates (the same id published more
 /// than once) and per-key order.
@@ -44,6 +46,7 @@ struct Log {
 pub struct RecordingPublisher {
     behaviour: Behaviour,
     delay: Duration,
+    hold: Option<(String, watch::Receiver<bool>)>,
     log: Arc<Mutex<Log>>,
     /// Number of distinct ids published so far.
     unique: watch::Sender<usize>,
@@ -63,6 +66,7 @@ impl RecordingPublisher {
         RecordingPublisher {
             behaviour: Behaviour::Accept,
             delay: Duration::ZERO,
+            hold: None,
             log: Arc::default(),
             unique: watch::Sender::new(0),
             calls: watch::Sender::new(0),
@@ -97,6 +101,15 @@ impl RecordingPublisher {
     pub fn with_delay(mut self, delay: Duration) -> Self {
         self.delay = delay;
         self
+    }
+
+    /// Block every publish call that includes a message to `destination` until the
+    /// returned gate is opened. Calls count as started (see
+    /// [`wait_for_calls`](Self::wait_for_calls)) while they wait.
+    pub fn hold_destination(mut self, destination: impl Into<String>) -> (Self, Gate) {
+        let (open, opened) = watch::channel(false);
+        self.hold = Some((destination.into(), opened));
+        (self, Gate(open))
     }
 
     fn log(&self) -> MutexGuard<'_, Log> {
@@ -206,6 +219,12 @@ impl Publisher for RecordingPublisher {
     async fn publish(&self, batch: &[Message]) -> Result<Vec<PublishOutcome>> {
         self.calls.send_modify(|c| *c += 1);
         self.log().calls += 1;
+        if let Some((destination, opened)) = &self.hold {
+            if batch.iter().any(|m| m.destination == *destination) {
+                let mut opened = opened.clone();
+                let _ = opened.wait_for(|open| *open).await;
+            }
+        }
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;
         }
@@ -232,5 +251,16 @@ impl Publisher for RecordingPublisher {
             self.unique.send_modify(|u| *u += newly_unique);
         }
         Ok(outcomes)
+    }
+}
+
+/// Releases the calls a [`RecordingPublisher::hold_destination`] holds.
+#[derive(Debug, Clone)]
+pub struct Gate(watch::Sender<bool>);
+
+impl Gate {
+    /// Let held calls (and all later ones) proceed.
+    pub fn open(&self) {
+        self.0.send_replace(true);
     }
 }

@@ -66,7 +66,7 @@ async fn main() -> Result<()> {
         )?;
     }
     tx.enqueue(NewMessage::builder("audit.bogus").payload("?").build()?)?;
-    tx.commit();
+    tx.commit()?;
 
     let config = RelayConfig::default().batch_size(2).publish(2, 1).retry(
         RetryPolicy::with_max_attempts(5)

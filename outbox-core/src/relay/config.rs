@@ -14,14 +14,15 @@ pub struct RelayConfig {
     pub name: String,
     /// Messages per claim. Default 100.
     pub batch_size: usize,
-    /// Lease per claim; must outlast publishing a batch. Default 30 s.
+    /// Lease per claim; must outlast publishing the whole batch, wave by wave (see
+    /// [`validate`](Self::validate)). Default 30 s.
     pub lease: Duration,
     /// Messages per [`Publisher::publish`](crate::Publisher::publish) call. Default 100.
     pub publish_batch_size: usize,
     /// Publish calls in flight at once within one claimed batch. Default 4.
     pub publish_concurrency: usize,
     /// Longest a publish call may take before its messages count as failed (retryable).
-    /// Must be shorter than the lease. Default 10 s.
+    /// Default 10 s.
     pub publish_timeout: Duration,
     /// First wait after a claim found nothing. Default 100 ms.
     pub poll_interval: Duration,
@@ -101,7 +102,15 @@ impl RelayConfig {
         self
     }
 
-    /// Check the values.
+    /// Publish waves one claimed batch takes: `ceil(ceil(batch / publish batch) /
+    /// concurrency)`.
+    pub fn publish_waves(&self) -> u32 {
+        let calls = self.batch_size.div_ceil(self.publish_batch_size.max(1));
+        u32::try_from(calls.div_ceil(self.publish_concurrency.max(1))).unwrap_or(u32::MAX)
+    }
+
+    /// Check the values. Besides each value's own bounds, the lease must cover every
+    /// publish wave of a batch: `publish_waves() × publish_timeout < lease`.
     ///
     /// # Errors
     /// [`ErrorKind::Config`](crate::ErrorKind::Config) naming the first bad value.
@@ -122,6 +131,20 @@ impl RelayConfig {
             return Err(Error::config(format!(
                 "publish_timeout {:?} must be above zero and shorter than the lease {:?}",
                 self.publish_timeout, self.lease
+            )));
+        }
+        let budget = self.publish_timeout.saturating_mul(self.publish_waves());
+        if budget >= self.lease {
+            return Err(Error::config(format!(
+                "a batch of {} in publish calls of {} with {} in flight takes {} waves of up to \
+                 {:?}, {budget:?} in all, which the lease of {:?} does not cover; raise the \
+                 lease or publish_concurrency, or lower batch_size or publish_timeout",
+                self.batch_size,
+                self.publish_batch_size,
+                self.publish_concurrency,
+                self.publish_waves(),
+                self.publish_timeout,
+                self.lease
             )));
         }
         if self.poll_interval.is_zero() || self.poll_interval > self.max_poll_interval {
@@ -159,6 +182,8 @@ mod tests {
             RelayConfig::default().publish(0, 1),
             RelayConfig::default().publish_timeout(Duration::from_secs(60)),
             RelayConfig::default().poll(Duration::from_secs(2), Duration::from_secs(1)),
+            // 1000 / 10 / 4 = 25 waves of 10 s against a 30 s lease.
+            RelayConfig::default().batch_size(1000).publish(10, 4),
         ];
         for c in bad {
             assert_eq!(

@@ -22,8 +22,11 @@
 //!
 //! [`RelayHandle::shutdown`] stops claiming at once; publish calls not yet started
 //! release their leases unattempted; calls in flight get
-//! [`RelayConfig::shutdown_grace`] to finish, after which they are dropped and their
-//! leases released so another relay can take the messages immediately.
+//! [`RelayConfig::shutdown_grace`] to finish. After the grace they are dropped: their
+//! messages are failed with a zero retry delay (the attempt counts, since the broker may
+//! have them) and the rest of the batch released, so another relay can take them at
+//! once. Explicit [`Relay::dispatch_ids`] calls in flight are not waited for; after
+//! shutdown, new ones return at once.
 //!
 //! ## Limitations
 //!
@@ -31,15 +34,20 @@
 //!   the broker accepted it but before completing, when publishing outlives the lease
 //!   (the complete is then rejected as a lost lease), and when shutdown drops a publish
 //!   in flight. Consumers deduplicate by message id.
-//! - Leases are not renewed: choose a lease comfortably longer than
-//!   [`RelayConfig::publish_timeout`] plus the settle round trip.
+//! - Leases are not renewed. A claimed batch is published in waves of
+//!   [`RelayConfig::publish_concurrency`] calls, so the lease must cover every wave:
+//!   [`RelayConfig::validate`] requires `waves × publish_timeout < lease`, and a chunk
+//!   whose remaining lease is shorter than a publish plus a tenth of the lease is
+//!   released instead of published.
+//! - [`Relay::dispatch_ids`] is not cancel-safe: if its future is dropped mid-way, the
+//!   messages it claimed wait for their lease to lapse (and may publish twice).
 
 mod config;
 mod dispatch;
 pub mod metrics;
 mod wake;
 
-use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -129,7 +137,10 @@ struct Inner {
     polls: AtomicU64,
     /// The number of the latest loop claim that found nothing due.
     idle: watch::Sender<u64>,
+    /// Whether a loop is running: one loop per engine.
+    running: AtomicBool,
     counters: Counters,
+    metrics: metrics::Handles,
 }
 
 /// Moves messages from an [`OutboxStore`] to a [`Publisher`].
@@ -167,6 +178,7 @@ impl Relay {
         config: RelayConfig,
     ) -> Result<Self> {
         config.validate()?;
+        let metrics = metrics::Handles::new(&config.name);
         Ok(Relay {
             inner: Arc::new(Inner {
                 store,
@@ -176,7 +188,9 @@ impl Relay {
                 shutdown: watch::Sender::new(false),
                 polls: AtomicU64::new(0),
                 idle: watch::Sender::new(0),
+                running: AtomicBool::new(false),
                 counters: Counters::default(),
+                metrics,
             }),
         })
     }
@@ -208,14 +222,20 @@ impl Relay {
     }
 
     /// Run the loop in the current task until [`shutdown`](Self::shutdown) is called;
-    /// returns the totals.
+    /// returns the totals. One loop runs per relay: a second call while one runs logs
+    /// an error and returns at once (create another `Relay` for more loops).
     pub async fn run(&self) -> DispatchReport {
         let inner = &*self.inner;
+        if inner.running.swap(true, AtomicOrdering::SeqCst) {
+            tracing::error!("this relay's loop is already running; not starting another");
+            return self.report();
+        }
         let config = &inner.config;
         let mut shutdown = inner.shutdown.subscribe();
         let mut idle_wait = config.poll_interval;
         while !*shutdown.borrow() {
             let poll = inner.polls.fetch_add(1, AtomicOrdering::SeqCst) + 1;
+            let claimed_at = Instant::now();
             match self.claim().await {
                 Ok(claimed) if claimed.is_empty() => {
                     inner.idle.send_replace(poll);
@@ -229,12 +249,12 @@ impl Relay {
                 }
                 Ok(claimed) => {
                     idle_wait = config.poll_interval;
-                    self.process_until_shutdown(claimed, &mut shutdown).await;
+                    self.process_until_shutdown(claimed, claimed_at, &mut shutdown)
+                        .await;
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, retry_in = ?idle_wait, "claim failed");
-                    ::metrics::counter!(metrics::STORE_ERRORS, "relay" => config.name.clone())
-                        .increment(1);
+                    inner.metrics.store_errors.increment(1);
                     tokio::select! {
                         _ = tokio::time::sleep(idle_wait) => {}
                         _ = shutdown.wait_for(|stop| *stop) => {}
@@ -243,6 +263,7 @@ impl Relay {
                 }
             }
         }
+        inner.running.store(false, AtomicOrdering::SeqCst);
         tracing::info!("relay stopped");
         self.report()
     }
@@ -258,20 +279,26 @@ impl Relay {
     /// commit. Runs in the caller's task, in parallel with the loop and other calls;
     /// ids already claimed elsewhere, not yet due or unknown are skipped.
     ///
+    /// Not cancel-safe: see the module docs' limitations. After
+    /// [`shutdown`](Self::shutdown) it claims nothing and returns an empty report.
+    ///
     /// # Errors
     /// The store's claim error. Publish failures are not errors: they are retried or
     /// dead-lettered as usual and counted in the report.
     pub async fn dispatch_ids(&self, ids: &[MessageId]) -> Result<DispatchReport> {
-        if ids.is_empty() {
+        if ids.is_empty() || *self.inner.shutdown.borrow() {
             return Ok(DispatchReport::default());
         }
+        let claimed_at = Instant::now();
         let claimed = self
             .inner
             .store
             .claim_ids(ids, self.inner.config.lease)
             .instrument(tracing::info_span!("outbox.claim_ids", count = ids.len()))
             .await?;
-        Ok(self.process(claimed).await)
+        Ok(self
+            .process(claimed, claimed_at, &dispatch::Started::default())
+            .await)
     }
 
     /// Wait until a loop claim that started after this call finds nothing due.
@@ -312,7 +339,9 @@ impl Relay {
                 limit = config.batch_size
             ))
             .await;
-        ::metrics::histogram!(metrics::CLAIM_SECONDS, "relay" => config.name.clone())
+        self.inner
+            .metrics
+            .claim_seconds
             .record(started.elapsed().as_secs_f64());
         claimed
     }
@@ -320,18 +349,20 @@ impl Relay {
     async fn process_until_shutdown(
         &self,
         claimed: Vec<ClaimedMessage>,
+        claimed_at: Instant,
         shutdown: &mut watch::Receiver<bool>,
     ) {
         let leases: Vec<_> = claimed.iter().map(|c| c.lease).collect();
         let grace = self.inner.config.shutdown_grace;
+        let started = dispatch::Started::default();
         tokio::select! {
-            _ = self.process(claimed) => {}
+            _ = self.process(claimed, claimed_at, &started) => {}
             _ = async {
                 let _ = shutdown.wait_for(|stop| *stop).await;
                 tokio::time::sleep(grace).await;
             } => {
-                tracing::warn!(count = leases.len(), "shutdown grace expired; releasing leases");
-                let report = self.release(&leases).await;
+                tracing::warn!(count = leases.len(), "shutdown grace expired; abandoning the batch");
+                let report = self.abandon(&leases, &started).await;
                 self.inner.counters.add(&report);
             }
         }
@@ -343,8 +374,10 @@ impl Relay {
     }
 }
 
-/// A relay loop running in its own task.
+/// A relay loop running in its own task. Dropping the handle leaves the loop running;
+/// call [`shutdown`](Self::shutdown) to stop it.
 #[derive(Debug)]
+#[must_use = "dropping the handle leaves the relay running with no way to stop it gracefully"]
 pub struct RelayHandle {
     relay: Relay,
     task: JoinHandle<DispatchReport>,

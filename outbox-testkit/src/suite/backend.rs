@@ -79,3 +79,25 @@ pub async fn claim_skips_rows_locked_by_another_transaction(h: &dyn Harness) {
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].message.id, locked);
 }
+
+/// Enqueueing an id that is already stored (or twice in one batch) is a conflict and
+/// writes nothing of the batch.
+pub async fn duplicate_ids_write_nothing(h: &dyn Harness) {
+    let f = plain(h).await;
+    let store = f.store();
+    let first = msg("dup", 0);
+    f.enqueue(vec![first.clone()]).await.unwrap();
+    let err = f
+        .enqueue(vec![msg("dup", 1), first.clone()])
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+    let twice = msg("dup", 2);
+    let err = f.enqueue(vec![twice.clone(), twice]).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+    let s = stats(&*store).await;
+    assert_eq!(s.pending, 1, "only the first message exists");
+    let got = claim(&*store, 10, LONG_LEASE).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].message.id, first.id());
+}

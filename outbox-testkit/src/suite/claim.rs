@@ -4,7 +4,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{ClaimRequest, ErrorKind, MessageId, NewMessage};
+use outbox_core::{
+    ClaimRequest, Disposition, ErrorKind, Failure, MessageId, NewMessage, OutboxStoreExt,
+};
 
 use super::*;
 use crate::harness::Harness;
@@ -35,17 +37,50 @@ pub async fn enqueued_fields_round_trip(h: &dyn Harness) {
     assert_eq!(got[0].lease.id, sent.id());
 }
 
-/// A delayed message is not claimable before its delay has passed.
+/// A delayed message is not claimable before its delay has passed, and is after.
 pub async fn delayed_messages_wait(h: &dyn Harness) {
     let f = plain(h).await;
-    let later = NewMessage::builder("d")
+    let store = f.store();
+    let much_later = NewMessage::builder("d")
         .delay(Duration::from_secs(3600))
         .build()
         .unwrap();
-    f.enqueue(vec![later, msg("d", 1)]).await.unwrap();
-    let got = claim(&*f.store(), 10, LONG_LEASE).await;
-    assert_eq!(got.len(), 1, "only the undelayed message is due");
-    assert_eq!(stats(&*f.store()).await.pending, 1);
+    let soon = NewMessage::builder("d")
+        .delay(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let soon_id = soon.id();
+    f.enqueue(vec![much_later, soon, msg("d", 1)])
+        .await
+        .unwrap();
+    let got = claim(&*store, 10, LONG_LEASE).await;
+    assert_eq!(got.len(), 1, "only the undelayed message is due at once");
+    assert_eq!(
+        stats(&*store).await.pending,
+        2,
+        "delayed messages count as pending"
+    );
+    let got = claim_eventually(&*store, 10, LONG_LEASE).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].message.id, soon_id, "the short delay comes due");
+    assert!(
+        claim(&*store, 10, LONG_LEASE).await.is_empty(),
+        "the hour-long delay holds"
+    );
+}
+
+/// Claims take due messages oldest availability first, then in enqueue order.
+pub async fn claims_follow_availability_then_enqueue_order(h: &dyn Harness) {
+    let f = plain(h).await;
+    let store = f.store();
+    let batch = msgs(5);
+    let ids: Vec<MessageId> = batch.iter().map(|m| m.id()).collect();
+    f.enqueue(batch).await.unwrap();
+    let mut order = Vec::new();
+    for _ in 0..5 {
+        order.push(claim(&*store, 1, LONG_LEASE).await[0].message.id);
+    }
+    assert_eq!(order, ids);
 }
 
 /// Claims skip messages held by a live lease.
@@ -135,6 +170,40 @@ pub async fn claim_ids_skips_rows_leased_elsewhere(h: &dyn Harness) {
     let rest = claim(&*store, 10, LONG_LEASE).await;
     assert_eq!(rest.len(), 1);
     assert_eq!(rest[0].message.id, ids[3]);
+}
+
+/// `claim_ids` skips messages that are delayed, dead or already dispatched.
+pub async fn claim_ids_skips_undue_dead_and_dispatched(h: &dyn Harness) {
+    let f = fixture(h, keeping()).await;
+    let store = f.store();
+    let delayed = NewMessage::builder("d")
+        .delay(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let batch = vec![delayed, msg("d", 1), msg("d", 2)];
+    let ids: Vec<MessageId> = batch.iter().map(|m| m.id()).collect();
+    f.enqueue(batch).await.unwrap();
+    let got = store.claim_ids(&ids[1..], LONG_LEASE).await.unwrap();
+    assert_eq!(got.len(), 2);
+    let (done, dead) = if got[0].message.id == ids[1] {
+        (&got[0], &got[1])
+    } else {
+        (&got[1], &got[0])
+    };
+    store.complete_one(&done.lease).await.unwrap();
+    store
+        .fail_one(Failure {
+            lease: dead.lease,
+            error: "dead".into(),
+            disposition: Disposition::DeadLetter,
+        })
+        .await
+        .unwrap();
+    let again = store.claim_ids(&ids, LONG_LEASE).await.unwrap();
+    assert!(
+        again.is_empty(),
+        "delayed, dispatched and dead ids are all skipped: {again:?}"
+    );
 }
 
 /// Out-of-bounds claim requests are rejected before storage is touched.

@@ -76,6 +76,26 @@ pub async fn stale_fail_and_release_are_rejected(h: &dyn Harness) {
     );
 }
 
+/// A lease that lapsed but was not claimed again still completes, and until then the
+/// message counts as pending.
+pub async fn expired_unclaimed_lease_still_completes(h: &dyn Harness) {
+    let f = plain(h).await;
+    let store = f.store();
+    f.enqueue(msgs(1)).await.unwrap();
+    let held = claim(&*store, 1, SHORT_LEASE).await.remove(0);
+    wait_until("the lease to lapse", || async {
+        let s = stats(&*store).await;
+        (s.pending, s.in_flight) == (1, 0)
+    })
+    .await;
+    store
+        .complete_one(&held.lease)
+        .await
+        .expect("nobody else holds it");
+    let s = stats(&*store).await;
+    assert_eq!((s.pending, s.in_flight), (0, 0));
+}
+
 /// A settled lease cannot be settled again.
 pub async fn settled_leases_cannot_be_reused(h: &dyn Harness) {
     let f = fixture(h, keeping()).await;
@@ -97,4 +117,32 @@ pub async fn settled_leases_cannot_be_reused(h: &dyn Harness) {
     assert_eq!(settled.lost, vec![got[0].lease.id]);
     let s = stats(&*store).await;
     assert_eq!((s.pending, s.in_flight, s.dispatched), (0, 0, 2));
+
+    // A failed (retry-scheduled) lease is spent too.
+    f.enqueue(msgs(1)).await.unwrap();
+    let retried = claim(&*store, 1, LONG_LEASE).await.remove(0);
+    let retry = Failure {
+        lease: retried.lease,
+        error: "once".into(),
+        disposition: Disposition::Retry { after: LONG_LEASE },
+    };
+    store.fail_one(retry.clone()).await.unwrap();
+    assert_eq!(
+        store.fail_one(retry).await.unwrap_err().kind(),
+        ErrorKind::LeaseLost
+    );
+    assert_eq!(
+        store.release_one(&retried.lease).await.unwrap_err().kind(),
+        ErrorKind::LeaseLost
+    );
+    assert_eq!(
+        store.complete_one(&retried.lease).await.unwrap_err().kind(),
+        ErrorKind::LeaseLost
+    );
+    let s = stats(&*store).await;
+    assert_eq!(
+        (s.pending, s.in_flight),
+        (1, 0),
+        "still scheduled for its retry"
+    );
 }

@@ -11,7 +11,9 @@ use super::*;
 use crate::harness::Harness;
 use crate::publishers::RecordingPublisher;
 
-/// Graceful shutdown releases leases it will not finish, without using up attempts.
+/// Graceful shutdown gives back leases it will not finish: publishes that never started
+/// are released without using up an attempt; a publish abandoned after the grace period
+/// is failed for an immediate retry, keeping its attempt (the broker may have it).
 pub async fn shutdown_releases_leases(h: &dyn Harness) {
     let f = plain(h).await;
     let store = f.store();
@@ -27,17 +29,30 @@ pub async fn shutdown_releases_leases(h: &dyn Harness) {
     assert_eq!(stats(&*store).await.in_flight, 6);
 
     let report = relay.shutdown().await.unwrap();
-    assert_eq!(report.released, 6);
-    assert_eq!(report.dispatched, 0);
+    assert_eq!(
+        (report.released, report.retried, report.dispatched),
+        (3, 3, 0),
+        "{report:?}"
+    );
     let s = stats(&*store).await;
     assert_eq!(
         (s.pending, s.in_flight),
         (6, 0),
-        "released leases are due at once"
+        "every lease is given back, due at once"
     );
+    let mut abandoned = 0;
     for c in claim(&*store, 10, LONG_LEASE).await {
-        assert_eq!(c.message.attempts, 1, "a release gives the attempt back");
+        if c.message.last_error.is_some() {
+            abandoned += 1;
+            assert_eq!(
+                c.message.attempts, 2,
+                "an abandoned publish keeps its attempt"
+            );
+        } else {
+            assert_eq!(c.message.attempts, 1, "a release gives the attempt back");
+        }
     }
+    assert_eq!(abandoned, 3);
 }
 
 /// Shutdown lets a publish in flight finish within the grace period and releases the
@@ -46,7 +61,7 @@ pub async fn shutdown_finishes_in_flight_and_releases_the_rest(h: &dyn Harness) 
     let f = plain(h).await;
     let store = f.store();
     f.enqueue(msgs(6)).await.unwrap();
-    let publisher = RecordingPublisher::new().with_delay(Duration::from_millis(300));
+    let (publisher, gate) = RecordingPublisher::new().hold_destination("conformance");
     let config = fast_relay_config()
         .lease(Duration::from_secs(600))
         .publish(3, 1)
@@ -54,6 +69,8 @@ pub async fn shutdown_finishes_in_flight_and_releases_the_rest(h: &dyn Harness) 
     let relay = relay(Arc::clone(&store), Arc::new(publisher.clone()), config).spawn();
     publisher.wait_for_calls(1, DEADLINE).await.unwrap();
 
+    relay.relay().shutdown(); // signal first, so the held call finishes during shutdown
+    gate.open();
     let report = relay.shutdown().await.unwrap();
     assert_eq!((report.dispatched, report.released), (3, 3), "{report:?}");
     assert_eq!(publisher.calls(), 1, "no publish may start after shutdown");
@@ -70,9 +87,9 @@ pub async fn killed_relay_loses_nothing(h: &dyn Harness) {
     let ids: HashSet<MessageId> = sent.iter().map(|m| m.id()).collect();
     f.enqueue(sent).await.unwrap();
 
-    let stuck = RecordingPublisher::new().with_delay(Duration::from_secs(600));
+    let (stuck, _never_opened) = RecordingPublisher::new().hold_destination("conformance");
     let config = fast_relay_config()
-        .lease(Duration::from_millis(800))
+        .lease(Duration::from_secs(2))
         .batch_size(20)
         .publish(10, 2);
     let doomed = relay(Arc::clone(&store), Arc::new(stuck.clone()), config.clone()).spawn();
@@ -85,6 +102,16 @@ pub async fn killed_relay_loses_nothing(h: &dyn Harness) {
     survivor.shutdown().await.unwrap();
     let delivered: HashSet<MessageId> = publisher.published().iter().map(|m| m.id).collect();
     assert_eq!(delivered, ids);
+    let published = publisher.published();
+    assert!(
+        published.iter().all(|m| m.last_error.is_none()),
+        "recovered by lease expiry, not by a failure path"
+    );
+    let reclaimed = published.iter().filter(|m| m.attempts == 2).count();
+    assert_eq!(
+        reclaimed, 20,
+        "the dead relay's batch was claimed again after its lease"
+    );
     let s = stats(&*store).await;
     assert_eq!((s.pending, s.in_flight, s.dead), (0, 0, 0));
 }
@@ -167,4 +194,40 @@ pub async fn explicit_dispatch_runs_alongside_sweeps(h: &dyn Harness) {
         "explicit and background dispatches add up"
     );
     assert!(explicit > 0, "explicit dispatch published nothing");
+}
+
+/// An explicit dispatch stuck in a slow publish does not hold up the background relay:
+/// there is no lock around dispatch.
+pub async fn explicit_dispatch_does_not_block_the_sweeper(h: &dyn Harness) {
+    let f = plain(h).await;
+    let store = f.store();
+    let (publisher, gate) = RecordingPublisher::new().hold_destination("held");
+    // The loop polls only when woken, so it cannot take the held message first.
+    let config = fast_relay_config().poll(Duration::from_secs(3600), Duration::from_secs(3600));
+    let relay = relay(Arc::clone(&store), Arc::new(publisher.clone()), config);
+    let background = relay.spawn();
+    relay.wait_idle(DEADLINE).await.unwrap();
+
+    let held = msg("held", 0);
+    let held_id = held.id();
+    f.enqueue(vec![held]).await.unwrap();
+    let explicit = {
+        let relay = relay.clone();
+        tokio::spawn(async move { relay.dispatch_ids(&[held_id]).await })
+    };
+    publisher.wait_for_calls(1, DEADLINE).await.unwrap();
+
+    f.enqueue(msgs(5)).await.unwrap();
+    relay.wakeup().wake();
+    publisher.wait_for_unique(5, DEADLINE).await.unwrap();
+    assert!(
+        !explicit.is_finished(),
+        "the explicit dispatch is still held"
+    );
+
+    gate.open();
+    let report = explicit.await.unwrap().unwrap();
+    assert_eq!(report.dispatched, 1);
+    background.shutdown().await.unwrap();
+    assert_eq!(publisher.duplicates(), 0);
 }
