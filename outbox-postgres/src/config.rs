@@ -54,11 +54,28 @@ fn fnv1a32(bytes: &[u8]) -> u32 {
 }
 
 /// Whether enqueueing sends a `NOTIFY` for [`spawn_listener`](crate::spawn_listener).
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// The default is [`Off`](Self::Off). Turning it on is a trade-off, described on
+/// [`PgOutboxConfig::notify_on_commit`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum NotifyMode {
-    /// Send nothing; relays find messages by polling (and explicit wake-ups).
+    /// Send nothing (the default). Relays find messages by polling and by explicit
+    /// wake-ups such as [`Relay::wakeup`](outbox_core::Relay::wakeup) after a commit.
+    #[default]
     Off,
-    /// Notify this channel (a name following the identifier rules).
+    /// Notify this channel (a name following the identifier rules) from every
+    /// enqueueing transaction.
+    Channel(String),
+}
+
+/// The notification setting as configured: the derived channel is worked out only when
+/// asked for, so it follows later [`schema`](PgOutboxConfig::schema) and
+/// [`table`](PgOutboxConfig::table) calls.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+enum Notify {
+    #[default]
+    Off,
+    Derived,
     Channel(String),
 }
 
@@ -74,7 +91,14 @@ pub enum NotifyMode {
 ///     .ordering(Ordering::PerKey)
 ///     .retention(Retention::Keep { window: Duration::from_secs(86_400) });
 /// config.validate()?;
-/// assert_eq!(config.notify_mode(), NotifyMode::Channel("billing_outbox_messages".into()));
+/// assert_eq!(config.notify_mode(), NotifyMode::Off, "no NOTIFY unless asked for");
+///
+/// // Opt in to NOTIFY on the channel derived from the schema and table.
+/// let notifying = config.notify_on_commit();
+/// assert_eq!(
+///     notifying.notify_mode(),
+///     NotifyMode::Channel("billing_outbox_messages".into())
+/// );
 /// # Ok::<(), outbox_core::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,7 +108,7 @@ pub struct PgOutboxConfig {
     ordering: Ordering,
     retention: Retention,
     limits: MessageLimits,
-    notify: Option<NotifyMode>,
+    notify: Notify,
 }
 
 impl Default for PgOutboxConfig {
@@ -95,7 +119,7 @@ impl Default for PgOutboxConfig {
             ordering: Ordering::default(),
             retention: Retention::default(),
             limits: MessageLimits::default(),
-            notify: None,
+            notify: Notify::Off,
         }
     }
 }
@@ -126,9 +150,41 @@ impl PgOutboxConfig {
         self.limits = limits;
         self
     }
-    /// Set the notification mode (default: a channel named `<schema>_<table>`).
+    /// Set the notification mode (default [`NotifyMode::Off`]); see
+    /// [`notify_on_commit`](Self::notify_on_commit) for the trade-off.
     pub fn notify(mut self, notify: NotifyMode) -> Self {
-        self.notify = Some(notify);
+        self.notify = match notify {
+            NotifyMode::Off => Notify::Off,
+            NotifyMode::Channel(channel) => Notify::Channel(channel),
+        };
+        self
+    }
+    /// Send a `NOTIFY` from every enqueueing transaction on the channel named after the
+    /// schema and table (`<schema>_<table>`, shortened with a hash when too long), for
+    /// [`spawn_listener`](crate::spawn_listener). Off by default.
+    ///
+    /// # The trade-off
+    ///
+    /// - **For:** the lowest commit-to-publish latency across processes. A relay in any
+    ///   process is woken the moment an enqueueing transaction commits, instead of at
+    ///   its next poll.
+    /// - **Against:** PostgreSQL serialises the commits of all transactions that issued
+    ///   `NOTIFY`, cluster-wide. At commit such a transaction takes one exclusive lock
+    ///   (`PreCommit_Notify` in `src/backend/commands/async.c` locks "database 0", the
+    ///   same lock for every database of the server) and holds it until the commit has
+    ///   completed, including the flush of its commit record to the WAL. Every
+    ///   enqueueing business transaction then commits through that one lock, one at a
+    ///   time (and so does any other notifying transaction on the server): a global
+    ///   mutex that caps enqueue throughput and adds queueing to commit latency under
+    ///   concurrency.
+    ///
+    /// Without `NOTIFY`, wake the relay in-process after your commit with
+    /// [`Relay::wakeup`](outbox_core::Relay::wakeup) (or dispatch the ids at once with
+    /// [`Relay::dispatch_ids`](outbox_core::Relay::dispatch_ids)), and rely on polling
+    /// ([`RelayConfig::poll`](outbox_core::RelayConfig::poll)) for messages committed
+    /// by other processes.
+    pub fn notify_on_commit(mut self) -> Self {
+        self.notify = Notify::Derived;
         self
     }
 
@@ -152,11 +208,12 @@ impl PgOutboxConfig {
     pub fn message_limits(&self) -> &MessageLimits {
         &self.limits
     }
-    /// The notification mode, with the default channel worked out.
+    /// The notification mode, with a derived channel worked out.
     pub fn notify_mode(&self) -> NotifyMode {
         match &self.notify {
-            Some(mode) => mode.clone(),
-            None => NotifyMode::Channel(derived_identifier(&self.schema, &self.table)),
+            Notify::Off => NotifyMode::Off,
+            Notify::Derived => NotifyMode::Channel(derived_identifier(&self.schema, &self.table)),
+            Notify::Channel(channel) => NotifyMode::Channel(channel.clone()),
         }
     }
     /// The channel enqueues notify, if any.
@@ -179,7 +236,7 @@ impl PgOutboxConfig {
     pub fn validate(&self) -> Result<()> {
         validate_identifier("schema", &self.schema)?;
         validate_identifier("table", &self.table)?;
-        if let Some(NotifyMode::Channel(channel)) = &self.notify {
+        if let Notify::Channel(channel) = &self.notify {
             validate_identifier("notify channel", channel)?;
         }
         if let Retention::Keep { window } = self.retention {
@@ -314,13 +371,30 @@ mod tests {
         let c = PgOutboxConfig::default();
         c.validate().unwrap();
         assert_eq!(c.qualified_table(), "\"outbox\".\"outbox_messages\"");
+        assert_eq!(c.notify_mode(), NotifyMode::Off, "NOTIFY is opt-in");
+        assert_eq!(c.notify_channel(), None);
+        let on = c.clone().notify_on_commit();
         assert_eq!(
-            c.notify_channel().as_deref(),
+            on.notify_channel().as_deref(),
             Some("outbox_outbox_messages")
         );
-        let renamed = c.clone().schema("s").table("t");
-        assert_eq!(renamed.notify_channel().as_deref(), Some("s_t"));
-        assert_eq!(c.clone().notify(NotifyMode::Off).notify_channel(), None);
+        assert_eq!(
+            on.clone()
+                .schema("s")
+                .table("t")
+                .notify_channel()
+                .as_deref(),
+            Some("s_t"),
+            "the derived channel follows later renames"
+        );
+        assert_eq!(on.clone().notify(NotifyMode::Off).notify_channel(), None);
+        let named = c.clone().notify(NotifyMode::Channel("wake".into()));
+        assert_eq!(named.notify_channel().as_deref(), Some("wake"));
+        assert_eq!(
+            named.notify_on_commit().notify_channel().as_deref(),
+            Some("outbox_outbox_messages")
+        );
+        assert_eq!(NotifyMode::default(), NotifyMode::Off);
 
         let bad = [
             c.clone().schema("Bad"),

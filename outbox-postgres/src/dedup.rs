@@ -31,6 +31,7 @@ use outbox_core::{Consistency, Dedup, DedupStore, Error, MessageId, Result};
 use crate::config::{derived_identifier, PgDedupConfig};
 use crate::error::from_sqlx;
 use crate::schema::{install_versioned, schema_prelude};
+use crate::sql::limit_param;
 
 /// Longest consumer name accepted, in bytes.
 pub const MAX_CONSUMER_LEN: usize = 255;
@@ -221,11 +222,12 @@ impl DedupStore for PgDedupStore {
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<u64> {
-        let limit = i64::try_from(limit)
-            .map_err(|_| Error::invalid_input(format!("limit {limit} is too large")))?;
+        if limit == 0 {
+            return Ok(0);
+        }
         let done = sqlx::query(&self.sql.purge)
             .bind(self.retention_us()?)
-            .bind(limit)
+            .bind(limit_param(limit))
             .execute(&self.pool)
             .await
             .map_err(|e| from_sqlx("purge message ids", e))?;

@@ -1,4 +1,13 @@
 //! Waking relays with `LISTEN`/`NOTIFY`: [`spawn_listener`].
+//!
+//! `NOTIFY` is off by default and worth turning on only when its cost is acceptable:
+//! it gives the lowest commit-to-publish latency across processes, but PostgreSQL
+//! serialises the commits of every transaction that issued `NOTIFY` on one cluster-wide
+//! lock, so all enqueueing transactions commit one at a time. Without it, wake a relay
+//! in the same process after your commit with
+//! [`Relay::wakeup`](outbox_core::Relay::wakeup), and let polling find messages
+//! committed elsewhere. See
+//! [`PgOutboxConfig::notify_on_commit`](crate::PgOutboxConfig::notify_on_commit).
 
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
@@ -21,9 +30,18 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// Listen on `channel` and [`wake`](Wakeup::wake) `wakeup` on every notification.
 ///
 /// Pair it with a [`PgOutbox`](crate::PgOutbox) whose enqueues notify that channel
-/// ([`PgOutboxConfig::notify_channel`](crate::PgOutboxConfig::notify_channel)) and the
-/// relay's [`Relay::wakeup`](outbox_core::Relay::wakeup): relays then pick up committed
-/// messages at once instead of at their next poll.
+/// (configured with
+/// [`PgOutboxConfig::notify_on_commit`](crate::PgOutboxConfig::notify_on_commit), which
+/// is off by default; the name is
+/// [`PgOutboxConfig::notify_channel`](crate::PgOutboxConfig::notify_channel)) and the
+/// relay's [`Relay::wakeup`](outbox_core::Relay::wakeup): relays in every process then
+/// pick up committed messages at once instead of at their next poll.
+///
+/// The price is paid by the writers, not here: each enqueueing transaction then takes
+/// PostgreSQL's cluster-wide notify lock at commit and holds it until its commit has
+/// completed, so enqueueing commits are serialised across the whole server. Prefer an
+/// in-process [`Relay::wakeup`](outbox_core::Relay::wakeup) after commit plus polling
+/// unless cross-process latency matters more than commit throughput.
 ///
 /// # Behaviour
 ///
@@ -40,7 +58,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 ///
 /// ```no_run
 /// # async fn demo(outbox: outbox_postgres::PgOutbox, relay: outbox_core::Relay) -> outbox_core::Result<()> {
-/// let channel = outbox.config().notify_channel().expect("notify is on by default");
+/// // `outbox` was configured with `PgOutboxConfig::default().notify_on_commit()`.
+/// let channel = outbox.config().notify_channel().expect("NOTIFY was turned on");
 /// let listener = outbox_postgres::spawn_listener(outbox.pool().clone(), channel, relay.wakeup())?;
 /// // ... run the relay ...
 /// listener.stop().await;

@@ -3,7 +3,9 @@
 use std::time::SystemTime;
 
 use chrono::{DateTime, Utc};
-use outbox_core::{Error, ErrorKind, Headers, Message, MessageId, Result};
+use outbox_core::{
+    ClaimedMessage, Error, ErrorKind, Headers, Lease, LeaseToken, Message, MessageId, Result,
+};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 use uuid::Uuid;
@@ -36,6 +38,40 @@ pub(crate) fn decode_message(row: &PgRow) -> Result<std::result::Result<Message,
         (Ok(headers), Ok(attempts)) => Ok(Ok(build_message(row, id, headers, attempts)?)),
         (Err(reason), _) | (_, Err(reason)) => Ok(Err((id, reason))),
     }
+}
+
+/// A claim's rows, decoded.
+pub(crate) struct DecodedClaim {
+    /// Ordered by due time, then `seq`.
+    pub(crate) claimed: Vec<ClaimedMessage>,
+    /// Rows whose content does not make a message, with the reason: to dead-letter.
+    pub(crate) undecodable: Vec<(Uuid, String)>,
+}
+
+/// Decode a claim's rows. An error is a schema problem that affects the whole claim.
+pub(crate) fn decode_claimed(rows: &[PgRow], token: LeaseToken) -> Result<DecodedClaim> {
+    let mut claimed = Vec::with_capacity(rows.len());
+    let mut undecodable = Vec::new();
+    for row in rows {
+        let due: (DateTime<Utc>, i64) = (get(row, "due_at")?, get(row, "seq")?);
+        match decode_message(row)? {
+            Ok(message) => {
+                let expires: DateTime<Utc> = get(row, "lease_expires_at")?;
+                let lease = Lease {
+                    id: message.id,
+                    token,
+                    expires_at: SystemTime::from(expires),
+                };
+                claimed.push((due, ClaimedMessage { message, lease }));
+            }
+            Err((id, reason)) => undecodable.push((id, reason)),
+        }
+    }
+    claimed.sort_by_key(|(due, _)| *due);
+    Ok(DecodedClaim {
+        claimed: claimed.into_iter().map(|(_, c)| c).collect(),
+        undecodable,
+    })
 }
 
 /// Dead letters are listed even when their content does not decode (that is often why

@@ -7,17 +7,28 @@
 //!    another claimer or writer holds are skipped, never waited on), and updates them:
 //!    `available_at = now() + lease`, a fresh `lease_token`, `attempts + 1`. It commits
 //!    on its own, so the row lock lasts only for the statement; the lease lives on in
-//!    the row.
+//!    the row. If the returned rows then cannot be decoded at all (a column of the
+//!    wrong type), the claim releases every row holding its token (attempt undone, due
+//!    at once) before returning the error.
 //! 2. The relay publishes outside any transaction.
 //! 3. Complete, fail and release are each one statement for the whole batch, matching
 //!    `id`, `lease_token` and "not dispatched, not dead"; the ids they return are the
-//!    leases applied, the rest are reported lost.
+//!    leases applied, the rest are reported lost. Batches are bound in id order, so
+//!    concurrent statements lock the rows they share in the same order and cannot
+//!    deadlock on each other.
 //! 4. A crashed relay's rows become due when `available_at` (the lease expiry) passes.
 //!
 //! With [`Ordering::PerKey`](outbox_core::Ordering::PerKey), a row with a partition key
 //! is claimable only when no row with the same key and a lower `seq` is undelivered
 //! (pending or in flight). Dead letters do not block their key, so one poison message
-//! does not stall it; requeueing a dead letter puts it back in its original place.
+//! does not stall it.
+//!
+//! Requeueing a dead letter ([`requeue_dead`](OutboxStore::requeue_dead)) does **not**
+//! restore the key's order around it. The row keeps its original `seq` and is due at
+//! once, so it is claimable at once even if later messages of its key were already
+//! delivered, or are in flight at that moment: then two messages of one key are in
+//! flight together and may publish in either order. Undelivered messages of the key
+//! with a higher `seq` wait for the requeued one again.
 //!
 //! ## Limitations
 //!
@@ -31,13 +42,25 @@
 //! - [`stats`](OutboxStore::stats) is exact: pending, in-flight and dead counts read
 //!   partial indexes, but the dispatched count grows with the history kept under
 //!   [`Retention::Keep`].
+//! - **Per-key claims pay for blocked backlogs.** A claim walks due rows in
+//!   `(available_at, seq)` order and checks each keyed candidate against the head of its
+//!   key (one probe of the `<table>_key` partial index). Rows of a key whose head is in
+//!   flight or backing off are due but not claimable, and every claim walks past all of
+//!   them that come before the claimable rows: the cost grows with the blocked backlog,
+//!   not with the batch. Measured on PostgreSQL 15 (2 shared cores): with 50,000 due
+//!   rows of one key behind its in-flight head, plus 40 to 5,000 rows on other keys,
+//!   after `ANALYZE`, a claim of up to 100 took 0.29-0.36 s (about 6 µs per blocked
+//!   row), against 2 ms for a 100-row claim from 50,000 unblocked rows. A statement
+//!   that skips blocked keys needs either a walk over every key (which makes the
+//!   common many-keys case cost O(keys) per claim) or a schema change, so neither is
+//!   done. Keep per-key backlogs short: dead-letter a stuck head rather than retrying
+//!   it for long, and prefer many fine-grained keys to a few hot ones.
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
@@ -49,9 +72,11 @@ use outbox_core::{
 
 use crate::config::PgOutboxConfig;
 use crate::error::from_sqlx;
-use crate::row::{decode_dead_letter, decode_error, decode_message, get, headers_json};
+use crate::row::{
+    decode_claimed, decode_dead_letter, decode_error, get, headers_json, DecodedClaim,
+};
 use crate::schema;
-use crate::sql::Statements;
+use crate::sql::{limit_param, micros, Statements};
 
 /// Longest `last_error` stored, in bytes.
 const MAX_ERROR_LEN: usize = 8 * 1024;
@@ -138,13 +163,24 @@ impl PgOutbox {
     ///   batch and nothing is written.
     /// - The batch is one statement (one round trip), inserted in slice order, so
     ///   per-key order follows the slice.
-    /// - Each message becomes due `delay` after the statement runs.
-    /// - When notifying is on, the same statement issues `pg_notify`. PostgreSQL delivers
-    ///   notifications only when the transaction commits and folds identical ones, so
-    ///   listeners get at most one per transaction and none for a rollback.
+    /// - Times come from the server's `now()`, which is the **start of your
+    ///   transaction**, not of the statement or the commit: `created_at` is the
+    ///   transaction's start, and each message is due `delay` after it. In a
+    ///   transaction that ran longer than `delay`, the message is due the moment it
+    ///   commits, and it is ordered among due messages by that start time.
+    /// - Nothing is notified by default: relays in other processes find the message at
+    ///   their next poll, and a relay in this process can be woken right after your
+    ///   commit with [`Relay::wakeup`](outbox_core::Relay::wakeup).
+    /// - With [`PgOutboxConfig::notify_on_commit`] (or a
+    ///   [`NotifyMode::Channel`](crate::NotifyMode::Channel)), the same statement issues
+    ///   `pg_notify`. PostgreSQL delivers notifications only when the transaction
+    ///   commits and folds identical ones, so listeners get at most one per transaction
+    ///   and none for a rollback. The price: PostgreSQL serialises the commits of all
+    ///   notifying transactions on one cluster-wide lock (see
+    ///   [`notify_on_commit`](PgOutboxConfig::notify_on_commit)).
     ///
     /// ```no_run
-    /// # async fn demo(outbox: outbox_postgres::PgOutbox) -> outbox_core::Result<()> {
+    /// # async fn demo(outbox: outbox_postgres::PgOutbox, relay: outbox_core::Relay) -> outbox_core::Result<()> {
     /// use outbox_core::NewMessage;
     ///
     /// let mut tx = outbox.pool().begin().await.expect("begin");
@@ -152,6 +188,8 @@ impl PgOutbox {
     /// let msg = NewMessage::builder("orders.created").payload(b"{}".to_vec()).build()?;
     /// outbox.enqueue(&mut *tx, &[msg]).await?;
     /// tx.commit().await.expect("commit");
+    /// // Committed: wake this process's relay now instead of at its next poll.
+    /// relay.wakeup().wake();
     /// # Ok(()) }
     /// ```
     ///
@@ -216,7 +254,7 @@ impl PgOutbox {
     ) -> Result<Vec<ClaimedMessage>> {
         let token = LeaseToken::new();
         let mut query = sqlx::query(sql)
-            .bind(count_param(limit)?)
+            .bind(limit_param(limit))
             .bind(micros("lease", lease)?)
             .bind(token.as_uuid());
         if let Some(ids) = ids {
@@ -226,28 +264,45 @@ impl PgOutbox {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| from_sqlx("claim", e))?;
-        let mut claimed = Vec::with_capacity(rows.len());
-        let mut undecodable = Vec::new();
-        for row in &rows {
-            let due: (DateTime<Utc>, i64) = (get(row, "due_at")?, get(row, "seq")?);
-            match decode_message(row)? {
-                Ok(message) => {
-                    let expires: DateTime<Utc> = get(row, "lease_expires_at")?;
-                    let lease = Lease {
-                        id: message.id,
-                        token,
-                        expires_at: SystemTime::from(expires),
-                    };
-                    claimed.push((due, ClaimedMessage { message, lease }));
+        // The claim has committed: from here on, an error must give its rows back.
+        match decode_claimed(&rows, token) {
+            Ok(DecodedClaim {
+                claimed,
+                undecodable,
+            }) => {
+                if !undecodable.is_empty() {
+                    self.dead_letter_undecodable(token, undecodable).await;
                 }
-                Err((id, reason)) => undecodable.push((id, reason)),
+                Ok(claimed)
+            }
+            Err(err) => {
+                self.release_claim(token, rows.len(), &err).await;
+                Err(err)
             }
         }
-        if !undecodable.is_empty() {
-            self.dead_letter_undecodable(token, undecodable).await;
+    }
+
+    /// Undo a claim whose rows could not be returned (a column of the wrong type, say):
+    /// every row holding `token` is released with its attempt given back, so the
+    /// messages are due again at once instead of leased to nobody until the lease
+    /// expires. A failure is logged, not returned: the leases then expire as after a
+    /// crash.
+    async fn release_claim(&self, token: LeaseToken, rows: usize, cause: &Error) {
+        tracing::error!(
+            rows, error = %cause,
+            "claimed outbox rows could not be decoded; releasing the claim"
+        );
+        let result = sqlx::query(&self.inner.sql.release_claim)
+            .bind(token.as_uuid())
+            .execute(&self.pool)
+            .await;
+        if let Err(e) = result {
+            let err = from_sqlx("releasing an undecodable claim", e);
+            tracing::error!(
+                rows, error = %err,
+                "could not release the claim; its leases expire instead"
+            );
         }
-        claimed.sort_by_key(|(due, _)| *due);
-        Ok(claimed.into_iter().map(|(_, c)| c).collect())
     }
 
     /// Dead-letter rows this claim could not decode, fenced by its token. A failure is
@@ -271,20 +326,38 @@ impl PgOutbox {
         }
     }
 
-    async fn settle(&self, what: &str, query: SettleQuery<'_>, ids: Vec<Uuid>) -> Result<Settled> {
+    /// Run a settle statement and report which of `requested` (in the caller's order)
+    /// it applied.
+    async fn settle(
+        &self,
+        what: &str,
+        query: SettleQuery<'_>,
+        requested: impl Iterator<Item = MessageId>,
+    ) -> Result<Settled> {
         let applied: Vec<Uuid> = query
             .fetch_all(&self.pool)
             .await
             .map_err(|e| from_sqlx(what, e))?;
         Ok(Settled::reconcile(
-            ids.into_iter().map(MessageId::from_uuid),
+            requested,
             applied.into_iter().map(MessageId::from_uuid),
         ))
     }
 
-    fn lease_arrays(leases: impl Iterator<Item = Lease>) -> (Vec<Uuid>, Vec<Uuid>) {
+    /// Ids and tokens as parallel arrays, in the order given.
+    fn lease_arrays<'a>(leases: impl Iterator<Item = &'a Lease>) -> (Vec<Uuid>, Vec<Uuid>) {
         leases.map(|l| (l.id.as_uuid(), l.token.as_uuid())).unzip()
     }
+}
+
+/// `items` in id order, the order every batch statement binds its rows in: statements
+/// then lock the rows they share in the same order, so two concurrent batches (a
+/// complete and a release of the same leases, say) wait for each other instead of
+/// deadlocking.
+fn by_id<T>(items: &[T], id: impl Fn(&T) -> MessageId) -> Vec<&T> {
+    let mut sorted: Vec<&T> = items.iter().collect();
+    sorted.sort_by_key(|item| id(item));
+    sorted
 }
 
 type SettleQuery<'q> =
@@ -323,22 +396,24 @@ impl OutboxStore for PgOutbox {
         if leases.is_empty() {
             return Ok(Settled::default());
         }
-        let (ids, tokens) = Self::lease_arrays(leases.iter().copied());
+        let (ids, tokens) = Self::lease_arrays(by_id(leases, |l| l.id).into_iter());
         let query = sqlx::query_scalar(&self.inner.sql.complete)
-            .bind(ids.clone())
+            .bind(ids)
             .bind(tokens);
-        self.settle("complete", query, ids).await
+        self.settle("complete", query, leases.iter().map(|l| l.id))
+            .await
     }
 
     async fn fail(&self, failures: &[Failure]) -> Result<Settled> {
         if failures.is_empty() {
             return Ok(Settled::default());
         }
-        let (ids, tokens) = Self::lease_arrays(failures.iter().map(|f| f.lease));
-        let errors: Vec<String> = failures.iter().map(|f| clean_error(&f.error)).collect();
-        let mut dead = Vec::with_capacity(failures.len());
-        let mut retry_us = Vec::with_capacity(failures.len());
-        for failure in failures {
+        let ordered = by_id(failures, |f| f.lease.id);
+        let (ids, tokens) = Self::lease_arrays(ordered.iter().map(|f| &f.lease));
+        let errors: Vec<String> = ordered.iter().map(|f| clean_error(&f.error)).collect();
+        let mut dead = Vec::with_capacity(ordered.len());
+        let mut retry_us = Vec::with_capacity(ordered.len());
+        for failure in &ordered {
             let (is_dead, after) = match failure.disposition {
                 Disposition::Retry { after } => (false, after),
                 Disposition::DeadLetter => (true, Duration::ZERO),
@@ -347,29 +422,34 @@ impl OutboxStore for PgOutbox {
             retry_us.push(micros("retry delay", after)?);
         }
         let query = sqlx::query_scalar(&self.inner.sql.fail)
-            .bind(ids.clone())
+            .bind(ids)
             .bind(tokens)
             .bind(errors)
             .bind(dead)
             .bind(retry_us);
-        self.settle("fail", query, ids).await
+        self.settle("fail", query, failures.iter().map(|f| f.lease.id))
+            .await
     }
 
     async fn release(&self, leases: &[Lease]) -> Result<Settled> {
         if leases.is_empty() {
             return Ok(Settled::default());
         }
-        let (ids, tokens) = Self::lease_arrays(leases.iter().copied());
+        let (ids, tokens) = Self::lease_arrays(by_id(leases, |l| l.id).into_iter());
         let query = sqlx::query_scalar(&self.inner.sql.release)
-            .bind(ids.clone())
+            .bind(ids)
             .bind(tokens);
-        self.settle("release", query, ids).await
+        self.settle("release", query, leases.iter().map(|l| l.id))
+            .await
     }
 
     async fn dead_letters(&self, after: Option<MessageId>, limit: usize) -> Result<Vec<Message>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
         let rows = sqlx::query(&self.inner.sql.dead_letters)
             .bind(after.map(|id| id.as_uuid()))
-            .bind(count_param(limit)?)
+            .bind(limit_param(limit))
             .fetch_all(&self.pool)
             .await
             .map_err(|e| from_sqlx("list dead letters", e))?;
@@ -380,7 +460,10 @@ impl OutboxStore for PgOutbox {
         if ids.is_empty() {
             return Ok(0);
         }
-        let ids: Vec<Uuid> = ids.iter().map(MessageId::as_uuid).collect();
+        // In id order, like the settle statements (see `by_id`).
+        let mut ids: Vec<Uuid> = ids.iter().map(MessageId::as_uuid).collect();
+        ids.sort_unstable();
+        ids.dedup();
         let done = sqlx::query(&self.inner.sql.requeue_dead)
             .bind(ids)
             .execute(&self.pool)
@@ -390,14 +473,15 @@ impl OutboxStore for PgOutbox {
     }
 
     async fn purge_dispatched(&self, older_than: Duration, limit: usize) -> Result<u64> {
-        let age = micros("purge age", older_than)?;
-        let limit = count_param(limit)?;
-        if self.inner.config.retention_mode() == Retention::Delete {
+        if limit == 0 || self.inner.config.retention_mode() == Retention::Delete {
             return Ok(0);
         }
+        // An age beyond what fits saturates; the statement then stops the cutoff at the
+        // Unix epoch (rather than overflowing PostgreSQL's timestamp range).
+        let age = micros("purge age", older_than).unwrap_or(i64::MAX);
         let done = sqlx::query(&self.inner.sql.purge_dispatched)
             .bind(age)
-            .bind(limit)
+            .bind(limit_param(limit))
             .execute(&self.pool)
             .await
             .map_err(|e| from_sqlx("purge dispatched", e))?;
@@ -425,17 +509,6 @@ impl OutboxStore for PgOutbox {
     }
 }
 
-/// A duration as whole microseconds for binding.
-fn micros(what: &str, d: Duration) -> Result<i64> {
-    i64::try_from(d.as_micros())
-        .map_err(|_| Error::invalid_input(format!("{what} of {d:?} is too long")))
-}
-
-/// A row count for binding as `LIMIT`.
-fn count_param(n: usize) -> Result<i64> {
-    i64::try_from(n).map_err(|_| Error::invalid_input(format!("limit {n} is too large")))
-}
-
 /// Text PostgreSQL accepts (no NUL), bounded in size.
 fn clean_error(error: &str) -> String {
     let mut end = error.len().min(MAX_ERROR_LEN);
@@ -448,16 +521,17 @@ fn clean_error(error: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use outbox_core::ErrorKind;
 
     #[test]
-    fn durations_and_limits_bind_or_fail_typed() {
-        assert_eq!(micros("x", Duration::from_millis(3)).unwrap(), 3000);
-        assert_eq!(
-            micros("x", Duration::MAX).unwrap_err().kind(),
-            ErrorKind::InvalidInput
-        );
-        assert_eq!(count_param(5).unwrap(), 5);
+    fn batches_bind_in_id_order() {
+        let ids: Vec<MessageId> = (0..50).map(|_| MessageId::new()).collect();
+        let mut sorted = ids.clone();
+        sorted.sort();
+        let reversed: Vec<MessageId> = sorted.iter().rev().copied().collect();
+        for input in [&ids, &reversed, &sorted] {
+            let bound: Vec<MessageId> = by_id(input, |id| *id).into_iter().copied().collect();
+            assert_eq!(bound, sorted);
+        }
     }
 
     #[test]

@@ -90,7 +90,11 @@ async fn main() -> Result<()> {
 
     let outbox = PgOutbox::new(
         pool.clone(),
-        PgOutboxConfig::default().schema("example_shop"),
+        PgOutboxConfig::default()
+            .schema("example_shop")
+            // NOTIFY wakes relays in other processes at once, at the price of a
+            // cluster-wide lock at each notifying commit; see `notify_on_commit`.
+            .notify_on_commit(),
     )?;
     outbox.install().await?;
     let inbox = PgDedupStore::new(
@@ -105,10 +109,7 @@ async fn main() -> Result<()> {
         broker.clone(),
         RelayConfig::default().name("shop"),
     )?;
-    let channel = outbox
-        .config()
-        .notify_channel()
-        .expect("notify is on by default");
+    let channel = outbox.config().notify_channel().expect("notify is on");
     let listener = spawn_listener(pool.clone(), channel, relay.wakeup())?;
     let running = relay.spawn();
 

@@ -103,7 +103,8 @@ async fn install(pool: &PgPool) -> Res<Vec<Variant>> {
         pool.clone(),
         PgOutboxConfig::default()
             .schema(SCHEMA)
-            .table("outbox_notify"),
+            .table("outbox_notify")
+            .notify_on_commit(),
     )?;
     let quiet = PgOutbox::new(
         pool.clone(),

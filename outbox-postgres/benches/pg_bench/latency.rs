@@ -74,7 +74,8 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
     let admin = env.pool(2).await?;
     let notify = PgOutboxConfig::default()
         .schema(SCHEMA)
-        .table("outbox_notify");
+        .table("outbox_notify")
+        .notify_on_commit();
     let polling = PgOutboxConfig::default()
         .schema(SCHEMA)
         .table("outbox_polling")

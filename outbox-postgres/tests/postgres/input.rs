@@ -1,6 +1,11 @@
 //! Bad input is a typed error, before any SQL runs and with nothing written.
 
-use outbox_core::{DistributedLock, ErrorKind, MessageLimits, NewMessage};
+use std::time::Duration;
+
+use outbox_core::{
+    ClaimRequest, DedupStore, Disposition, DistributedLock, ErrorKind, Failure, MessageLimits,
+    NewMessage, OutboxStore, OutboxStoreExt, Retention,
+};
 use outbox_postgres::{
     install, spawn_listener, PgAdvisoryLock, PgDedupConfig, PgDedupStore, PgOutbox, PgOutboxConfig,
 };
@@ -11,7 +16,7 @@ use crate::{common, outbox, row_count};
 /// A pool that cannot connect: any SQL would fail with `Unavailable`, not `Config`.
 fn unreachable_pool() -> sqlx::PgPool {
     PgPoolOptions::new()
-        .acquire_timeout(std::time::Duration::from_secs(1))
+        .acquire_timeout(Duration::from_secs(1))
         .connect_lazy("postgres://nobody@127.0.0.1:1/none")
         .unwrap()
 }
@@ -105,4 +110,74 @@ async fn duplicate_ids_conflict_and_write_nothing() {
     assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
     tx.rollback().await.unwrap();
     assert_eq!(row_count(&outbox).await, 1);
+}
+
+#[tokio::test]
+async fn zero_limits_run_no_sql() {
+    let keep = Retention::Keep {
+        window: Duration::from_secs(60),
+    };
+    let outbox = PgOutbox::new(
+        unreachable_pool(),
+        PgOutboxConfig::default().retention(keep),
+    )
+    .unwrap();
+    assert!(outbox.dead_letters(None, 0).await.unwrap().is_empty());
+    assert_eq!(outbox.purge_dispatched(Duration::ZERO, 0).await.unwrap(), 0);
+    let inbox = PgDedupStore::new(unreachable_pool(), PgDedupConfig::default()).unwrap();
+    assert_eq!(inbox.purge_expired(0).await.unwrap(), 0);
+}
+
+/// A limit or age beyond what PostgreSQL can take means "all of them" / "nothing is
+/// that old", not bad input.
+#[tokio::test]
+async fn huge_limits_and_ages_are_clamped() {
+    let Some(url) = common::url("huge limits") else {
+        return;
+    };
+    let pool = common::pool(&url, 2).await;
+    let keep = Retention::Keep {
+        window: Duration::from_secs(60),
+    };
+    let outbox = outbox(&pool, PgOutboxConfig::default().retention(keep)).await;
+    crate::enqueue(&outbox, &[crate::msg(0), crate::msg(1)]).await;
+    let claimed = outbox
+        .claim(ClaimRequest::new(2, Duration::from_secs(60)))
+        .await
+        .unwrap();
+    outbox.complete_one(&claimed[0].lease).await.unwrap();
+    outbox
+        .fail_one(Failure {
+            lease: claimed[1].lease,
+            error: "dead".into(),
+            disposition: Disposition::DeadLetter,
+        })
+        .await
+        .unwrap();
+
+    let dead = outbox.dead_letters(None, usize::MAX).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    let ten_thousand_years = Duration::from_secs(10_000 * 365 * 24 * 3600);
+    for age in [Duration::MAX, ten_thousand_years] {
+        assert_eq!(
+            outbox.purge_dispatched(age, usize::MAX).await.unwrap(),
+            0,
+            "nothing was dispatched {age:?} ago"
+        );
+    }
+    assert_eq!(
+        outbox
+            .purge_dispatched(Duration::ZERO, usize::MAX)
+            .await
+            .unwrap(),
+        1
+    );
+
+    let inbox = PgDedupStore::new(
+        pool.clone(),
+        PgDedupConfig::default().schema(outbox.config().schema_name()),
+    )
+    .unwrap();
+    inbox.install().await.unwrap();
+    assert_eq!(inbox.purge_expired(usize::MAX).await.unwrap(), 0);
 }

@@ -14,7 +14,9 @@ mod inbox;
 mod input;
 mod lock;
 mod notify;
+mod ordering;
 mod relay;
+mod settle;
 mod store;
 
 use outbox_core::NewMessage;

@@ -1,11 +1,11 @@
-//! NOTIFY is sent on commit only, and the listener wakes relays and survives its
-//! connection being killed.
+//! NOTIFY is off unless asked for; when on it is sent on commit only, and the listener
+//! wakes relays and survives its connection being killed.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::{Relay, RelayConfig};
-use outbox_postgres::{spawn_listener, PgOutboxConfig};
+use outbox_postgres::{spawn_listener, NotifyMode, PgOutboxConfig};
 use outbox_testkit::RecordingPublisher;
 use sqlx::postgres::PgListener;
 
@@ -26,7 +26,7 @@ async fn notify_is_sent_on_commit_only_and_once_per_transaction() {
         return;
     };
     let pool = common::pool(&url, 3).await;
-    let outbox = outbox(&pool, PgOutboxConfig::default()).await;
+    let outbox = outbox(&pool, PgOutboxConfig::default().notify_on_commit()).await;
     let channel = outbox.config().notify_channel().unwrap();
     let mut listener = PgListener::connect_with(&pool).await.unwrap();
     listener.listen(&channel).await.unwrap();
@@ -60,6 +60,36 @@ async fn notify_is_sent_on_commit_only_and_once_per_transaction() {
     );
 }
 
+/// By default enqueueing notifies nothing: a commit must not take PostgreSQL's
+/// cluster-wide notify lock unless the application asked for NOTIFY.
+#[tokio::test]
+async fn enqueue_sends_no_notify_by_default() {
+    let Some(url) = common::url("notify off by default") else {
+        return;
+    };
+    let pool = common::pool(&url, 3).await;
+    let outbox = outbox(&pool, PgOutboxConfig::default()).await;
+    assert_eq!(outbox.config().notify_mode(), NotifyMode::Off);
+    // The channel NOTIFY would use if it were turned on.
+    let channel = outbox
+        .config()
+        .clone()
+        .notify_on_commit()
+        .notify_channel()
+        .unwrap();
+    let mut listener = PgListener::connect_with(&pool).await.unwrap();
+    listener.listen(&channel).await.unwrap();
+
+    crate::enqueue(&outbox, &[msg(0)]).await;
+    sqlx::query("SELECT pg_notify($1, 'sentinel')")
+        .bind(&channel)
+        .execute(&pool)
+        .await
+        .unwrap();
+    // Notifications arrive in commit order: one from the enqueue would come first.
+    assert_eq!(next_payload(&mut listener).await, "sentinel");
+}
+
 /// The backend pid of the session listening on `channel`, once there is one.
 async fn listener_pid(pool: &sqlx::PgPool, channel: &str, not: Option<i32>) -> i32 {
     let query = format!("LISTEN \"{channel}\"");
@@ -85,7 +115,7 @@ async fn listener_wakes_an_idle_relay_and_recovers_from_a_killed_connection() {
         return;
     };
     let pool = common::pool(&url, 6).await;
-    let outbox = outbox(&pool, PgOutboxConfig::default()).await;
+    let outbox = outbox(&pool, PgOutboxConfig::default().notify_on_commit()).await;
     let publisher = RecordingPublisher::new();
     // Polls so rare that only wake-ups can explain a prompt delivery.
     let hour = Duration::from_secs(3600);

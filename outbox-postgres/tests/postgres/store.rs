@@ -127,6 +127,46 @@ async fn undecodable_rows_are_dead_lettered_not_wedging_claims() {
         .is_empty());
 }
 
+/// A claim whose rows cannot be decoded at all (here a column of the wrong type, met
+/// only after the claim statement committed) fails with a decode error and gives every
+/// row it took back: not leased, attempt undone, due at once.
+#[tokio::test]
+async fn a_claim_that_cannot_be_decoded_gives_its_rows_back() {
+    let Some(url) = common::url("undecodable claim") else {
+        return;
+    };
+    let pool = common::pool(&url, 2).await;
+    let outbox = outbox(&pool, PgOutboxConfig::default()).await;
+    enqueue(&outbox, &(0..3).map(msg).collect::<Vec<_>>()).await;
+    let t = table(&outbox);
+    sqlx::query(&format!(
+        "ALTER TABLE {t} ALTER COLUMN attempts TYPE bigint"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let err = outbox.claim(ClaimRequest::new(10, LONG)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Decode, "{err}");
+
+    let (leased, attempted, not_due): (i64, i64, i64) = sqlx::query_as(&format!(
+        "SELECT count(*) FILTER (WHERE lease_token IS NOT NULL), \
+             count(*) FILTER (WHERE attempts <> 0), \
+             count(*) FILTER (WHERE available_at > now()) \
+         FROM {t}"
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (leased, attempted, not_due),
+        (0, 0, 0),
+        "the failed claim must release what it took"
+    );
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.in_flight), (3, 0));
+}
+
 #[tokio::test]
 async fn install_is_idempotent_concurrent_and_versioned() {
     let Some(url) = common::url("schema install") else {

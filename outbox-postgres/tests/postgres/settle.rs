@@ -1,0 +1,131 @@
+//! Settling on a real server: batches lock their rows in one order, so concurrent
+//! settles of overlapping batches wait for each other instead of deadlocking.
+
+use std::time::Duration;
+
+use outbox_core::{ClaimRequest, Disposition, Failure, Lease, OutboxStore, Settled};
+use outbox_postgres::{PgOutbox, PgOutboxConfig};
+
+use crate::{common, table};
+
+const LONG: Duration = Duration::from_secs(300);
+const BATCH: usize = 40;
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Complete,
+    Fail,
+    Release,
+}
+
+async fn settle(outbox: &PgOutbox, op: Op, leases: Vec<Lease>) -> outbox_core::Result<Settled> {
+    match op {
+        Op::Complete => outbox.complete(&leases).await,
+        Op::Release => outbox.release(&leases).await,
+        Op::Fail => {
+            let failures: Vec<_> = leases
+                .into_iter()
+                .map(|lease| Failure {
+                    lease,
+                    error: "boom".into(),
+                    disposition: Disposition::Retry { after: LONG },
+                })
+                .collect();
+            outbox.fail(&failures).await
+        }
+    }
+}
+
+/// Two settles of the same leases, one given them in ascending id order and one in
+/// descending, both reach a row a third transaction holds. Were rows locked in the
+/// order given, each would hold what the other needs once the row is freed: a deadlock
+/// (SQLSTATE 40P01) after `deadlock_timeout`.
+#[tokio::test]
+async fn overlapping_batches_in_opposite_orders_do_not_deadlock() {
+    let Some(url) = common::url("settle lock order") else {
+        return;
+    };
+    let admin = common::pool(&url, 2).await;
+    let application_name = format!("obx-settle-{}", uuid::Uuid::new_v4().simple());
+    let pool = common::pool_named(&url, 4, &application_name).await;
+    let config = PgOutboxConfig::default().schema(common::schema_name());
+    let outbox = PgOutbox::new(pool, config).unwrap();
+    outbox.install().await.unwrap();
+    let t = table(&outbox);
+    // Enough rows that settles probe the primary key per batch entry, in batch order,
+    // rather than hash-joining a scan of the table.
+    sqlx::query(&format!(
+        "INSERT INTO {t} (id, destination, payload, available_at) \
+         SELECT gen_random_uuid(), 'd', '\\x00', now() FROM generate_series(1, 20000)"
+    ))
+    .execute(&admin)
+    .await
+    .unwrap();
+    sqlx::query(&format!("ANALYZE {t}"))
+        .execute(&admin)
+        .await
+        .unwrap();
+
+    for op in [Op::Complete, Op::Fail, Op::Release] {
+        let mut leases: Vec<Lease> = outbox
+            .claim(ClaimRequest::new(BATCH, LONG))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| c.lease)
+            .collect();
+        leases.sort_by_key(|l| l.id);
+        let descending: Vec<Lease> = leases.iter().rev().copied().collect();
+
+        let mut blocker = admin.begin().await.unwrap();
+        sqlx::query(&format!("SELECT 1 FROM {t} WHERE id = $1 FOR UPDATE"))
+            .bind(leases[BATCH / 2].id.as_uuid())
+            .execute(&mut *blocker)
+            .await
+            .unwrap();
+        let ascending = tokio::spawn({
+            let (outbox, leases) = (outbox.clone(), leases.clone());
+            async move { settle(&outbox, op, leases).await }
+        });
+        let descending = tokio::spawn({
+            let outbox = outbox.clone();
+            async move { settle(&outbox, op, descending).await }
+        });
+        common::wait_until("both settles to wait on row locks", || {
+            let (admin, name) = (admin.clone(), application_name.clone());
+            async move {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                )
+                .bind(name)
+                .fetch_one(&admin)
+                .await
+                .unwrap();
+                waiting == 2
+            }
+        })
+        .await;
+        blocker.rollback().await.unwrap();
+
+        let a = ascending.await.unwrap();
+        let b = descending.await.unwrap();
+        let (a, b) = match (a, b) {
+            (Ok(a), Ok(b)) => (a, b),
+            (a, b) => panic!("{op:?}: a settle failed: {a:?} / {b:?}"),
+        };
+        let mut applied = [a.applied, b.applied];
+        applied.sort_unstable();
+        assert_eq!(applied, [0, BATCH], "{op:?}: one settle applies the batch");
+        let lost = if a.applied == 0 { &a.lost } else { &b.lost };
+        let requested: Vec<_> = if a.applied == 0 {
+            leases.iter().map(|l| l.id).collect()
+        } else {
+            leases.iter().rev().map(|l| l.id).collect()
+        };
+        assert_eq!(
+            lost, &requested,
+            "{op:?}: lost leases in the caller's order"
+        );
+    }
+}
