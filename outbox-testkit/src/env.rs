@@ -8,7 +8,7 @@ pub const REQUIRE_INTEGRATION: &str = "OUTBOX_REQUIRE_INTEGRATION";
 /// When it is unset or empty: prints a visible `SKIPPED` line and returns `None`, or,
 /// when `OUTBOX_REQUIRE_INTEGRATION=1`, panics so CI fails instead of skipping.
 ///
-/// ```
+/// ```no_run
 /// if let Some(url) = outbox_testkit::service_url("MY_BACKEND_URL", "my backend conformance") {
 ///     // connect to `url` and run the tests
 /// }
