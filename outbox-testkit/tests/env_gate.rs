@@ -15,10 +15,17 @@ fn missing_service_skips_or_fails_as_required() {
     std::env::set_var(VAR, "db://somewhere");
     assert_eq!(service_url(VAR, "probe").as_deref(), Some("db://somewhere"));
     std::env::set_var(VAR, "  ");
-    assert_eq!(service_url(VAR, "probe"), None, "a blank URL counts as missing");
+    assert_eq!(
+        service_url(VAR, "probe"),
+        None,
+        "a blank URL counts as missing"
+    );
 
     std::env::set_var("OUTBOX_REQUIRE_INTEGRATION", "1");
     let required = std::panic::catch_unwind(|| service_url(VAR, "probe"));
-    assert!(required.is_err(), "with integration required a missing URL must fail");
+    assert!(
+        required.is_err(),
+        "with integration required a missing URL must fail"
+    );
     std::env::remove_var(VAR);
 }
