@@ -192,13 +192,16 @@ fn claim(t: &str, per_key: bool, by_ids: bool) -> String {
     } else {
         String::new()
     };
+    // The update finds the locked rows by `ctid` (a TID scan): joining on `id` let the
+    // planner hash-join a sequential scan of the whole table for large batches. The
+    // row lock taken in `due` keeps each `ctid` valid until this statement updates it.
     format!(
-        "WITH due AS (SELECT c.id, c.available_at, c.seq FROM {t} AS c \
+        "WITH due AS (SELECT c.ctid, c.available_at, c.seq FROM {t} AS c \
          WHERE {due} AND c.available_at <= now() {ids} {key_order} \
          ORDER BY c.available_at, c.seq LIMIT $1 FOR UPDATE OF c SKIP LOCKED) \
          UPDATE {t} AS m SET available_at = now() + $2 * interval '1 microsecond', \
              lease_token = $3, attempts = m.attempts + 1 \
-         FROM due WHERE m.id = due.id \
+         FROM due WHERE m.ctid = due.ctid \
          RETURNING m.id, m.destination, m.partition_key, m.payload, m.content_type, \
              m.headers, m.created_at, m.attempts, m.last_error, \
              m.available_at AS lease_expires_at, due.available_at AS due_at, due.seq",

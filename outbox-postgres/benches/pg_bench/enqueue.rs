@@ -32,8 +32,8 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
         &format!(
             "TPS of (INSERT order + PgOutbox::enqueue of 1 message) vs (INSERT order alone), \
              one transaction each, same clients; median of {rounds} round(s) of {phase:?} per \
-             variant, variants taking turns, after a warm-up; outbox with NOTIFY on (the \
-             default) and off"
+             variant, variants taking turns, after a warm-up; outbox with NOTIFY off (the \
+             default) and on (notify_on_commit)"
         ),
     );
 
