@@ -11,7 +11,8 @@
 //!   handy for unit-testing services; [`MemoryDedupStore`] and [`MemoryLock`];
 //! - [`RecordingPublisher`]: a publisher that records, fails, slows down or rejects;
 //! - [`service_url`]: gating integration tests on a service URL, with a visible skip
-//!   (or a failure under `OUTBOX_REQUIRE_INTEGRATION=1`).
+//!   (or a failure under `OUTBOX_REQUIRE_INTEGRATION=1`);
+//! - [`wait_until`] / [`poll_for`]: waiting on a condition with a deadline.
 //!
 //! ## Adding a backend
 //!
@@ -71,6 +72,7 @@ mod memory;
 mod memory_harness;
 mod publishers;
 pub mod suite;
+pub mod wait;
 
 pub use dedup::{MemoryDedupStore, MemoryLock};
 pub use env::{integration_required, service_url};
@@ -78,3 +80,4 @@ pub use harness::{Features, Fixture, FixtureOptions, Harness, RowLock};
 pub use memory::{MemoryStore, MemoryTx};
 pub use memory_harness::MemoryHarness;
 pub use publishers::{Gate, RecordingPublisher};
+pub use wait::{poll_for, wait_until};

@@ -1,9 +1,8 @@
 //! Shared helpers for the integration tests: connecting, isolated schemas, waiting.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_imports)]
 
-use std::future::Future;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use outbox_core::{Error, ErrorKind};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -13,7 +12,7 @@ use tokio::sync::OnceCell;
 /// The variable naming the test database.
 pub const URL_VAR: &str = "OUTBOX_PG_URL";
 /// Deadline for anything a test waits on.
-pub const DEADLINE: Duration = Duration::from_secs(30);
+pub use outbox_testkit::wait::DEADLINE;
 /// How long test schemas are kept before a later run drops them.
 const SCHEMA_TTL_SECS: u64 = 3600;
 
@@ -84,41 +83,4 @@ pub fn storage(e: sqlx::Error) -> Error {
     Error::new(ErrorKind::Storage, "test plumbing failed").with_source(e)
 }
 
-/// Poll `check` until it returns `true`, panicking after [`DEADLINE`].
-pub async fn wait_until<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let start = Instant::now();
-    let mut pause = Duration::from_millis(5);
-    while !check().await {
-        assert!(
-            start.elapsed() < DEADLINE,
-            "timed out after {DEADLINE:?} waiting for {what}"
-        );
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(100));
-    }
-}
-
-/// Poll `attempt` until it returns `Some`, and return that; panics after [`DEADLINE`].
-pub async fn poll_for<T, F, Fut>(what: &str, mut attempt: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    let mut pause = Duration::from_millis(5);
-    loop {
-        if let Some(found) = attempt().await {
-            return found;
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "timed out after {DEADLINE:?} waiting for {what}"
-        );
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(100));
-    }
-}
+pub use outbox_testkit::{poll_for, wait_until};

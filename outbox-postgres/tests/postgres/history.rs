@@ -41,20 +41,7 @@ async fn claims_read_the_pending_index_not_the_history() {
     load_history(&outbox, 100_000).await;
     enqueue(&outbox, &(0..20).map(msg).collect::<Vec<_>>()).await;
 
-    let mut tx = pool.begin().await.unwrap();
-    // ANALYZE runs the claim; the transaction is rolled back, so nothing stays leased.
-    let plan: Vec<String> = sqlx::query_scalar(&format!(
-        "EXPLAIN (ANALYZE, COSTS OFF) {}",
-        outbox.claim_statement()
-    ))
-    .bind(100_i64)
-    .bind(30_000_000_i64)
-    .bind(uuid::Uuid::new_v4())
-    .fetch_all(&mut *tx)
-    .await
-    .unwrap();
-    tx.rollback().await.unwrap();
-    let plan = plan.join("\n");
+    let plan = crate::explain_claim(&outbox, 100).await;
     let due_index = format!("{}_due", outbox.config().table_name());
     assert!(
         plan.contains(&due_index),

@@ -60,3 +60,21 @@ async fn row_count(outbox: &PgOutbox) -> i64 {
         .await
         .unwrap()
 }
+
+/// `EXPLAIN (ANALYZE)` of the store's real claim statement for `limit` rows. The claim
+/// runs inside a transaction that is rolled back, so nothing stays leased.
+async fn explain_claim(outbox: &PgOutbox, limit: i64) -> String {
+    let mut tx = outbox.pool().begin().await.unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(&format!(
+        "EXPLAIN (ANALYZE, COSTS OFF) {}",
+        outbox.claim_statement()
+    ))
+    .bind(limit)
+    .bind(30_000_000_i64)
+    .bind(uuid::Uuid::new_v4())
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    plan.join("\n")
+}

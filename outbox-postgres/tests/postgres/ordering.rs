@@ -75,20 +75,7 @@ async fn head_check_uses_the_key_index_behind_a_blocked_backlog() {
     let outbox = outbox(&pool, per_key()).await;
     load_blocked_backlog(&outbox, 2_000, 20_000).await;
 
-    let mut tx = pool.begin().await.unwrap();
-    // ANALYZE runs the claim; the transaction is rolled back, so nothing stays leased.
-    let plan: Vec<String> = sqlx::query_scalar(&format!(
-        "EXPLAIN (ANALYZE, COSTS OFF) {}",
-        outbox.claim_statement()
-    ))
-    .bind(100_i64)
-    .bind(30_000_000_i64)
-    .bind(uuid::Uuid::new_v4())
-    .fetch_all(&mut *tx)
-    .await
-    .unwrap();
-    tx.rollback().await.unwrap();
-    let plan = plan.join("\n");
+    let plan = crate::explain_claim(&outbox, 100).await;
     // The head check reads the table as `e`; the rest of the plan may use any access
     // path (a hash join over a small table is fine).
     let name = outbox.config().table_name();

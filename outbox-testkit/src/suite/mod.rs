@@ -21,9 +21,8 @@ pub use relay::*;
 pub use retention::*;
 pub use retry::*;
 
-use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outbox_core::{
     ClaimRequest, ClaimedMessage, NewMessage, Ordering, OutboxStats, OutboxStore, Publisher, Relay,
@@ -32,8 +31,7 @@ use outbox_core::{
 
 use crate::harness::{Features, Fixture, FixtureOptions, Harness};
 
-/// Deadline for anything the suite waits on.
-pub(crate) const DEADLINE: Duration = Duration::from_secs(30);
+pub(crate) use crate::wait::{poll_for, wait_until, DEADLINE};
 /// A lease long enough never to lapse during a case.
 pub(crate) const LONG_LEASE: Duration = Duration::from_secs(300);
 /// A lease short enough to lapse while a case waits for it.
@@ -101,44 +99,17 @@ pub(crate) async fn stats(store: &dyn OutboxStore) -> OutboxStats {
     store.stats().await.expect("stats failed")
 }
 
-/// Poll `check` until it returns `true`, failing the case after [`DEADLINE`].
-pub(crate) async fn wait_until<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let start = Instant::now();
-    let mut pause = Duration::from_millis(5);
-    while !check().await {
-        assert!(
-            start.elapsed() < DEADLINE,
-            "timed out after {DEADLINE:?} waiting for {what}"
-        );
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(100));
-    }
-}
-
 /// Claim repeatedly until a claim returns something, failing after [`DEADLINE`].
 pub(crate) async fn claim_eventually(
     store: &dyn OutboxStore,
     limit: usize,
     lease: Duration,
 ) -> Vec<ClaimedMessage> {
-    let start = Instant::now();
-    let mut pause = Duration::from_millis(5);
-    loop {
+    poll_for("a claim to return messages", || async move {
         let got = claim(store, limit, lease).await;
-        if !got.is_empty() {
-            return got;
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "no claim returned messages within {DEADLINE:?}"
-        );
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(100));
-    }
+        (!got.is_empty()).then_some(got)
+    })
+    .await
 }
 
 /// Relay settings for fast tests: short polls, fast retries.

@@ -1,0 +1,48 @@
+//! Waiting on a condition with a deadline, instead of sleeping and hoping.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// How long [`wait_until`] and [`poll_for`] wait before failing the test.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Poll `attempt` until it returns `Some`, and return that value. Polls back off from
+/// 5 ms to 100 ms.
+///
+/// # Panics
+/// After [`DEADLINE`], naming `what` was awaited.
+pub async fn poll_for<T, F, Fut>(what: &str, mut attempt: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(5);
+    loop {
+        if let Some(found) = attempt().await {
+            return found;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "timed out after {DEADLINE:?} waiting for {what}"
+        );
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(100));
+    }
+}
+
+/// Poll `check` until it returns `true`.
+///
+/// # Panics
+/// After [`DEADLINE`], naming `what` was awaited.
+pub async fn wait_until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    poll_for(what, || {
+        let done = check();
+        async move { done.await.then_some(()) }
+    })
+    .await;
+}
