@@ -69,6 +69,6 @@ pub use purge::{PurgeRun, Purger};
 pub use relay::{DispatchReport, Relay, RelayConfig, RelayHandle, Wakeup};
 pub use retry::RetryPolicy;
 pub use store::{
-    ClaimRequest, ClaimedMessage, Disposition, Failure, Lease, LeaseToken, Ordering, OutboxStats,
+    ClaimRequest, ClaimedMessage, Disposition, Failure, KeyOrder, Lease, LeaseToken, OutboxStats,
     OutboxStore, OutboxStoreExt, Retention, Settled, StoreCapabilities,
 };

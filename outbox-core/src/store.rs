@@ -178,7 +178,7 @@ impl Settled {
 
 /// Whether claims keep per-key order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Ordering {
+pub enum KeyOrder {
     /// Any due message may be claimed; messages sharing a key may publish out of order.
     #[default]
     Unordered,
@@ -206,14 +206,14 @@ pub enum Retention {
 #[non_exhaustive]
 pub struct StoreCapabilities {
     /// The ordering this store's claims enforce.
-    pub ordering: Ordering,
+    pub ordering: KeyOrder,
     /// What completing does.
     pub retention: Retention,
 }
 
 impl StoreCapabilities {
     /// Capabilities with this ordering and retention.
-    pub fn new(ordering: Ordering, retention: Retention) -> Self {
+    pub fn new(ordering: KeyOrder, retention: Retention) -> Self {
         StoreCapabilities {
             ordering,
             retention,
@@ -290,7 +290,7 @@ impl OutboxStats {
 ///   error and removes the message from claims until [`requeue_dead`](Self::requeue_dead).
 /// - **Release** makes a message due at once and undoes the attempt count of its claim:
 ///   a graceful shutdown does not consume attempts.
-/// - **Per-key order**, when [`StoreCapabilities::ordering`] is [`Ordering::PerKey`]:
+/// - **Per-key order**, when [`StoreCapabilities::ordering`] is [`KeyOrder::PerKey`]:
 ///   a message with a partition key is claimable only when no message with the same key
 ///   enqueued before it is pending or in flight; dead letters do not block.
 /// - **Bounded purges.** [`purge_dispatched`](Self::purge_dispatched) deletes at most

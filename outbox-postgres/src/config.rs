@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use outbox_core::{Error, MessageLimits, Ordering, Result, Retention};
+use outbox_core::{Error, KeyOrder, MessageLimits, Result, Retention};
 
 /// The longest identifier PostgreSQL keeps (`NAMEDATALEN - 1`).
 pub const MAX_IDENTIFIER_LEN: usize = 63;
@@ -83,12 +83,12 @@ enum Notify {
 ///
 /// ```
 /// use std::time::Duration;
-/// use outbox_core::{Ordering, Retention};
+/// use outbox_core::{KeyOrder, Retention};
 /// use outbox_postgres::{NotifyMode, PgOutboxConfig};
 ///
 /// let config = PgOutboxConfig::default()
 ///     .schema("billing")
-///     .ordering(Ordering::PerKey)
+///     .ordering(KeyOrder::PerKey)
 ///     .retention(Retention::Keep { window: Duration::from_secs(86_400) });
 /// config.validate()?;
 /// assert_eq!(config.notify_mode(), NotifyMode::Off, "no NOTIFY unless asked for");
@@ -105,7 +105,7 @@ enum Notify {
 pub struct PgOutboxConfig {
     schema: String,
     table: String,
-    ordering: Ordering,
+    ordering: KeyOrder,
     retention: Retention,
     limits: MessageLimits,
     notify: Notify,
@@ -116,7 +116,7 @@ impl Default for PgOutboxConfig {
         PgOutboxConfig {
             schema: "outbox".to_owned(),
             table: "outbox_messages".to_owned(),
-            ordering: Ordering::default(),
+            ordering: KeyOrder::default(),
             retention: Retention::default(),
             limits: MessageLimits::default(),
             notify: Notify::Off,
@@ -135,8 +135,8 @@ impl PgOutboxConfig {
         self.table = table.into();
         self
     }
-    /// Set the claim ordering (default [`Ordering::Unordered`]).
-    pub fn ordering(mut self, ordering: Ordering) -> Self {
+    /// Set the claim ordering (default [`KeyOrder::Unordered`]).
+    pub fn ordering(mut self, ordering: KeyOrder) -> Self {
         self.ordering = ordering;
         self
     }
@@ -197,7 +197,7 @@ impl PgOutboxConfig {
         &self.table
     }
     /// The claim ordering.
-    pub fn ordering_mode(&self) -> Ordering {
+    pub fn ordering_mode(&self) -> KeyOrder {
         self.ordering
     }
     /// What completing does.

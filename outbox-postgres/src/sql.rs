@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use outbox_core::{Error, Ordering, Result, Retention};
+use outbox_core::{Error, KeyOrder, Result, Retention};
 
 use crate::config::PgOutboxConfig;
 
@@ -50,7 +50,7 @@ pub(crate) struct Statements {
 impl Statements {
     pub(crate) fn new(config: &PgOutboxConfig) -> Self {
         let t = config.qualified_table();
-        let per_key = config.ordering_mode() == Ordering::PerKey;
+        let per_key = config.ordering_mode() == KeyOrder::PerKey;
         let fence = format!("m.lease_token = l.token AND {}", undelivered("m"));
         Statements {
             enqueue: enqueue(&t, config.notify_channel().is_some()),
@@ -243,7 +243,7 @@ mod tests {
 
     #[test]
     fn per_key_claims_take_the_head_of_undelivered_rows_only() {
-        let s = Statements::new(&config().ordering(Ordering::PerKey));
+        let s = Statements::new(&config().ordering(KeyOrder::PerKey));
         for sql in [&s.claim, &s.claim_ids] {
             assert!(
                 sql.contains(

@@ -18,7 +18,7 @@
 //!    deadlock on each other.
 //! 4. A crashed relay's rows become due when `available_at` (the lease expiry) passes.
 //!
-//! With [`Ordering::PerKey`](outbox_core::Ordering::PerKey), a row with a partition key
+//! With [`KeyOrder::PerKey`](outbox_core::KeyOrder::PerKey), a row with a partition key
 //! is claimable only when no row with the same key and a lower `seq` is undelivered
 //! (pending or in flight). Dead letters do not block their key, so one poison message
 //! does not stall it.

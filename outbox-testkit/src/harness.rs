@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use outbox_core::{
-    Error, ErrorKind, MessageId, NewMessage, Ordering, OutboxStore, Result, Retention,
+    Error, ErrorKind, KeyOrder, MessageId, NewMessage, OutboxStore, Result, Retention,
 };
 
 /// What a backend under test supports beyond the [`OutboxStore`] contract; the suite runs
@@ -13,7 +13,7 @@ use outbox_core::{
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Features {
-    /// Stores can be made with [`Ordering::PerKey`].
+    /// Stores can be made with [`KeyOrder::PerKey`].
     pub per_key_ordering: bool,
     /// Stores can be made with [`Retention::Keep`].
     pub keep_retention: bool,
@@ -39,7 +39,7 @@ impl Features {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FixtureOptions {
     /// The ordering the store must enforce.
-    pub ordering: Ordering,
+    pub ordering: KeyOrder,
     /// What completing does.
     pub retention: Retention,
 }

@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use outbox_core::{
-    ClaimRequest, ClaimedMessage, Disposition, Error, ErrorKind, Failure, Lease, LeaseToken,
-    Message, MessageId, MessageLimits, NewMessage, Ordering, OutboxStats, OutboxStore, Result,
+    ClaimRequest, ClaimedMessage, Disposition, Error, ErrorKind, Failure, KeyOrder, Lease,
+    LeaseToken, Message, MessageId, MessageLimits, NewMessage, OutboxStats, OutboxStore, Result,
     Retention, Settled, StoreCapabilities,
 };
 
@@ -101,14 +101,14 @@ impl State {
         }
     }
 
-    fn claimable(&self, id: MessageId, ordering: Ordering, now: SystemTime) -> bool {
+    fn claimable(&self, id: MessageId, ordering: KeyOrder, now: SystemTime) -> bool {
         let Some(row) = self.rows.get(&id) else {
             return false;
         };
         row.is_pending()
             && row.available_at <= now
             && !self.locked.contains(&id)
-            && (ordering == Ordering::Unordered || self.is_key_head(row))
+            && (ordering == KeyOrder::Unordered || self.is_key_head(row))
     }
 
     fn lease(&mut self, id: MessageId, lease: Duration, now: SystemTime) -> ClaimedMessage {

@@ -4,14 +4,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::{
-    ClaimRequest, DistributedLock, NewMessage, Ordering, OutboxStore, PurgeRun, Purger, Retention,
+    ClaimRequest, DistributedLock, KeyOrder, NewMessage, OutboxStore, PurgeRun, Purger, Retention,
     StoreCapabilities,
 };
 use outbox_testkit::{MemoryLock, MemoryStore};
 
 async fn store_with_history(window: Duration, dispatched: usize, pending: usize) -> MemoryStore {
     let store = MemoryStore::with_capabilities(StoreCapabilities::new(
-        Ordering::Unordered,
+        KeyOrder::Unordered,
         Retention::Keep { window },
     ));
     let msgs: Vec<_> = (0..dispatched + pending)

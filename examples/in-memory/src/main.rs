@@ -35,7 +35,7 @@ impl Publisher for FlakyPrinter {
             .map(|m| {
                 if m.destination == "audit.bogus" {
                     PublishOutcome::Permanent("no such topic".into())
-                } else if call % 3 == 0 {
+                } else if call.is_multiple_of(3) {
                     println!("  broker hiccup on {} (attempt {})", m.id, m.attempts);
                     PublishOutcome::Retryable("broker hiccup".into())
                 } else {

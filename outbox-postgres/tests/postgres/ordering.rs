@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use outbox_core::{
-    ClaimRequest, Disposition, Failure, NewMessage, Ordering, OutboxStore, OutboxStoreExt,
+    ClaimRequest, Disposition, Failure, KeyOrder, NewMessage, OutboxStore, OutboxStoreExt,
 };
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 
@@ -13,7 +13,7 @@ use crate::{common, enqueue, outbox, table};
 const LONG: Duration = Duration::from_secs(300);
 
 fn per_key() -> PgOutboxConfig {
-    PgOutboxConfig::default().ordering(Ordering::PerKey)
+    PgOutboxConfig::default().ordering(KeyOrder::PerKey)
 }
 
 fn keyed(key: &str, n: usize) -> NewMessage {

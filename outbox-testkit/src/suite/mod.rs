@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::{
-    ClaimRequest, ClaimedMessage, NewMessage, Ordering, OutboxStats, OutboxStore, Publisher, Relay,
+    ClaimRequest, ClaimedMessage, KeyOrder, NewMessage, OutboxStats, OutboxStore, Publisher, Relay,
     RelayConfig, Retention, RetryPolicy,
 };
 
@@ -49,7 +49,7 @@ pub(crate) async fn plain(h: &dyn Harness) -> Box<dyn Fixture> {
 
 pub(crate) fn keeping() -> FixtureOptions {
     FixtureOptions {
-        ordering: Ordering::Unordered,
+        ordering: KeyOrder::Unordered,
         retention: Retention::Keep {
             window: Duration::from_secs(3600),
         },

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use outbox_core::{Disposition, Failure, MessageId, Ordering, OutboxStoreExt, Retention};
+use outbox_core::{Disposition, Failure, KeyOrder, MessageId, OutboxStoreExt, Retention};
 
 use super::*;
 use crate::harness::{FixtureOptions, Harness};
@@ -11,7 +11,7 @@ use crate::publishers::RecordingPublisher;
 
 fn ordered() -> FixtureOptions {
     FixtureOptions {
-        ordering: Ordering::PerKey,
+        ordering: KeyOrder::PerKey,
         retention: Retention::Delete,
     }
 }
