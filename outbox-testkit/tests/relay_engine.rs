@@ -169,3 +169,30 @@ async fn explicit_dispatch_of_unknown_or_empty_ids_does_nothing() {
     );
     assert_eq!(store.stats().await.unwrap().pending, 1);
 }
+
+#[tokio::test]
+async fn one_loop_per_relay_and_a_new_loop_after_an_abort() {
+    let store = store_with(0);
+    let publisher = RecordingPublisher::new();
+    let relay = Relay::new(
+        Arc::new(store.clone()),
+        Arc::new(publisher.clone()),
+        config(),
+    )
+    .unwrap();
+    let first = relay.spawn();
+    relay.wait_idle(DEADLINE).await.unwrap();
+    let second = tokio::time::timeout(DEADLINE, relay.run())
+        .await
+        .expect("a second loop on the same relay returns at once");
+    assert_eq!(second.claimed, 0);
+
+    first.abort().await;
+    let again = relay.spawn();
+    store
+        .enqueue(&[NewMessage::builder("t").build().unwrap()])
+        .unwrap();
+    relay.wakeup().wake();
+    publisher.wait_for_unique(1, DEADLINE).await.unwrap();
+    again.shutdown().await.unwrap();
+}

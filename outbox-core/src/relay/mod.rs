@@ -230,6 +230,8 @@ impl Relay {
             tracing::error!("this relay's loop is already running; not starting another");
             return self.report();
         }
+        // Cleared however the loop ends, including when its task is aborted.
+        let _running = RunningGuard(&inner.running);
         let config = &inner.config;
         let mut shutdown = inner.shutdown.subscribe();
         let mut idle_wait = config.poll_interval;
@@ -263,7 +265,6 @@ impl Relay {
                 }
             }
         }
-        inner.running.store(false, AtomicOrdering::SeqCst);
         tracing::info!("relay stopped");
         self.report()
     }
@@ -374,6 +375,15 @@ impl Relay {
     }
 }
 
+/// Marks a relay's loop as stopped when dropped.
+struct RunningGuard<'a>(&'a AtomicBool);
+
+impl Drop for RunningGuard<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, AtomicOrdering::SeqCst);
+    }
+}
+
 /// A relay loop running in its own task. Dropping the handle leaves the loop running;
 /// call [`shutdown`](Self::shutdown) to stop it.
 #[derive(Debug)]
@@ -405,9 +415,10 @@ impl RelayHandle {
             .map_err(|e| Error::new(ErrorKind::Storage, "relay task failed").with_source(e))
     }
 
-    /// Kill the loop without any cleanup, as a crash would: leases it holds lapse at
-    /// their expiry. For tests of crash recovery.
-    pub fn abort(self) {
+    /// Kill the loop without any cleanup, as a crash would, and wait until its task is
+    /// gone: leases it holds lapse at their expiry. For tests of crash recovery.
+    pub async fn abort(self) {
         self.task.abort();
+        let _ = self.task.await;
     }
 }

@@ -94,7 +94,7 @@ pub async fn killed_relay_loses_nothing(h: &dyn Harness) {
         .publish(10, 2);
     let doomed = relay(Arc::clone(&store), Arc::new(stuck.clone()), config.clone()).spawn();
     stuck.wait_for_calls(2, DEADLINE).await.unwrap();
-    doomed.abort();
+    doomed.abort().await;
 
     let publisher = RecordingPublisher::new();
     let survivor = relay(Arc::clone(&store), Arc::new(publisher.clone()), config).spawn();
