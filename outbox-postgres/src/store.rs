@@ -245,6 +245,17 @@ impl PgOutbox {
         self.enqueue(conn, std::slice::from_ref(message)).await
     }
 
+    /// Run a settle statement that takes only `$1` ids and `$2` tokens (complete,
+    /// release), bound sorted by id so overlapping batches lock rows in one order.
+    async fn settle_leases(&self, what: &str, sql: &str, leases: &[Lease]) -> Result<Settled> {
+        if leases.is_empty() {
+            return Ok(Settled::default());
+        }
+        let (ids, tokens) = Self::lease_arrays(by_id(leases, |l| l.id).into_iter());
+        let query = sqlx::query_scalar(sql).bind(ids).bind(tokens);
+        self.settle(what, query, leases.iter().map(|l| l.id)).await
+    }
+
     async fn claim_with(
         &self,
         sql: &str,
@@ -393,14 +404,7 @@ impl OutboxStore for PgOutbox {
     }
 
     async fn complete(&self, leases: &[Lease]) -> Result<Settled> {
-        if leases.is_empty() {
-            return Ok(Settled::default());
-        }
-        let (ids, tokens) = Self::lease_arrays(by_id(leases, |l| l.id).into_iter());
-        let query = sqlx::query_scalar(&self.inner.sql.complete)
-            .bind(ids)
-            .bind(tokens);
-        self.settle("complete", query, leases.iter().map(|l| l.id))
+        self.settle_leases("complete", &self.inner.sql.complete, leases)
             .await
     }
 
@@ -432,14 +436,7 @@ impl OutboxStore for PgOutbox {
     }
 
     async fn release(&self, leases: &[Lease]) -> Result<Settled> {
-        if leases.is_empty() {
-            return Ok(Settled::default());
-        }
-        let (ids, tokens) = Self::lease_arrays(by_id(leases, |l| l.id).into_iter());
-        let query = sqlx::query_scalar(&self.inner.sql.release)
-            .bind(ids)
-            .bind(tokens);
-        self.settle("release", query, leases.iter().map(|l| l.id))
+        self.settle_leases("release", &self.inner.sql.release, leases)
             .await
     }
 
