@@ -6,6 +6,7 @@ use async_trait::async_trait;
 
 use crate::error::Result;
 use crate::message::MessageId;
+use crate::names::ConsumerName;
 
 /// The read guarantee a dedup store gives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,19 +44,22 @@ pub enum Dedup {
 ///   for at least the store's retention period; when [`Consistency::Strong`] is
 ///   declared, from the moment `record` returns.
 /// - `consumer` scopes ids: the same message id processed by two consumers is two
-///   records. Implementations validate it and reject empty or oversize names with
-///   [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput).
-/// - `purge_expired` deletes at most `limit` records older than the retention period.
+///   records. Names arrive validated ([`ConsumerName`]).
+/// - An id recorded longer ago than the retention period is not reported: `contains`
+///   says `false` and `record` says [`Dedup::New`] (re-recording it), whether or not it
+///   was purged yet.
+/// - `purge_expired` deletes at most `limit` records older than the retention period
+///   and no others.
 #[async_trait]
 pub trait DedupStore: Send + Sync + fmt::Debug {
     /// The read guarantee this store gives.
     fn consistency(&self) -> Consistency;
 
     /// Whether `id` was recorded for `consumer`.
-    async fn contains(&self, consumer: &str, id: MessageId) -> Result<bool>;
+    async fn contains(&self, consumer: &ConsumerName, id: MessageId) -> Result<bool>;
 
     /// Record `id` for `consumer`, reporting whether it was already there.
-    async fn record(&self, consumer: &str, id: MessageId) -> Result<Dedup>;
+    async fn record(&self, consumer: &ConsumerName, id: MessageId) -> Result<Dedup>;
 
     /// Delete up to `limit` expired records; returns how many.
     async fn purge_expired(&self, limit: usize) -> Result<u64>;

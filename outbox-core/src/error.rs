@@ -41,6 +41,9 @@ pub enum ErrorKind {
     Unsupported,
     /// Anything else reported by the storage driver.
     Storage,
+    /// A task of the library panicked (a relay loop, a batch, a publisher). The panic's
+    /// message is the error's message.
+    Panicked,
 }
 
 impl ErrorKind {
@@ -69,6 +72,7 @@ impl ErrorKind {
             ErrorKind::Publish => "publish refused",
             ErrorKind::Unsupported => "unsupported",
             ErrorKind::Storage => "storage",
+            ErrorKind::Panicked => "panicked",
         }
     }
 }
@@ -94,13 +98,34 @@ type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// layer, optionally the message ids concerned, and the underlying cause as
 /// [`std::error::Error::source`].
 ///
-/// `Display` prints this layer's message only; walk `source()` for the cause.
+/// `Display` prints this layer's message only; walk `source()` for the cause, or print
+/// [`Error::report`] (as every log line of this workspace does) for the whole chain.
+#[derive(thiserror::Error)]
+#[error("{kind}: {message}")]
 pub struct Error {
     kind: ErrorKind,
     status: ErrorStatus,
     message: String,
     ids: Vec<MessageId>,
+    #[source]
     source: Option<Source>,
+}
+
+/// An error and its whole chain of causes, `"kind: message: cause: cause"`; see
+/// [`Error::report`].
+#[derive(Debug, Clone, Copy)]
+pub struct Report<'a>(&'a Error);
+
+impl fmt::Display for Report<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = std::error::Error::source(self.0);
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
+    }
 }
 
 impl Error {
@@ -176,6 +201,13 @@ impl Error {
     pub fn message(&self) -> &str {
         &self.message
     }
+
+    /// The error with its causes, for logs and stored error text: a database outage
+    /// reads `unavailable: claim failed: error communicating with database: Connection
+    /// refused`, not just `unavailable: claim failed`.
+    pub fn report(&self) -> Report<'_> {
+        Report(self)
+    }
 }
 
 impl fmt::Debug for Error {
@@ -194,20 +226,6 @@ impl fmt::Debug for Error {
     }
 }
 
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.kind, self.message)
-    }
-}
-
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_ref()
-            .map(|s| s.as_ref() as &(dyn std::error::Error + 'static))
-    }
-}
-
 /// The workspace's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -223,6 +241,20 @@ mod tests {
         assert_eq!(err.to_string(), "unavailable: claim failed");
         assert_eq!(err.source().unwrap().to_string(), "reset by peer");
         assert!(err.is_retryable());
+    }
+
+    #[test]
+    fn report_prints_the_whole_chain() {
+        let inner = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let middle = Error::new(ErrorKind::Storage, "pool timed out").with_source(inner);
+        let outer = Error::new(ErrorKind::Unavailable, "claim failed").with_source(middle);
+        assert_eq!(
+            outer.report().to_string(),
+            "unavailable: claim failed: storage: pool timed out: refused"
+        );
+        assert_eq!(Error::config("x").report().to_string(), "configuration: x");
+        assert_eq!(ErrorKind::Panicked.to_string(), "panicked");
+        assert!(!Error::new(ErrorKind::Panicked, "x").is_retryable());
     }
 
     #[test]

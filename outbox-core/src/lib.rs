@@ -36,11 +36,19 @@
 //!
 //! - an `enqueue` function taking the driver's transaction, validating every message
 //!   with [`MessageLimits::check`] before writing, and writing all of a batch or none;
-//! - a type implementing [`OutboxStore`] that honours every point of its `# Contract`;
+//!   an id already stored is an [`ErrorKind::Conflict`] naming the ids;
+//! - a type implementing [`OutboxStore`] (what a relay needs) and [`OutboxAdmin`] (what
+//!   an operator needs) that honours every point of their `# Contract`s;
 //! - optionally [`DedupStore`] and [`DistributedLock`] implementations;
 //! - one function in its `error.rs` mapping driver errors to [`Error`] with the right
 //!   [`ErrorKind`] and retryable status;
-//! - a `tests/conformance.rs` running `outbox-testkit`'s suite against a real server.
+//! - tests running `outbox-testkit`'s suites against a real server.
+//!
+//! The repository's `CONTRIBUTING.md` gives the data model and each method as
+//! engine-neutral SQL, and names the helpers here to call instead of copying: validated
+//! names ([`ConsumerName`], [`LockName`], [`names::validate_identifier`]), headers as
+//! JSON ([`Headers::to_json`]), [`MessageParts`], [`Message::check_stored`],
+//! [`Failure::new`], [`store::in_id_order`].
 //!
 //! ## Guarantees and limits
 //!
@@ -50,25 +58,39 @@
 //! as the broker's dedup id where one exists, and consumers deduplicate with a
 //! [`DedupStore`].
 
+pub mod admin;
+pub mod backoff;
 pub mod dedup;
 pub mod error;
+mod headers;
+mod limits;
 pub mod lock;
 pub mod message;
+pub mod monitor;
+pub mod names;
 pub mod publisher;
 pub mod purge;
 pub mod relay;
 pub mod retry;
 pub mod store;
 
+pub use admin::{
+    DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterSelection, OutboxAdmin, OutboxStats,
+};
+pub use backoff::Backoff;
 pub use dedup::{Consistency, Dedup, DedupStore};
-pub use error::{Error, ErrorKind, ErrorStatus, Result};
+pub use error::{Error, ErrorKind, ErrorStatus, Report, Result};
 pub use lock::{DistributedLock, LockGuard};
-pub use message::{Headers, Message, MessageId, MessageLimits, NewMessage, NewMessageBuilder};
+pub use message::{
+    Headers, Message, MessageId, MessageLimits, MessageParts, NewMessage, NewMessageBuilder,
+};
+pub use monitor::StatsReporter;
+pub use names::{ConsumerName, LockName};
 pub use publisher::{PublishOutcome, Publisher};
 pub use purge::{PurgeRun, Purger};
 pub use relay::{DispatchReport, Relay, RelayConfig, RelayHandle, Wakeup};
 pub use retry::RetryPolicy;
 pub use store::{
-    ClaimRequest, ClaimedMessage, Disposition, Failure, KeyOrder, Lease, LeaseToken, OutboxStats,
+    ClaimIds, ClaimRequest, ClaimedMessage, Disposition, Failure, KeyOrder, Lease, LeaseToken,
     OutboxStore, OutboxStoreExt, Retention, Settled, StoreCapabilities,
 };

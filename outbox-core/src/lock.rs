@@ -5,6 +5,7 @@ use std::fmt;
 use async_trait::async_trait;
 
 use crate::error::Result;
+use crate::names::LockName;
 
 /// A named lock shared by every process using the same storage.
 ///
@@ -19,19 +20,20 @@ use crate::error::Result;
 ///   the same name succeeds.
 /// - [`LockGuard::unlock`] releases at once. Dropping a guard without unlocking must
 ///   release eventually (session end, TTL), never hold the lock forever.
-/// - Names are validated; an invalid name is
-///   [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput).
+/// - Names arrive validated ([`LockName`]); a backend that must map them to its own
+///   key space (PostgreSQL advisory locks take integers) does so without collisions
+///   between names in practice (a 64-bit hash, say) and documents it.
 #[async_trait]
 pub trait DistributedLock: Send + Sync + fmt::Debug {
     /// Take the lock if nobody holds it.
-    async fn try_lock(&self, name: &str) -> Result<Option<Box<dyn LockGuard>>>;
+    async fn try_lock(&self, name: &LockName) -> Result<Option<Box<dyn LockGuard>>>;
 }
 
 /// A held [`DistributedLock`].
 #[async_trait]
 pub trait LockGuard: Send + Sync + fmt::Debug {
     /// The lock's name.
-    fn name(&self) -> &str;
+    fn name(&self) -> &LockName;
 
     /// Release the lock.
     async fn unlock(self: Box<Self>) -> Result<()>;

@@ -1,7 +1,6 @@
 //! The message model: what a service enqueues ([`NewMessage`]) and what a relay claims
 //! ([`Message`]).
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
@@ -10,6 +9,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
+pub use crate::headers::Headers;
+pub use crate::limits::{MessageLimits, MAX_DELAY};
 
 /// A message id: a UUIDv7, so ids sort by creation time and index well.
 ///
@@ -64,175 +65,6 @@ impl FromStr for MessageId {
     }
 }
 
-/// Size limits checked before anything is written.
-///
-/// The defaults suit most brokers; lower `max_payload_bytes` to match yours (for example
-/// NATS's default 1 MiB, SQS's 256 KiB).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct MessageLimits {
-    /// Longest destination, in bytes. Default 255.
-    pub max_destination_len: usize,
-    /// Longest partition key, in bytes. Default 255.
-    pub max_partition_key_len: usize,
-    /// Largest payload, in bytes. Default 1 MiB.
-    pub max_payload_bytes: usize,
-    /// Most headers on one message. Default 64.
-    pub max_headers: usize,
-    /// Longest header name, in bytes. Default 128.
-    pub max_header_name_len: usize,
-    /// Longest header value, in bytes. Default 4096.
-    pub max_header_value_len: usize,
-}
-
-impl Default for MessageLimits {
-    fn default() -> Self {
-        MessageLimits {
-            max_destination_len: 255,
-            max_partition_key_len: 255,
-            max_payload_bytes: 1024 * 1024,
-            max_headers: 64,
-            max_header_name_len: 128,
-            max_header_value_len: 4096,
-        }
-    }
-}
-
-impl MessageLimits {
-    /// Set the largest payload accepted.
-    pub fn with_max_payload_bytes(mut self, bytes: usize) -> Self {
-        self.max_payload_bytes = bytes;
-        self
-    }
-
-    /// Check a message against these limits; the error names the first violation.
-    pub fn check(&self, msg: &NewMessage) -> Result<()> {
-        check_text("destination", &msg.destination, self.max_destination_len)?;
-        if let Some(key) = &msg.partition_key {
-            check_text("partition key", key, self.max_partition_key_len)?;
-        }
-        if msg.payload.len() > self.max_payload_bytes {
-            return Err(Error::invalid_input(format!(
-                "payload of {} bytes exceeds the limit of {} bytes",
-                msg.payload.len(),
-                self.max_payload_bytes
-            )));
-        }
-        if let Some(ct) = &msg.content_type {
-            check_text("content type", ct, self.max_header_value_len)?;
-        }
-        self.check_headers(&msg.headers)
-    }
-
-    /// Check a header map against these limits.
-    pub fn check_headers(&self, headers: &Headers) -> Result<()> {
-        if headers.len() > self.max_headers {
-            return Err(Error::invalid_input(format!(
-                "{} headers exceed the limit of {}",
-                headers.len(),
-                self.max_headers
-            )));
-        }
-        for (name, value) in headers.iter() {
-            check_header_name(name, self.max_header_name_len)?;
-            check_header_value(name, value, self.max_header_value_len)?;
-        }
-        Ok(())
-    }
-}
-
-fn check_text(what: &str, value: &str, max: usize) -> Result<()> {
-    if value.trim().is_empty() {
-        return Err(Error::invalid_input(format!("{what} is empty")));
-    }
-    if value.len() > max {
-        return Err(Error::invalid_input(format!(
-            "{what} of {} bytes exceeds the limit of {max} bytes",
-            value.len()
-        )));
-    }
-    if value.chars().any(char::is_control) {
-        return Err(Error::invalid_input(format!(
-            "{what} {value:?} contains a control character"
-        )));
-    }
-    Ok(())
-}
-
-/// Header names are HTTP tokens (RFC 9110 `tchar`), so they survive every broker's
-/// header model (AMQP tables, NATS and Kafka headers).
-fn check_header_name(name: &str, max: usize) -> Result<()> {
-    let valid_char = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
-    if name.is_empty() || name.len() > max || !name.bytes().all(valid_char) {
-        return Err(Error::invalid_input(format!(
-            "header name {name:?} must be 1 to {max} token characters (letters, digits, !#$%&'*+-.^_`|~)"
-        )));
-    }
-    Ok(())
-}
-
-fn check_header_value(name: &str, value: &str, max: usize) -> Result<()> {
-    if value.len() > max {
-        return Err(Error::invalid_input(format!(
-            "header {name:?} value of {} bytes exceeds the limit of {max} bytes",
-            value.len()
-        )));
-    }
-    if value.chars().any(|c| c.is_control() && c != '\t') {
-        return Err(Error::invalid_input(format!(
-            "header {name:?} value contains a control character"
-        )));
-    }
-    Ok(())
-}
-
-/// Message headers: names are case-sensitive tokens, values are text.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Headers(BTreeMap<String, String>);
-
-impl Headers {
-    /// No headers.
-    pub fn new() -> Self {
-        Headers(BTreeMap::new())
-    }
-
-    /// Set a header, replacing any earlier value. Validated when the message is built.
-    pub fn insert(&mut self, name: impl Into<String>, value: impl Into<String>) {
-        self.0.insert(name.into(), value.into());
-    }
-
-    /// A header's value.
-    pub fn get(&self, name: &str) -> Option<&str> {
-        self.0.get(name).map(String::as_str)
-    }
-
-    /// Number of headers.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// `true` when there are no headers.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// Headers in name order.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
-    }
-}
-
-impl<K: Into<String>, V: Into<String>> FromIterator<(K, V)> for Headers {
-    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
-        Headers(
-            iter.into_iter()
-                .map(|(k, v)| (k.into(), v.into()))
-                .collect(),
-        )
-    }
-}
-
 /// A message to enqueue, validated when built.
 ///
 /// ```
@@ -247,7 +79,10 @@ impl<K: Into<String>, V: Into<String>> FromIterator<(K, V)> for Headers {
 /// assert_eq!(msg.destination(), "orders.created");
 /// # Ok::<(), outbox_core::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// `Debug` shows the payload's size and the header names, never their contents: they
+/// may hold personal data.
+#[derive(Clone, PartialEq, Eq)]
 pub struct NewMessage {
     id: MessageId,
     destination: String,
@@ -256,9 +91,50 @@ pub struct NewMessage {
     content_type: Option<String>,
     headers: Headers,
     delay: Duration,
+    /// The limits [`NewMessageBuilder::build`] checked the message against.
+    checked_with: MessageLimits,
+}
+
+impl fmt::Debug for NewMessage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NewMessage")
+            .field("id", &self.id)
+            .field("destination", &self.destination)
+            .field("partition_key", &self.partition_key)
+            .field("payload", &Redacted(self.payload.len()))
+            .field("content_type", &self.content_type)
+            .field("headers", &HeaderNames(&self.headers))
+            .field("delay", &self.delay)
+            .finish()
+    }
+}
+
+/// Prints `<N bytes>` in place of a payload.
+struct Redacted(usize);
+
+impl fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "<{} bytes>", self.0)
+    }
+}
+
+/// Prints header names only.
+struct HeaderNames<'a>(&'a Headers);
+
+impl fmt::Debug for HeaderNames<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set()
+            .entries(self.0.iter().map(|(k, _)| k))
+            .finish()
+    }
 }
 
 impl NewMessage {
+    /// The limits the builder checked this message against.
+    pub(crate) fn checked_with(&self) -> &MessageLimits {
+        &self.checked_with
+    }
+
     /// Start a message for `destination` (a topic, queue or subject).
     pub fn builder(destination: impl Into<String>) -> NewMessageBuilder {
         NewMessageBuilder {
@@ -270,8 +146,8 @@ impl NewMessage {
                 content_type: None,
                 headers: Headers::new(),
                 delay: Duration::ZERO,
+                checked_with: MessageLimits::default(),
             },
-            limits: MessageLimits::default(),
         }
     }
 
@@ -307,9 +183,9 @@ impl NewMessage {
 
 /// Builds a [`NewMessage`]; see [`NewMessage::builder`].
 #[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until built"]
 pub struct NewMessageBuilder {
     msg: NewMessage,
-    limits: MessageLimits,
 }
 
 impl NewMessageBuilder {
@@ -347,14 +223,14 @@ impl NewMessageBuilder {
         self.msg.headers = headers;
         self
     }
-    /// Make the message claimable only this long after commit.
+    /// Make the message claimable only this long after commit (at most [`MAX_DELAY`]).
     pub fn delay(mut self, delay: Duration) -> Self {
         self.msg.delay = delay;
         self
     }
     /// Validate against these limits instead of the defaults.
     pub fn limits(mut self, limits: MessageLimits) -> Self {
-        self.limits = limits;
+        self.msg.checked_with = limits;
         self
     }
     /// Validate and build.
@@ -362,15 +238,20 @@ impl NewMessageBuilder {
     /// # Errors
     /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for an empty or
     /// oversize destination or partition key, an oversize payload, too many headers, a
-    /// header name that is not a token, or a header value with control characters.
+    /// header name that is not a token, a header value with control characters, or a
+    /// delay over [`MAX_DELAY`].
     pub fn build(self) -> Result<NewMessage> {
-        self.limits.check(&self.msg)?;
+        self.msg.checked_with.check_fields(&self.msg)?;
         Ok(self.msg)
     }
 }
 
 /// A message as stored, returned by claims and dead-letter listings.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// `Debug` shows the payload's size and the header names, never their contents: they
+/// may hold personal data.
+#[derive(Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
 #[non_exhaustive]
 pub struct Message {
     /// The message id.
@@ -393,31 +274,82 @@ pub struct Message {
     pub last_error: Option<String>,
 }
 
-impl Message {
-    /// Build a stored message (for backends decoding rows).
-    #[allow(clippy::too_many_arguments)]
-    pub fn from_parts(
-        id: MessageId,
-        destination: String,
-        partition_key: Option<String>,
-        payload: Vec<u8>,
-        content_type: Option<String>,
-        headers: Headers,
-        created_at: SystemTime,
-        attempts: u32,
-        last_error: Option<String>,
-    ) -> Self {
+impl fmt::Debug for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Message")
+            .field("id", &self.id)
+            .field("destination", &self.destination)
+            .field("partition_key", &self.partition_key)
+            .field("payload", &Redacted(self.payload.len()))
+            .field("content_type", &self.content_type)
+            .field("headers", &HeaderNames(&self.headers))
+            .field("created_at", &self.created_at)
+            .field("attempts", &self.attempts)
+            .field("last_error", &self.last_error)
+            .finish()
+    }
+}
+
+/// The fields of a stored [`Message`], for backends decoding rows:
+/// `Message::from(MessageParts { .. })`.
+#[derive(Debug, Clone)]
+#[allow(missing_docs)] // the fields are `Message`'s, documented there
+pub struct MessageParts {
+    pub id: MessageId,
+    pub destination: String,
+    pub partition_key: Option<String>,
+    pub payload: Vec<u8>,
+    pub content_type: Option<String>,
+    pub headers: Headers,
+    pub created_at: SystemTime,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+}
+
+impl From<MessageParts> for Message {
+    fn from(p: MessageParts) -> Self {
         Message {
-            id,
-            destination,
-            partition_key,
-            payload,
-            content_type,
-            headers,
-            created_at,
-            attempts,
-            last_error,
+            id: p.id,
+            destination: p.destination,
+            partition_key: p.partition_key,
+            payload: p.payload,
+            content_type: p.content_type,
+            headers: p.headers,
+            created_at: p.created_at,
+            attempts: p.attempts,
+            last_error: p.last_error,
         }
+    }
+}
+
+impl Message {
+    /// Whether a claimed row makes a message a relay may publish, by the same rules
+    /// [`NewMessageBuilder::build`] applies under `limits`, plus an attempt count below
+    /// [`MAX_ATTEMPTS`](crate::store::MAX_ATTEMPTS).
+    ///
+    /// Tables are written by other tools too (migrations, producers in other
+    /// languages): a claim dead-letters a row that fails this check, with the reason,
+    /// instead of publishing it.
+    ///
+    /// # Errors
+    /// The reason, readable as a dead letter's `last_error`.
+    pub fn check_stored(&self, limits: &MessageLimits) -> std::result::Result<(), String> {
+        if self.attempts >= crate::store::MAX_ATTEMPTS {
+            return Err(format!(
+                "attempt count {} reached the limit of {}",
+                self.attempts,
+                crate::store::MAX_ATTEMPTS
+            ));
+        }
+        limits
+            .check_content(
+                &self.destination,
+                self.partition_key.as_deref(),
+                self.payload.len(),
+                self.content_type.as_deref(),
+                &self.headers,
+            )
+            .map_err(|e| format!("stored message breaks the message rules: {}", e.message()))
     }
 }
 
@@ -497,6 +429,137 @@ mod tests {
             .header("tab", "a\tb")
             .build()
             .is_ok());
+    }
+
+    #[test]
+    fn debug_never_prints_payloads_or_header_values() {
+        let m = NewMessage::builder("users.updated")
+            .header("x-email", "alice@example.com")
+            .payload(b"secret personal data".to_vec())
+            .build()
+            .unwrap();
+        let printed = format!("{m:?}");
+        assert!(
+            !printed.contains("secret") && !printed.contains("alice"),
+            "{printed}"
+        );
+        assert!(
+            printed.contains("<20 bytes>") && printed.contains("x-email"),
+            "{printed}"
+        );
+        let stored = Message::from(MessageParts {
+            id: m.id(),
+            destination: m.destination().into(),
+            partition_key: None,
+            payload: m.payload().to_vec(),
+            content_type: None,
+            headers: m.headers().clone(),
+            created_at: SystemTime::now(),
+            attempts: 1,
+            last_error: None,
+        });
+        let printed = format!("{stored:?}");
+        assert!(
+            !printed.contains("secret") && !printed.contains("alice"),
+            "{printed}"
+        );
+        assert!(
+            printed.contains("<20 bytes>") && printed.contains("x-email"),
+            "{printed}"
+        );
+    }
+
+    #[test]
+    fn messages_are_checked_once_on_the_default_path_and_again_under_other_limits() {
+        let big = NewMessage::builder("d")
+            .payload(vec![0; 10])
+            .build()
+            .unwrap();
+        MessageLimits::default().check(&big).unwrap();
+        let strict = MessageLimits::default().with_max_payload_bytes(4);
+        let err = strict.check(&big).unwrap_err();
+        assert_eq!(
+            err.kind(),
+            ErrorKind::InvalidInput,
+            "stricter store limits still apply"
+        );
+        let built_strict = NewMessage::builder("d")
+            .payload(vec![0; 4])
+            .limits(strict.clone())
+            .build()
+            .unwrap();
+        strict.check(&built_strict).unwrap();
+        MessageLimits::default().check(&built_strict).unwrap();
+    }
+
+    #[test]
+    fn delays_are_bounded_when_built() {
+        NewMessage::builder("d").delay(MAX_DELAY).build().unwrap();
+        let r = NewMessage::builder("d")
+            .delay(MAX_DELAY + Duration::from_nanos(1))
+            .build();
+        assert_eq!(kind(r), ErrorKind::InvalidInput);
+        assert_eq!(
+            kind(NewMessage::builder("d").delay(Duration::MAX).build()),
+            ErrorKind::InvalidInput
+        );
+    }
+
+    fn stored(destination: &str, attempts: u32) -> Message {
+        Message::from(MessageParts {
+            id: MessageId::new(),
+            destination: destination.into(),
+            partition_key: None,
+            payload: Vec::new(),
+            content_type: None,
+            headers: Headers::new(),
+            created_at: SystemTime::now(),
+            attempts,
+            last_error: None,
+        })
+    }
+
+    #[test]
+    fn stored_rows_follow_the_same_rules() {
+        let limits = MessageLimits::default();
+        stored("ok", 1).check_stored(&limits).unwrap();
+        stored("ok", crate::store::MAX_ATTEMPTS - 1)
+            .check_stored(&limits)
+            .unwrap();
+        let saturated = stored("ok", crate::store::MAX_ATTEMPTS).check_stored(&limits);
+        assert!(saturated.unwrap_err().contains("attempt count"));
+        for bad in ["", "a\nb"] {
+            let reason = stored(bad, 1).check_stored(&limits).unwrap_err();
+            assert!(reason.contains("destination"), "{reason}");
+        }
+        let mut m = stored("ok", 1);
+        m.content_type = Some("c".repeat(10_000));
+        assert!(m
+            .check_stored(&limits)
+            .unwrap_err()
+            .contains("content type"));
+        let mut m = stored("ok", 1);
+        m.partition_key = Some("k".repeat(10_000));
+        assert!(m
+            .check_stored(&limits)
+            .unwrap_err()
+            .contains("partition key"));
+        let mut m = stored("ok", 1);
+        m.headers.insert("bad\r\nname", "v");
+        assert!(m.check_stored(&limits).unwrap_err().contains("header name"));
+        let mut m = stored("ok", 1);
+        m.payload = vec![0; 5];
+        let small = MessageLimits::default().with_max_payload_bytes(4);
+        assert!(m.check_stored(&small).unwrap_err().contains("payload"));
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn stored_messages_serialize() {
+        let m = stored("d", 2);
+        let text = serde_json::to_string(&m).unwrap();
+        let back: Message = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, m);
     }
 
     #[test]

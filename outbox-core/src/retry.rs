@@ -12,6 +12,8 @@ use crate::store::Disposition;
 /// `jitter` so relays that failed together do not retry together. The attempt numbered
 /// `max_attempts` is the last: its failure dead-letters the message.
 #[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default))]
 #[non_exhaustive]
 pub struct RetryPolicy {
     /// Attempts before dead-lettering (at least 1). Default 10.
@@ -48,6 +50,7 @@ impl RetryPolicy {
     }
 
     /// Set the delay bounds.
+    #[must_use]
     pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.initial_delay = initial;
         self.max_delay = max;
@@ -55,6 +58,7 @@ impl RetryPolicy {
     }
 
     /// Set the jitter fraction.
+    #[must_use]
     pub fn jitter(mut self, jitter: f64) -> Self {
         self.jitter = jitter;
         self

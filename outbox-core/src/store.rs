@@ -11,8 +11,17 @@ use crate::message::{Message, MessageId};
 
 /// Longest lease a claim may ask for.
 pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
+/// Shortest lease a claim may ask for: below the millisecond, storage clocks (and the
+/// column types that keep the lease) cannot tell a lease from none.
+pub const MIN_LEASE: Duration = Duration::from_millis(1);
 /// Most messages one claim may ask for.
 pub const MAX_CLAIM_BATCH: usize = 10_000;
+/// Longest error text a [`Failure`] carries, in bytes; longer text is cut on a
+/// character boundary when the failure is made.
+pub const MAX_ERROR_LEN: usize = 4096;
+/// The most attempts a message can be counted: a claim never counts past it, and a
+/// message that reaches it is dead-lettered by the claim instead of being published.
+pub const MAX_ATTEMPTS: u32 = i32::MAX as u32;
 
 /// An opaque fencing token, fresh for every claim.
 ///
@@ -69,47 +78,101 @@ pub struct ClaimedMessage {
     pub lease: Lease,
 }
 
-/// What to claim.
+/// A validated claim of due messages: at most [`limit`](Self::limit) of them, each
+/// leased for [`lease`](Self::lease).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClaimRequest {
-    /// At most this many messages (1 to [`MAX_CLAIM_BATCH`]).
-    pub limit: usize,
-    /// How long the lease lasts (more than zero, at most [`MAX_LEASE`]).
-    pub lease: Duration,
+    limit: usize,
+    lease: Duration,
 }
 
 impl ClaimRequest {
-    /// Claim up to `limit` messages, each leased for `lease`.
-    pub fn new(limit: usize, lease: Duration) -> Self {
-        ClaimRequest { limit, lease }
-    }
-
-    /// Check the bounds; stores call this before touching storage.
+    /// Claim up to `limit` (1 to [`MAX_CLAIM_BATCH`]) messages, each leased for `lease`
+    /// ([`MIN_LEASE`] to [`MAX_LEASE`]).
     ///
     /// # Errors
     /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) when out of bounds.
-    pub fn validate(&self) -> Result<()> {
-        if self.limit == 0 || self.limit > MAX_CLAIM_BATCH {
+    pub fn new(limit: usize, lease: Duration) -> Result<Self> {
+        if limit == 0 || limit > MAX_CLAIM_BATCH {
             return Err(Error::invalid_input(format!(
-                "claim limit {} is outside 1..={MAX_CLAIM_BATCH}",
-                self.limit
+                "claim limit {limit} is outside 1..={MAX_CLAIM_BATCH}"
             )));
         }
-        validate_lease(self.lease)
+        validate_lease(lease)?;
+        Ok(ClaimRequest { limit, lease })
+    }
+
+    /// The most messages to claim.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// How long each lease lasts.
+    pub fn lease(&self) -> Duration {
+        self.lease
     }
 }
 
-/// Check a lease duration is within `(0, MAX_LEASE]`.
+/// A validated claim of specific messages, for dispatch right after commit: the ids in
+/// ascending order without repeats (0 to [`MAX_CLAIM_BATCH`] of them), and the lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimIds {
+    ids: Vec<MessageId>,
+    lease: Duration,
+}
+
+impl ClaimIds {
+    /// Claim these ids, each leased for `lease` ([`MIN_LEASE`] to [`MAX_LEASE`]).
+    /// Repeated ids count once.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for more than
+    /// [`MAX_CLAIM_BATCH`] distinct ids or a lease out of bounds.
+    pub fn new(ids: &[MessageId], lease: Duration) -> Result<Self> {
+        validate_lease(lease)?;
+        let ids = in_id_order(ids, |id| *id).into_iter().copied();
+        let mut ids: Vec<MessageId> = ids.collect();
+        ids.dedup();
+        if ids.len() > MAX_CLAIM_BATCH {
+            return Err(Error::invalid_input(format!(
+                "{} ids exceed the claim limit of {MAX_CLAIM_BATCH}",
+                ids.len()
+            )));
+        }
+        Ok(ClaimIds { ids, lease })
+    }
+
+    /// The ids, ascending, without repeats.
+    pub fn ids(&self) -> &[MessageId] {
+        &self.ids
+    }
+
+    /// How long each lease lasts.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+}
+
+/// Check a lease duration is within [`MIN_LEASE`]`..=`[`MAX_LEASE`].
 ///
 /// # Errors
 /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) when out of bounds.
 pub fn validate_lease(lease: Duration) -> Result<()> {
-    if lease.is_zero() || lease > MAX_LEASE {
+    if lease < MIN_LEASE || lease > MAX_LEASE {
         return Err(Error::invalid_input(format!(
-            "lease of {lease:?} is outside (0, {MAX_LEASE:?}]"
+            "lease of {lease:?} is outside {MIN_LEASE:?}..={MAX_LEASE:?}"
         )));
     }
     Ok(())
+}
+
+/// `items` sorted by message id: the order in which every batch statement should lock
+/// the rows it touches, so two concurrent batches sharing rows (a complete and a
+/// release of the same leases, say) wait for each other instead of deadlocking.
+pub fn in_id_order<T>(items: &[T], id: impl Fn(&T) -> MessageId) -> Vec<&T> {
+    let mut sorted: Vec<&T> = items.iter().collect();
+    sorted.sort_by_key(|item| id(item));
+    sorted
 }
 
 /// What a failed attempt leads to.
@@ -125,14 +188,53 @@ pub enum Disposition {
 }
 
 /// A failed attempt to report through [`OutboxStore::fail`].
+///
+/// The error text is bounded once, here, to [`MAX_ERROR_LEN`] bytes, so every backend
+/// stores the same text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {
+    lease: Lease,
+    error: String,
+    disposition: Disposition,
+}
+
+impl Failure {
+    /// A failed attempt under `lease`, recording `error` (cut to [`MAX_ERROR_LEN`]
+    /// bytes on a character boundary) and leading to `disposition`.
+    pub fn new(lease: Lease, error: impl Into<String>, disposition: Disposition) -> Self {
+        Failure {
+            lease,
+            error: bounded_error(error.into()),
+            disposition,
+        }
+    }
+
     /// The lease the attempt held.
-    pub lease: Lease,
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
     /// The error to record as the message's `last_error`.
-    pub error: String,
+    pub fn error(&self) -> &str {
+        &self.error
+    }
+
     /// Retry or dead-letter.
-    pub disposition: Disposition,
+    pub fn disposition(&self) -> Disposition {
+        self.disposition
+    }
+}
+
+/// `text` cut to at most [`MAX_ERROR_LEN`] bytes on a character boundary.
+fn bounded_error(mut text: String) -> String {
+    if text.len() > MAX_ERROR_LEN {
+        let mut cut = MAX_ERROR_LEN;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+    }
+    text
 }
 
 /// The result of settling (completing, failing, releasing) a batch of leases.
@@ -193,7 +295,7 @@ pub enum Retention {
     /// Delete the row in the completing statement.
     #[default]
     Delete,
-    /// Keep dispatched rows (for audit or replay) until [`OutboxStore::purge_dispatched`]
+    /// Keep dispatched rows (for audit or replay) until [`OutboxAdmin::purge_dispatched`](crate::OutboxAdmin::purge_dispatched)
     /// removes those older than the window.
     Keep {
         /// How long dispatched rows are kept.
@@ -221,46 +323,11 @@ impl StoreCapabilities {
     }
 }
 
-/// Counts for monitoring, exact at the moment they were read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct OutboxStats {
-    /// Messages waiting to be claimed, due now or scheduled later (including retries).
-    pub pending: u64,
-    /// Messages held by a live lease.
-    pub in_flight: u64,
-    /// Dead-lettered messages.
-    pub dead: u64,
-    /// Dispatched messages still kept under [`Retention::Keep`].
-    pub dispatched: u64,
-    /// Age of the oldest undelivered (pending or in-flight) message, by `created_at`.
-    /// Messages enqueued with a delay or waiting out a retry backoff count too, so a
-    /// long delay raises this figure without anything being stuck.
-    pub oldest_pending_age: Option<Duration>,
-}
-
-impl OutboxStats {
-    /// Stats from their parts (for backends).
-    pub fn new(
-        pending: u64,
-        in_flight: u64,
-        dead: u64,
-        dispatched: u64,
-        oldest_pending_age: Option<Duration>,
-    ) -> Self {
-        OutboxStats {
-            pending,
-            in_flight,
-            dead,
-            dispatched,
-            oldest_pending_age,
-        }
-    }
-}
-
-/// The store a relay claims from.
+/// The store a relay claims from: claim, claim ids, complete, fail, release.
 ///
-/// Enqueueing is **not** part of this trait: it must run in the caller's own
+/// This is all a relay needs; what an operator needs (stats, dead letters, purges) is
+/// [`OutboxAdmin`](crate::OutboxAdmin), so a new backend can run a relay first.
+/// Enqueueing is **not** part of either trait: it must run in the caller's own
 /// transaction, whose type is the database driver's (`&mut sqlx::PgConnection`, a
 /// tiberius client inside `BEGIN TRAN`, a DynamoDB `TransactWriteItems`), so each
 /// backend offers its own `enqueue` taking that transaction.
@@ -268,7 +335,7 @@ impl OutboxStats {
 /// # Contract
 ///
 /// Implementations must hold to these; `outbox-testkit`'s conformance suite checks
-/// them case by case:
+/// them case by case (the backend guide, `CONTRIBUTING.md`, gives each as SQL):
 ///
 /// - **Atomic enqueue.** A message becomes visible to claims only when the enqueuing
 ///   transaction commits; a rolled-back transaction leaves nothing. A batch with an
@@ -278,7 +345,8 @@ impl OutboxStats {
 /// - **Claims are atomic and never wait.** A claim selects due messages, stamps a lease
 ///   (expiry by the storage's clock and a fresh [`LeaseToken`]) and returns them in one
 ///   atomic step. Messages held by a live lease or locked by another transaction are
-///   skipped, never waited on. Each claim increments the message's `attempts`.
+///   skipped, never waited on. Each claim increments the message's `attempts`, never
+///   past [`MAX_ATTEMPTS`].
 /// - **Due** means: not dispatched, not dead, and its availability time (enqueue time
 ///   plus delay, retry time, or the expiry of its last lease) has passed.
 /// - **Fencing.** [`complete`](Self::complete), [`fail`](Self::fail) and
@@ -287,28 +355,29 @@ impl OutboxStats {
 ///   not changed. A lease that expired but was not claimed again still matches.
 /// - **Retries and dead letters.** `fail` with [`Disposition::Retry`] records the error
 ///   and makes the message due after the delay; [`Disposition::DeadLetter`] records the
-///   error and removes the message from claims until [`requeue_dead`](Self::requeue_dead).
+///   error and removes the message from claims until it is requeued
+///   ([`OutboxAdmin::requeue_dead`](crate::OutboxAdmin::requeue_dead)).
 /// - **Release** makes a message due at once and undoes the attempt count of its claim:
 ///   a graceful shutdown does not consume attempts.
 /// - **Per-key order**, when [`StoreCapabilities::ordering`] is [`KeyOrder::PerKey`]:
 ///   a message with a partition key is claimable only when no message with the same key
 ///   enqueued before it is pending or in flight; dead letters do not block.
-/// - **Bounded purges.** [`purge_dispatched`](Self::purge_dispatched) deletes at most
-///   `limit` dispatched messages and never touches pending, in-flight or dead ones.
 /// - **Claim cost does not grow with history**: claims use an index (or key design)
 ///   that covers undelivered messages only.
+/// - **No row stops a claim.** A claimed row that does not make a valid message (its
+///   content does not decode, a timestamp is out of range, it breaks the
+///   [`MessageLimits`](crate::MessageLimits) rules because another tool wrote it, its
+///   attempts reached [`MAX_ATTEMPTS`]) is dead-lettered by the claim that meets it,
+///   with a `last_error` saying why, and the others are returned. Use
+///   [`Message::check_stored`] for the rules.
 ///
 /// # Errors
 ///
-/// Invalid arguments give [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput)
-/// before storage is touched. A claimed row whose *content* does not decode (headers
-/// that are not a map of strings, say) must not wedge relays: the claim dead-letters it
-/// with a `last_error` saying why and returns the others. A row whose *shape* is wrong
-/// (a missing column, an unexpected type) is a schema problem and gives
-/// [`ErrorKind::Decode`](crate::ErrorKind::Decode) or
+/// Arguments arrive validated ([`ClaimRequest`], [`ClaimIds`], [`Failure`]). A row
+/// whose *shape* is wrong (a missing column, an unexpected type) is a schema problem
+/// and gives [`ErrorKind::Decode`](crate::ErrorKind::Decode) or
 /// [`ErrorKind::Schema`](crate::ErrorKind::Schema). Driver errors are mapped to their
-/// kinds with [`Error::is_retryable`] set for transient ones. A `limit` of 0 asks for
-/// nothing: listings return empty and purges delete nothing. A lost lease is not an
+/// kinds with [`Error::is_retryable`] set for transient ones. A lost lease is not an
 /// error of the batch methods (see [`Settled`]); the single-message helpers of
 /// [`OutboxStoreExt`] turn it into [`ErrorKind::LeaseLost`](crate::ErrorKind::LeaseLost).
 #[async_trait]
@@ -316,7 +385,7 @@ pub trait OutboxStore: Send + Sync + fmt::Debug {
     /// What this store does.
     fn capabilities(&self) -> StoreCapabilities;
 
-    /// Claim up to `request.limit` due messages.
+    /// Claim up to [`ClaimRequest::limit`] due messages.
     ///
     /// - Oldest availability first, then enqueue order.
     /// - Returns an empty vector when nothing is due.
@@ -327,7 +396,7 @@ pub trait OutboxStore: Send + Sync + fmt::Debug {
     /// - Ids that are unknown, not due, held by another lease or locked by another
     ///   transaction are skipped; the result holds the ones claimed.
     /// - Per-key order, when enabled, applies as in [`claim`](Self::claim).
-    async fn claim_ids(&self, ids: &[MessageId], lease: Duration) -> Result<Vec<ClaimedMessage>>;
+    async fn claim_ids(&self, request: &ClaimIds) -> Result<Vec<ClaimedMessage>>;
 
     /// Mark messages dispatched (deleting them under [`Retention::Delete`]).
     async fn complete(&self, leases: &[Lease]) -> Result<Settled>;
@@ -337,23 +406,35 @@ pub trait OutboxStore: Send + Sync + fmt::Debug {
 
     /// Give messages back unattempted: due at once, attempt count restored.
     async fn release(&self, leases: &[Lease]) -> Result<Settled>;
+}
 
-    /// Dead letters in id order, starting after `after`, at most `limit`.
-    async fn dead_letters(&self, after: Option<MessageId>, limit: usize) -> Result<Vec<Message>>;
-
-    /// Make dead letters due again with their attempt count reset; returns how many were
-    /// requeued (ids that are not dead letters are ignored).
-    async fn requeue_dead(&self, ids: &[MessageId]) -> Result<u64>;
-
-    /// Delete at most `limit` dispatched messages completed more than `older_than` ago;
-    /// returns how many were deleted. Always 0 under [`Retention::Delete`].
-    async fn purge_dispatched(&self, older_than: Duration, limit: usize) -> Result<u64>;
-
-    /// Exact counts.
-    async fn stats(&self) -> Result<OutboxStats>;
+/// `Arc<S>` is a store when `S` is, so a handle already behind an `Arc` can be passed
+/// where a store is expected without wrapping it again.
+#[async_trait]
+impl<S: OutboxStore + ?Sized> OutboxStore for std::sync::Arc<S> {
+    fn capabilities(&self) -> StoreCapabilities {
+        (**self).capabilities()
+    }
+    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedMessage>> {
+        (**self).claim(request).await
+    }
+    async fn claim_ids(&self, request: &ClaimIds) -> Result<Vec<ClaimedMessage>> {
+        (**self).claim_ids(request).await
+    }
+    async fn complete(&self, leases: &[Lease]) -> Result<Settled> {
+        (**self).complete(leases).await
+    }
+    async fn fail(&self, failures: &[Failure]) -> Result<Settled> {
+        (**self).fail(failures).await
+    }
+    async fn release(&self, leases: &[Lease]) -> Result<Settled> {
+        (**self).release(leases).await
+    }
 }
 
 /// Single-message conveniences over [`OutboxStore`], with lost leases as errors.
+///
+/// Implemented for every store; do not implement it yourself.
 #[async_trait]
 pub trait OutboxStoreExt: OutboxStore {
     /// Complete one message.
@@ -402,15 +483,77 @@ mod tests {
 
     #[test]
     fn claim_request_bounds() {
-        let ok = ClaimRequest::new(10, Duration::from_secs(30));
-        assert!(ok.validate().is_ok());
-        for bad in [
-            ClaimRequest::new(0, Duration::from_secs(1)),
-            ClaimRequest::new(MAX_CLAIM_BATCH + 1, Duration::from_secs(1)),
-            ClaimRequest::new(1, Duration::ZERO),
-            ClaimRequest::new(1, MAX_LEASE + Duration::from_secs(1)),
+        let ok = ClaimRequest::new(10, Duration::from_secs(30)).unwrap();
+        assert_eq!((ok.limit(), ok.lease()), (10, Duration::from_secs(30)));
+        ClaimRequest::new(1, MIN_LEASE).unwrap();
+        ClaimRequest::new(MAX_CLAIM_BATCH, MAX_LEASE).unwrap();
+        for (limit, lease) in [
+            (0, Duration::from_secs(1)),
+            (MAX_CLAIM_BATCH + 1, Duration::from_secs(1)),
+            (1, Duration::ZERO),
+            (1, MIN_LEASE - Duration::from_nanos(1)),
+            (1, MAX_LEASE + Duration::from_nanos(1)),
         ] {
-            assert_eq!(bad.validate().unwrap_err().kind(), ErrorKind::InvalidInput);
+            let err = ClaimRequest::new(limit, lease).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{limit} {lease:?}");
+        }
+    }
+
+    #[test]
+    fn claim_ids_are_sorted_deduplicated_and_bounded() {
+        let (a, b) = (MessageId::new(), MessageId::new());
+        let claim = ClaimIds::new(&[b, a, b, a], Duration::from_secs(1)).unwrap();
+        assert_eq!(claim.ids(), &[a, b]);
+        assert!(ClaimIds::new(&[], Duration::from_secs(1))
+            .unwrap()
+            .ids()
+            .is_empty());
+        let many: Vec<MessageId> = (0..=MAX_CLAIM_BATCH).map(|_| MessageId::new()).collect();
+        assert_eq!(
+            ClaimIds::new(&many, Duration::from_secs(1))
+                .unwrap_err()
+                .kind(),
+            ErrorKind::InvalidInput
+        );
+        ClaimIds::new(&many[..MAX_CLAIM_BATCH], Duration::from_secs(1)).unwrap();
+        let repeated = vec![a; MAX_CLAIM_BATCH + 5];
+        assert_eq!(ClaimIds::new(&repeated, MIN_LEASE).unwrap().ids(), &[a]);
+        assert!(ClaimIds::new(&[a], Duration::ZERO).is_err());
+    }
+
+    #[test]
+    fn failure_error_text_is_bounded_once() {
+        let lease = Lease {
+            id: MessageId::new(),
+            token: LeaseToken::new(),
+            expires_at: SystemTime::now(),
+        };
+        let long = "é".repeat(MAX_ERROR_LEN);
+        let f = Failure::new(lease, long, Disposition::DeadLetter);
+        assert!(f.error().len() <= MAX_ERROR_LEN && f.error().len() > MAX_ERROR_LEN - 2);
+        assert!(f.error().chars().all(|c| c == 'é'));
+        let exact = "x".repeat(MAX_ERROR_LEN);
+        assert_eq!(
+            Failure::new(lease, exact.clone(), Disposition::DeadLetter).error(),
+            exact
+        );
+        assert_eq!(
+            Failure::new(lease, "short", Disposition::DeadLetter).error(),
+            "short"
+        );
+        assert_eq!(f.lease(), &lease);
+        assert_eq!(f.disposition(), Disposition::DeadLetter);
+    }
+
+    #[test]
+    fn id_order_sorts_whatever_the_input_order() {
+        let ids: Vec<MessageId> = (0..50).map(|_| MessageId::new()).collect();
+        let mut sorted = ids.clone();
+        sorted.sort();
+        let reversed: Vec<MessageId> = sorted.iter().rev().copied().collect();
+        for input in [&ids, &reversed, &sorted] {
+            let bound: Vec<MessageId> = in_id_order(input, |id| *id).into_iter().copied().collect();
+            assert_eq!(bound, sorted);
         }
     }
 

@@ -7,15 +7,22 @@ use crate::retry::RetryPolicy;
 use crate::store::{validate_lease, MAX_CLAIM_BATCH};
 
 /// How a [`Relay`](super::Relay) claims, publishes and waits.
+///
+/// Setters are independent of each other: none rewrites another field, so their order
+/// does not matter. [`validate`](Self::validate) (run by [`Relay::new`](super::Relay::new))
+/// checks the combination.
 #[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default))]
 #[non_exhaustive]
 pub struct RelayConfig {
     /// A name for logs and metrics labels. Default `"outbox"`.
     pub name: String,
     /// Messages per claim. Default 100.
     pub batch_size: usize,
-    /// Lease per claim; must outlast publishing the whole batch, wave by wave (see
-    /// [`validate`](Self::validate)). Default 30 s.
+    /// Lease per claim; must outlast publishing the whole batch, wave by wave, with a
+    /// tenth to spare (see [`lease_allows_publish`](Self::lease_allows_publish)).
+    /// Default 30 s.
     pub lease: Duration,
     /// Messages per [`Publisher::publish`](crate::Publisher::publish) call. Default 100.
     pub publish_batch_size: usize,
@@ -34,9 +41,6 @@ pub struct RelayConfig {
     /// How long shutdown waits for publishes in flight before releasing their leases.
     /// Default 10 s.
     pub shutdown_grace: Duration,
-    /// Tries for a complete/fail call that hits a retryable storage error, before the
-    /// lease is left to expire. Default 3.
-    pub settle_attempts: u32,
 }
 
 impl Default for RelayConfig {
@@ -52,51 +56,57 @@ impl Default for RelayConfig {
             max_poll_interval: Duration::from_secs(5),
             retry: RetryPolicy::default(),
             shutdown_grace: Duration::from_secs(10),
-            settle_attempts: 3,
         }
     }
 }
 
 impl RelayConfig {
     /// Set the name.
+    #[must_use]
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
         self
     }
     /// Set messages per claim.
+    #[must_use]
     pub fn batch_size(mut self, n: usize) -> Self {
         self.batch_size = n;
         self
     }
-    /// Set the lease; the publish timeout is capped to half of it.
+    /// Set the lease.
+    #[must_use]
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
-        self.publish_timeout = self.publish_timeout.min(lease / 2);
         self
     }
     /// Set messages per publish call and publish calls in flight.
+    #[must_use]
     pub fn publish(mut self, batch_size: usize, concurrency: usize) -> Self {
         self.publish_batch_size = batch_size;
         self.publish_concurrency = concurrency;
         self
     }
     /// Set the publish timeout.
+    #[must_use]
     pub fn publish_timeout(mut self, timeout: Duration) -> Self {
         self.publish_timeout = timeout;
         self
     }
     /// Set the idle wait bounds.
+    #[must_use]
     pub fn poll(mut self, first: Duration, max: Duration) -> Self {
         self.poll_interval = first;
         self.max_poll_interval = max;
         self
     }
     /// Set the retry policy.
+    #[must_use]
     pub fn retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
         self
     }
     /// Set the shutdown grace period.
+    #[must_use]
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
         self.shutdown_grace = grace;
         self
@@ -109,8 +119,31 @@ impl RelayConfig {
         u32::try_from(calls.div_ceil(self.publish_concurrency.max(1))).unwrap_or(u32::MAX)
     }
 
+    /// The part of the lease kept in reserve: a publish may start only if it would end,
+    /// at its timeout, a tenth of the lease before the lease lapses (time for the
+    /// complete to land, and for clock drift between relay and storage).
+    pub fn lease_margin(&self) -> Duration {
+        self.lease / 10
+    }
+
+    /// The one rule that decides whether a publish may start `elapsed` after its batch
+    /// was claimed: `elapsed + publish_timeout + lease_margin() <= lease`.
+    ///
+    /// The relay releases a chunk (unpublished, attempt given back) when this is false
+    /// at the moment its publish would start, and [`validate`](Self::validate) refuses
+    /// a config under which it is false for the last wave of a batch even when the
+    /// claim took no time, so a config that validates can publish.
+    pub fn lease_allows_publish(&self, elapsed: Duration) -> bool {
+        elapsed
+            .saturating_add(self.publish_timeout)
+            .saturating_add(self.lease_margin())
+            <= self.lease
+    }
+
     /// Check the values. Besides each value's own bounds, the lease must cover every
-    /// publish wave of a batch: `publish_waves() × publish_timeout < lease`.
+    /// publish wave of a batch: [`lease_allows_publish`](Self::lease_allows_publish)
+    /// must hold when the last wave starts, `(publish_waves() - 1) × publish_timeout`
+    /// after the claim.
     ///
     /// # Errors
     /// [`ErrorKind::Config`](crate::ErrorKind::Config) naming the first bad value.
@@ -127,18 +160,18 @@ impl RelayConfig {
                 "publish_batch_size and publish_concurrency must be at least 1",
             ));
         }
-        if self.publish_timeout.is_zero() || self.publish_timeout >= self.lease {
-            return Err(Error::config(format!(
-                "publish_timeout {:?} must be above zero and shorter than the lease {:?}",
-                self.publish_timeout, self.lease
-            )));
+        if self.publish_timeout.is_zero() {
+            return Err(Error::config("publish_timeout must be above zero"));
         }
-        let budget = self.publish_timeout.saturating_mul(self.publish_waves());
-        if budget >= self.lease {
+        let last_wave_starts = self
+            .publish_timeout
+            .saturating_mul(self.publish_waves().saturating_sub(1));
+        if !self.lease_allows_publish(last_wave_starts) {
             return Err(Error::config(format!(
                 "a batch of {} in publish calls of {} with {} in flight takes {} waves of up to \
-                 {:?}, {budget:?} in all, which the lease of {:?} does not cover; raise the \
-                 lease or publish_concurrency, or lower batch_size or publish_timeout",
+                 {:?}; with a tenth of the lease kept in reserve, the lease of {:?} does not \
+                 cover them; raise the lease or publish_concurrency, or lower batch_size or \
+                 publish_timeout",
                 self.batch_size,
                 self.publish_batch_size,
                 self.publish_concurrency,
@@ -152,9 +185,6 @@ impl RelayConfig {
                 "poll_interval must be above zero and at most max_poll_interval",
             ));
         }
-        if self.settle_attempts == 0 {
-            return Err(Error::config("settle_attempts must be at least 1"));
-        }
         self.retry.validate()
     }
 }
@@ -162,6 +192,11 @@ impl RelayConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{MAX_LEASE, MIN_LEASE};
+
+    fn kind(c: &RelayConfig) -> Option<crate::ErrorKind> {
+        c.validate().err().map(|e| e.kind())
+    }
 
     #[test]
     fn defaults_are_valid() {
@@ -169,28 +204,113 @@ mod tests {
     }
 
     #[test]
-    fn lease_caps_publish_timeout() {
+    fn setters_do_not_touch_other_fields() {
         let c = RelayConfig::default().lease(Duration::from_secs(2));
-        assert_eq!(c.publish_timeout, Duration::from_secs(1));
+        assert_eq!(c.publish_timeout, Duration::from_secs(10));
+        assert_eq!(kind(&c), Some(crate::ErrorKind::Config));
+        let ordered = RelayConfig::default()
+            .publish_timeout(Duration::from_secs(1))
+            .lease(Duration::from_secs(2));
+        let reversed = RelayConfig::default()
+            .lease(Duration::from_secs(2))
+            .publish_timeout(Duration::from_secs(1));
+        assert_eq!(ordered, reversed);
+        ordered.validate().unwrap();
+    }
+
+    #[test]
+    fn the_release_rule_is_the_validation_rule() {
+        let lease = Duration::from_secs(10);
+        let c = RelayConfig::default()
+            .lease(lease)
+            .publish_timeout(Duration::from_secs(9));
+        // 9 s + 1 s margin = 10 s: exactly allowed at once, not a nanosecond later.
+        assert!(c.lease_allows_publish(Duration::ZERO));
+        assert!(!c.lease_allows_publish(Duration::from_nanos(1)));
         c.validate().unwrap();
+        let over = c
+            .clone()
+            .publish_timeout(Duration::from_secs(9) + Duration::from_nanos(1));
+        assert!(!over.lease_allows_publish(Duration::ZERO));
+        assert_eq!(kind(&over), Some(crate::ErrorKind::Config));
+        assert!(
+            !c.lease_allows_publish(Duration::MAX),
+            "saturates, never overflows"
+        );
+    }
+
+    #[test]
+    fn the_last_wave_must_fit() {
+        // 4 calls of 25, 2 at a time: 2 waves. The second starts after one timeout.
+        let base = RelayConfig::default()
+            .batch_size(100)
+            .publish(25, 2)
+            .lease(Duration::from_secs(10));
+        assert_eq!(base.publish_waves(), 2);
+        // 4 s + 4 s + 1 s margin <= 10 s.
+        base.clone()
+            .publish_timeout(Duration::from_secs(4))
+            .validate()
+            .unwrap();
+        // 4.5 s + 4.5 s + 1 s = 10 s: still fits exactly.
+        base.clone()
+            .publish_timeout(Duration::from_millis(4500))
+            .validate()
+            .unwrap();
+        let late = base.clone().publish_timeout(Duration::from_millis(4501));
+        assert_eq!(kind(&late), Some(crate::ErrorKind::Config));
+        // 1000 / 10 / 4 = 25 waves of 10 s against a 30 s lease.
+        let wide = RelayConfig::default().batch_size(1000).publish(10, 4);
+        assert_eq!(wide.publish_waves(), 25);
+        assert!(kind(&wide).is_some());
+        assert_eq!(
+            RelayConfig::default()
+                .batch_size(101)
+                .publish(25, 2)
+                .publish_waves(),
+            3
+        );
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn configs_round_trip_and_default_missing_fields() {
+        let c = RelayConfig::default().name("orders").batch_size(7);
+        let text = serde_json::to_string(&c).unwrap();
+        assert_eq!(serde_json::from_str::<RelayConfig>(&text).unwrap(), c);
+        let partial: RelayConfig = serde_json::from_str(r#"{"batch_size": 9}"#).unwrap();
+        assert_eq!(partial, RelayConfig::default().batch_size(9));
+        let retry: RetryPolicy = serde_json::from_str(r#"{"max_attempts": 4}"#).unwrap();
+        assert_eq!(retry, RetryPolicy::with_max_attempts(4));
     }
 
     #[test]
     fn rejects_bad_values() {
         let bad = [
             RelayConfig::default().batch_size(0),
+            RelayConfig::default().batch_size(crate::store::MAX_CLAIM_BATCH + 1),
             RelayConfig::default().publish(0, 1),
+            RelayConfig::default().publish(1, 0),
+            RelayConfig::default().publish_timeout(Duration::ZERO),
             RelayConfig::default().publish_timeout(Duration::from_secs(60)),
+            RelayConfig::default().poll(Duration::ZERO, Duration::from_secs(1)),
             RelayConfig::default().poll(Duration::from_secs(2), Duration::from_secs(1)),
-            // 1000 / 10 / 4 = 25 waves of 10 s against a 30 s lease.
-            RelayConfig::default().batch_size(1000).publish(10, 4),
+            RelayConfig::default().lease(MIN_LEASE - Duration::from_nanos(1)),
+            RelayConfig::default().lease(Duration::from_nanos(500)),
+            RelayConfig::default().lease(MAX_LEASE + Duration::from_secs(1)),
+            RelayConfig::default().retry(RetryPolicy::with_max_attempts(0)),
         ];
         for c in bad {
-            assert_eq!(
-                c.validate().unwrap_err().kind(),
-                crate::ErrorKind::Config,
-                "{c:?}"
-            );
+            assert_eq!(kind(&c), Some(crate::ErrorKind::Config), "{c:?}");
         }
+        RelayConfig::default()
+            .poll(Duration::from_secs(1), Duration::from_secs(1))
+            .validate()
+            .unwrap();
+        RelayConfig::default()
+            .batch_size(crate::store::MAX_CLAIM_BATCH)
+            .publish(crate::store::MAX_CLAIM_BATCH, 1)
+            .validate()
+            .unwrap();
     }
 }

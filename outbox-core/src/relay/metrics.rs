@@ -2,9 +2,12 @@
 //!
 //! Every series carries a `relay` label with [`RelayConfig::name`](super::RelayConfig).
 //! Install a `metrics` recorder (Prometheus, StatsD, ...) **before** creating relays:
-//! a relay takes its metric handles when it is created.
+//! a relay takes its metric handles when it is created. Call
+//! [`describe_metrics`](crate::monitor::describe_metrics) once for help text and units.
 
 use ::metrics::{Counter, Histogram};
+
+use super::DispatchReport;
 
 /// Counter: messages published and completed.
 pub const DISPATCHED: &str = "outbox_messages_dispatched_total";
@@ -20,6 +23,8 @@ pub const LEASES_LOST: &str = "outbox_leases_lost_total";
 pub const RELEASED: &str = "outbox_messages_released_total";
 /// Counter: storage errors in the relay (failed claims and settles).
 pub const STORE_ERRORS: &str = "outbox_store_errors_total";
+/// Counter: panics caught in the relay (in a claim, a publish, a batch).
+pub const PANICS: &str = "outbox_relay_panics_total";
 /// Histogram, seconds: how long a claim call took.
 pub const CLAIM_SECONDS: &str = "outbox_claim_duration_seconds";
 /// Histogram, seconds: from the message's `created_at` (the enqueuing transaction's
@@ -36,6 +41,7 @@ pub(crate) struct Handles {
     pub(crate) leases_lost: Counter,
     pub(crate) released: Counter,
     pub(crate) store_errors: Counter,
+    pub(crate) panics: Counter,
     pub(crate) claim_seconds: Histogram,
     pub(crate) commit_to_publish_seconds: Histogram,
 }
@@ -50,8 +56,22 @@ impl Handles {
             leases_lost: ::metrics::counter!(LEASES_LOST, &[label()]),
             released: ::metrics::counter!(RELEASED, &[label()]),
             store_errors: ::metrics::counter!(STORE_ERRORS, &[label()]),
+            panics: ::metrics::counter!(PANICS, &[label()]),
             claim_seconds: ::metrics::histogram!(CLAIM_SECONDS, &[label()]),
             commit_to_publish_seconds: ::metrics::histogram!(COMMIT_TO_PUBLISH_SECONDS, &[label()]),
         }
+    }
+}
+
+impl Handles {
+    /// Count what a report adds.
+    pub(crate) fn add(&self, r: &DispatchReport) {
+        self.dispatched.increment(r.dispatched);
+        self.retried.increment(r.retried);
+        self.dead_lettered.increment(r.dead_lettered);
+        self.leases_lost.increment(r.leases_lost);
+        self.released.increment(r.released);
+        self.store_errors.increment(r.store_errors);
+        self.panics.increment(r.panics);
     }
 }

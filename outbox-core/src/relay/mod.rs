@@ -20,9 +20,10 @@
 //!
 //! # Shutdown
 //!
-//! [`RelayHandle::shutdown`] stops claiming at once; publish calls not yet started
-//! release their leases unattempted; calls in flight get
-//! [`RelayConfig::shutdown_grace`] to finish. After the grace they are dropped: their
+//! [`RelayHandle::shutdown`] (or the signal given to [`Relay::with_shutdown`], such as
+//! a `tokio_util::sync::CancellationToken` of the service's shutdown tree) stops
+//! claiming at once; publish calls not yet started release their leases unattempted;
+//! calls in flight get [`RelayConfig::shutdown_grace`] to finish. After the grace they are dropped: their
 //! messages are failed with a zero retry delay (the attempt counts, since the broker may
 //! have them) and the rest of the batch released, so another relay can take them at
 //! once. Explicit [`Relay::dispatch_ids`] calls in flight are not waited for; after
@@ -35,33 +36,52 @@
 //!   (the complete is then rejected as a lost lease), and when shutdown drops a publish
 //!   in flight. Consumers deduplicate by message id.
 //! - Leases are not renewed. A claimed batch is published in waves of
-//!   [`RelayConfig::publish_concurrency`] calls, so the lease must cover every wave:
-//!   [`RelayConfig::validate`] requires `waves × publish_timeout < lease`, and a chunk
-//!   whose remaining lease is shorter than a publish plus a tenth of the lease is
-//!   released instead of published.
+//!   [`RelayConfig::publish_concurrency`] calls, so the lease must cover every wave.
+//!   One rule, [`RelayConfig::lease_allows_publish`], decides both: a chunk whose
+//!   remaining lease is shorter than a publish plus a tenth of the lease is released
+//!   instead of published, and [`RelayConfig::validate`] refuses a config under which
+//!   the last wave could never start.
+//! - Settles that hit retryable storage errors are retried with backoff until the
+//!   batch's lease lapses; then the leases are left to lapse and the messages publish
+//!   again.
+//!
+//! # Failures
+//!
+//! Errors are logged with their whole cause chain ([`Error::report`]). A panic in a
+//! publisher fails that publish call's messages (retryable, so a publisher that always
+//! panics dead-letters them in the end); a panic anywhere else in a claim or a batch is
+//! caught, logged with its message and counted (`outbox_relay_panics_total`,
+//! [`DispatchReport::panics`]), and the loop goes on; the batch's leases lapse.
+//! [`RelayHandle::is_running`] is a liveness check.
 //! - [`Relay::dispatch_ids`] is not cancel-safe: if its future is dropped mid-way, the
 //!   messages it claimed wait for their lease to lapse (and may publish twice).
 
+mod batch;
 mod config;
-mod dispatch;
 pub mod metrics;
 mod wake;
 
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 pub use config::RelayConfig;
 pub use wake::Wakeup;
 
+use crate::backoff::Backoff;
 use crate::error::{Error, ErrorKind, Result};
 use crate::message::MessageId;
 use crate::publisher::Publisher;
-use crate::store::{ClaimRequest, ClaimedMessage, OutboxStore};
+use crate::store::{ClaimIds, ClaimRequest, ClaimedMessage, OutboxStore};
+use batch::{panic_message, Batch};
 
 /// Counts of what a relay (or one dispatch call) did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -79,6 +99,10 @@ pub struct DispatchReport {
     pub released: u64,
     /// Settles rejected because the lease was gone.
     pub leases_lost: u64,
+    /// Storage calls that failed for good (a claim, or a settle given up on).
+    pub store_errors: u64,
+    /// Panics caught (in a claim, a publisher, a batch).
+    pub panics: u64,
 }
 
 impl DispatchReport {
@@ -89,40 +113,33 @@ impl DispatchReport {
         self.dead_lettered += other.dead_lettered;
         self.released += other.released;
         self.leases_lost += other.leases_lost;
+        self.store_errors += other.store_errors;
+        self.panics += other.panics;
     }
 }
 
-#[derive(Debug, Default)]
-struct Counters {
-    claimed: AtomicU64,
-    dispatched: AtomicU64,
-    retried: AtomicU64,
-    dead_lettered: AtomicU64,
-    released: AtomicU64,
-    leases_lost: AtomicU64,
+/// The one place a relay's counts go: the running totals behind [`Relay::report`] and
+/// the `metrics` counters, fed together.
+#[derive(Debug)]
+struct Tally {
+    totals: std::sync::Mutex<DispatchReport>,
+    metrics: metrics::Handles,
 }
 
-impl Counters {
-    fn add(&self, r: &DispatchReport) {
-        let relaxed = AtomicOrdering::Relaxed;
-        self.claimed.fetch_add(r.claimed, relaxed);
-        self.dispatched.fetch_add(r.dispatched, relaxed);
-        self.retried.fetch_add(r.retried, relaxed);
-        self.dead_lettered.fetch_add(r.dead_lettered, relaxed);
-        self.released.fetch_add(r.released, relaxed);
-        self.leases_lost.fetch_add(r.leases_lost, relaxed);
+impl Tally {
+    fn record(&self, r: &DispatchReport) {
+        self.totals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .add(r);
+        self.metrics.add(r);
     }
 
     fn snapshot(&self) -> DispatchReport {
-        let relaxed = AtomicOrdering::Relaxed;
-        DispatchReport {
-            claimed: self.claimed.load(relaxed),
-            dispatched: self.dispatched.load(relaxed),
-            retried: self.retried.load(relaxed),
-            dead_lettered: self.dead_lettered.load(relaxed),
-            released: self.released.load(relaxed),
-            leases_lost: self.leases_lost.load(relaxed),
-        }
+        *self
+            .totals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -132,14 +149,15 @@ struct Inner {
     publisher: Arc<dyn Publisher>,
     config: RelayConfig,
     wakeup: Wakeup,
-    shutdown: watch::Sender<bool>,
+    /// Cancelled when the relay is to stop.
+    stop: CancellationToken,
     /// Claims started by the loop, numbered from 1.
     polls: AtomicU64,
     /// The number of the latest loop claim that found nothing due.
     idle: watch::Sender<u64>,
     /// Whether a loop is running: one loop per engine.
     running: AtomicBool,
-    counters: Counters,
+    tally: Tally,
     metrics: metrics::Handles,
 }
 
@@ -153,11 +171,14 @@ struct Inner {
 /// # use std::sync::Arc;
 /// # use outbox_core::{Relay, RelayConfig, OutboxStore, Publisher};
 /// # async fn demo(store: Arc<dyn OutboxStore>, publisher: Arc<dyn Publisher>) -> outbox_core::Result<()> {
-/// let relay = Relay::new(store, publisher, RelayConfig::default().name("orders"))?;
+/// // The service's shutdown tree; cancelling it stops the relay too.
+/// let shutdown = tokio_util::sync::CancellationToken::new();
+/// let relay = Relay::new(store, publisher, RelayConfig::default().name("orders"))?
+///     .with_shutdown(shutdown.clone().cancelled_owned());
 /// let wakeup = relay.wakeup(); // poke after each commit that enqueued messages
 /// let handle = relay.spawn();
 /// wakeup.wake();
-/// // ... on shutdown:
+/// // ... on shutdown (or just `shutdown.cancel()` and await the handle's task):
 /// let report = handle.shutdown().await?;
 /// println!("dispatched {}", report.dispatched);
 /// # Ok(()) }
@@ -185,14 +206,36 @@ impl Relay {
                 publisher,
                 config,
                 wakeup: Wakeup::new(),
-                shutdown: watch::Sender::new(false),
+                stop: CancellationToken::new(),
                 polls: AtomicU64::new(0),
                 idle: watch::Sender::new(0),
                 running: AtomicBool::new(false),
-                counters: Counters::default(),
+                tally: Tally {
+                    totals: std::sync::Mutex::default(),
+                    metrics: metrics.clone(),
+                },
                 metrics,
             }),
         })
+    }
+
+    /// Stop the relay gracefully when `signal` resolves, as
+    /// [`RelayHandle::shutdown`] would: pass a service's shutdown signal, or
+    /// `token.cancelled_owned()` of a `tokio_util::sync::CancellationToken` so one
+    /// cancellation stops relays, listeners and purgers together.
+    ///
+    /// Spawns a task that waits for `signal`, so it must be called within a Tokio
+    /// runtime.
+    #[must_use]
+    pub fn with_shutdown(self, signal: impl Future<Output = ()> + Send + 'static) -> Self {
+        let stop = self.inner.stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = signal => stop.cancel(),
+                () = stop.cancelled() => {}
+            }
+        });
+        self
     }
 
     /// The handle that ends this relay's idle wait.
@@ -207,7 +250,12 @@ impl Relay {
 
     /// Totals since the relay was created, across the loop and explicit dispatches.
     pub fn report(&self) -> DispatchReport {
-        self.inner.counters.snapshot()
+        self.inner.tally.snapshot()
+    }
+
+    /// Whether the relay was told to stop.
+    pub fn is_stopping(&self) -> bool {
+        self.inner.stop.is_cancelled()
     }
 
     /// Run the loop in a new task.
@@ -221,9 +269,11 @@ impl Relay {
         }
     }
 
-    /// Run the loop in the current task until [`shutdown`](Self::shutdown) is called;
-    /// returns the totals. One loop runs per relay: a second call while one runs logs
-    /// an error and returns at once (create another `Relay` for more loops).
+    /// Run the loop in the current task until the relay is told to stop
+    /// ([`with_shutdown`](Self::with_shutdown)'s signal, or [`RelayHandle::shutdown`]
+    /// of a spawned loop); returns the totals. One loop runs per relay: a second call
+    /// while one runs logs an error and returns at once (create another `Relay` for
+    /// more loops).
     pub async fn run(&self) -> DispatchReport {
         let inner = &*self.inner;
         if inner.running.swap(true, AtomicOrdering::SeqCst) {
@@ -233,35 +283,56 @@ impl Relay {
         // Cleared however the loop ends, including when its task is aborted.
         let _running = RunningGuard(&inner.running);
         let config = &inner.config;
-        let mut shutdown = inner.shutdown.subscribe();
-        let mut idle_wait = config.poll_interval;
-        while !*shutdown.borrow() {
+        let mut woken = inner.wakeup.subscribe();
+        let mut idle = Backoff::new(config.poll_interval, config.max_poll_interval);
+        while !inner.stop.is_cancelled() {
             let poll = inner.polls.fetch_add(1, AtomicOrdering::SeqCst) + 1;
+            woken.seen();
             let claimed_at = Instant::now();
-            match self.claim().await {
-                Ok(claimed) if claimed.is_empty() => {
+            let step = AssertUnwindSafe(async {
+                let claimed = self.claim().await?;
+                if claimed.is_empty() {
+                    return Ok(false);
+                }
+                Batch::new(inner, claimed, claimed_at)
+                    .publish_until(&inner.stop)
+                    .await;
+                Ok::<_, Error>(true)
+            });
+            match step.catch_unwind().await {
+                Ok(Ok(true)) => idle.reset(),
+                Ok(Ok(false)) => {
                     inner.idle.send_replace(poll);
                     tokio::select! {
-                        _ = inner.wakeup.woken() => idle_wait = config.poll_interval,
-                        _ = tokio::time::sleep(idle_wait) => {
-                            idle_wait = (idle_wait * 2).min(config.max_poll_interval);
-                        }
-                        _ = shutdown.wait_for(|stop| *stop) => {}
+                        () = woken.woken() => idle.reset(),
+                        () = idle.wait() => {}
+                        () = inner.stop.cancelled() => {}
                     }
                 }
-                Ok(claimed) => {
-                    idle_wait = config.poll_interval;
-                    self.process_until_shutdown(claimed, claimed_at, &mut shutdown)
-                        .await;
+                Ok(Err(err)) => {
+                    tracing::warn!(error = %err.report(), "claim failed");
+                    self.after_failure(
+                        &mut idle,
+                        DispatchReport {
+                            store_errors: 1,
+                            ..DispatchReport::default()
+                        },
+                    )
+                    .await;
                 }
-                Err(err) => {
-                    tracing::warn!(error = %err, retry_in = ?idle_wait, "claim failed");
-                    inner.metrics.store_errors.increment(1);
-                    tokio::select! {
-                        _ = tokio::time::sleep(idle_wait) => {}
-                        _ = shutdown.wait_for(|stop| *stop) => {}
-                    }
-                    idle_wait = (idle_wait * 2).min(config.max_poll_interval);
+                Err(panic) => {
+                    tracing::error!(
+                        panic = %panic_message(&*panic),
+                        "relay step panicked; its leases lapse, the loop carries on"
+                    );
+                    self.after_failure(
+                        &mut idle,
+                        DispatchReport {
+                            panics: 1,
+                            ..DispatchReport::default()
+                        },
+                    )
+                    .await;
                 }
             }
         }
@@ -269,37 +340,40 @@ impl Relay {
         self.report()
     }
 
-    /// Ask the loop to stop (see the module docs on shutdown). Returns at once; await
-    /// [`RelayHandle::shutdown`] to wait for the loop to finish.
-    pub fn shutdown(&self) {
-        self.inner.shutdown.send_replace(true);
-        self.inner.wakeup.wake();
+    /// Count a failed step and back off before the next claim.
+    async fn after_failure(&self, idle: &mut Backoff, counted: DispatchReport) {
+        self.inner.tally.record(&counted);
+        tokio::select! {
+            () = idle.wait() => {}
+            () = self.inner.stop.cancelled() => {}
+        }
     }
 
     /// Claim and publish these messages now, for dispatch right after the enqueuing
     /// commit. Runs in the caller's task, in parallel with the loop and other calls;
     /// ids already claimed elsewhere, not yet due or unknown are skipped.
     ///
-    /// Not cancel-safe: see the module docs' limitations. After
-    /// [`shutdown`](Self::shutdown) it claims nothing and returns an empty report.
+    /// Not cancel-safe: see the module docs' limitations. Once the relay is stopping
+    /// it claims nothing and returns an empty report.
     ///
     /// # Errors
-    /// The store's claim error. Publish failures are not errors: they are retried or
-    /// dead-lettered as usual and counted in the report.
+    /// [`ErrorKind::InvalidInput`] for more than
+    /// [`MAX_CLAIM_BATCH`](crate::store::MAX_CLAIM_BATCH) ids; the store's claim error.
+    /// Publish failures are not errors: they are retried or dead-lettered as usual and
+    /// counted in the report.
     pub async fn dispatch_ids(&self, ids: &[MessageId]) -> Result<DispatchReport> {
-        if ids.is_empty() || *self.inner.shutdown.borrow() {
+        if ids.is_empty() || self.inner.stop.is_cancelled() {
             return Ok(DispatchReport::default());
         }
+        let request = ClaimIds::new(ids, self.inner.config.lease)?;
         let claimed_at = Instant::now();
         let claimed = self
             .inner
             .store
-            .claim_ids(ids, self.inner.config.lease)
+            .claim_ids(&request)
             .instrument(tracing::info_span!("outbox.claim_ids", count = ids.len()))
             .await?;
-        Ok(self
-            .process(claimed, claimed_at, &dispatch::Started::default())
-            .await)
+        Ok(Batch::new(&self.inner, claimed, claimed_at).publish().await)
     }
 
     /// Wait until a loop claim that started after this call finds nothing due.
@@ -330,11 +404,12 @@ impl Relay {
 
     async fn claim(&self) -> Result<Vec<ClaimedMessage>> {
         let config = &self.inner.config;
+        let request = ClaimRequest::new(config.batch_size, config.lease)?;
         let started = Instant::now();
         let claimed = self
             .inner
             .store
-            .claim(ClaimRequest::new(config.batch_size, config.lease))
+            .claim(request)
             .instrument(tracing::debug_span!(
                 "outbox.claim",
                 limit = config.batch_size
@@ -345,33 +420,6 @@ impl Relay {
             .claim_seconds
             .record(started.elapsed().as_secs_f64());
         claimed
-    }
-
-    async fn process_until_shutdown(
-        &self,
-        claimed: Vec<ClaimedMessage>,
-        claimed_at: Instant,
-        shutdown: &mut watch::Receiver<bool>,
-    ) {
-        let leases: Vec<_> = claimed.iter().map(|c| c.lease).collect();
-        let grace = self.inner.config.shutdown_grace;
-        let started = dispatch::Started::default();
-        tokio::select! {
-            _ = self.process(claimed, claimed_at, &started) => {}
-            _ = async {
-                let _ = shutdown.wait_for(|stop| *stop).await;
-                tokio::time::sleep(grace).await;
-            } => {
-                tracing::warn!(count = leases.len(), "shutdown grace expired; abandoning the batch");
-                let report = self.abandon(&leases, &started).await;
-                self.inner.counters.add(&report);
-            }
-        }
-    }
-
-    /// Handle to the engine for the dispatch module.
-    fn inner(&self) -> &Inner {
-        &self.inner
     }
 }
 
@@ -384,8 +432,8 @@ impl Drop for RunningGuard<'_> {
     }
 }
 
-/// A relay loop running in its own task. Dropping the handle leaves the loop running;
-/// call [`shutdown`](Self::shutdown) to stop it.
+/// A relay loop running in its own task. Dropping the handle leaves the loop running
+/// (until the relay's [`with_shutdown`](Relay::with_shutdown) signal, if any).
 #[derive(Debug)]
 #[must_use = "dropping the handle leaves the relay running with no way to stop it gracefully"]
 pub struct RelayHandle {
@@ -404,15 +452,31 @@ impl RelayHandle {
         self.relay.inner.wakeup.wake();
     }
 
+    /// Liveness: `true` while the loop's task runs. It ends only after a shutdown
+    /// (panics inside the loop are caught and counted), so `false` without one means
+    /// the task was aborted or the runtime is shutting down.
+    pub fn is_running(&self) -> bool {
+        !self.task.is_finished()
+    }
+
     /// Stop gracefully (see the module docs) and return the totals.
     ///
     /// # Errors
-    /// [`ErrorKind::Storage`] if the loop's task panicked.
+    /// [`ErrorKind::Panicked`] with the panic's message if the loop's task panicked
+    /// outside the steps it guards; [`ErrorKind::Unavailable`] if it was aborted.
     pub async fn shutdown(self) -> Result<DispatchReport> {
-        self.relay.shutdown();
-        self.task
-            .await
-            .map_err(|e| Error::new(ErrorKind::Storage, "relay task failed").with_source(e))
+        self.relay.inner.stop.cancel();
+        self.task.await.map_err(|e| {
+            if e.is_panic() {
+                let message = panic_message(&*e.into_panic());
+                Error::new(
+                    ErrorKind::Panicked,
+                    format!("relay loop panicked: {message}"),
+                )
+            } else {
+                Error::new(ErrorKind::Unavailable, "relay loop was cancelled").with_source(e)
+            }
+        })
     }
 
     /// Kill the loop without any cleanup, as a crash would, and wait until its task is
