@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use outbox_core::{
-    Error, ErrorKind, KeyOrder, MessageId, NewMessage, OutboxStore, Result, Retention,
+    Error, ErrorKind, MessageId, NewMessage, OutboxAdmin, OutboxStore, Result, StoreCapabilities,
 };
 
 /// What a backend under test supports beyond the [`OutboxStore`] contract; the suite runs
@@ -13,9 +13,9 @@ use outbox_core::{
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Features {
-    /// Stores can be made with [`KeyOrder::PerKey`].
+    /// Stores can be made with [`KeyOrder::PerKey`](outbox_core::KeyOrder::PerKey).
     pub per_key_ordering: bool,
-    /// Stores can be made with [`Retention::Keep`].
+    /// Stores can be made with [`Retention::Keep`](outbox_core::Retention::Keep).
     pub keep_retention: bool,
     /// [`Fixture::enqueue_rolled_back`] is implemented (a real transaction).
     pub transactional_enqueue: bool,
@@ -35,31 +35,28 @@ impl Features {
     }
 }
 
-/// How the store of one case is made.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FixtureOptions {
-    /// The ordering the store must enforce.
-    pub ordering: KeyOrder,
-    /// What completing does.
-    pub retention: Retention,
-}
-
 /// Hands out isolated stores, one per conformance case.
 #[async_trait]
 pub trait Harness: Send + Sync + 'static {
     /// What the backend supports.
     fn features(&self) -> Features;
 
-    /// A fresh store with its own schema, table or key prefix, so cases can run in
-    /// parallel and never see each other's rows.
-    async fn fixture(&self, options: FixtureOptions) -> Result<Box<dyn Fixture>>;
+    /// A fresh store with these capabilities and its own schema, table or key prefix,
+    /// so cases can run in parallel and never see each other's rows. The suite asks
+    /// for per-key order and kept history only when [`Features`] says the
+    /// backend supports them ([`KeyOrder::PerKey`](outbox_core::KeyOrder::PerKey),
+    /// [`Retention::Keep`](outbox_core::Retention::Keep)).
+    async fn fixture(&self, capabilities: StoreCapabilities) -> Result<Box<dyn Fixture>>;
 }
 
 /// One case's store plus the backend-specific hooks the suite needs.
 #[async_trait]
 pub trait Fixture: Send + Sync + fmt::Debug {
-    /// The store under test.
+    /// The store under test, as a relay sees it.
     fn store(&self) -> Arc<dyn OutboxStore>;
+
+    /// The same store, as an operator sees it.
+    fn admin(&self) -> Arc<dyn OutboxAdmin>;
 
     /// Enqueue `messages` through the backend's own enqueue path in one transaction and
     /// commit it. All or nothing: an invalid message fails the whole call.

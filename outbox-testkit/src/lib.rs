@@ -10,6 +10,8 @@
 //! - [`MemoryStore`]: an in-memory reference store honouring the whole contract, also
 //!   handy for unit-testing services; [`MemoryDedupStore`] and [`MemoryLock`];
 //! - [`RecordingPublisher`]: a publisher that records, fails, slows down or rejects;
+//! - [`FaultyStore`]: a store wrapper whose claims and settles fail, panic or stall on
+//!   cue, for testing how relays cope;
 //! - [`service_url`]: gating integration tests on a service URL, with a visible skip
 //!   (or a failure under `OUTBOX_REQUIRE_INTEGRATION=1`);
 //! - [`wait_until`] / [`poll_for`]: waiting on a condition with a deadline.
@@ -23,8 +25,8 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use outbox_core::{NewMessage, OutboxStore, Result, StoreCapabilities};
-//! use outbox_testkit::{Features, Fixture, FixtureOptions, Harness, MemoryStore};
+//! use outbox_core::{NewMessage, OutboxAdmin, OutboxStore, Result, StoreCapabilities};
+//! use outbox_testkit::{Features, Fixture, Harness, MemoryStore};
 //!
 //! struct MyHarness;
 //!
@@ -33,8 +35,7 @@
 //!     fn features(&self) -> Features {
 //!         Features::default() // declare what your backend supports
 //!     }
-//!     async fn fixture(&self, options: FixtureOptions) -> Result<Box<dyn Fixture>> {
-//!         let caps = StoreCapabilities::new(options.ordering, options.retention);
+//!     async fn fixture(&self, caps: StoreCapabilities) -> Result<Box<dyn Fixture>> {
 //!         Ok(Box::new(MyFixture(MemoryStore::with_capabilities(caps))))
 //!     }
 //! }
@@ -45,6 +46,9 @@
 //! #[async_trait::async_trait]
 //! impl Fixture for MyFixture {
 //!     fn store(&self) -> Arc<dyn OutboxStore> {
+//!         Arc::new(self.0.clone())
+//!     }
+//!     fn admin(&self) -> Arc<dyn OutboxAdmin> {
 //!         Arc::new(self.0.clone())
 //!     }
 //!     async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<()> {
@@ -65,7 +69,10 @@
 //! backend does not declare in [`Features`] print a `SKIPPED` line and pass.
 
 mod dedup;
+mod dedup_harness;
+mod dedup_macros;
 pub mod env;
+mod faults;
 pub mod harness;
 mod macros;
 mod memory;
@@ -75,8 +82,11 @@ pub mod suite;
 pub mod wait;
 
 pub use dedup::{MemoryDedupStore, MemoryLock};
+pub use dedup_harness::{DedupFeatures, DedupHarness, MemoryDedupHarness};
+pub use dedup_harness::{LockFeatures, LockHarness, MemoryLockHarness};
 pub use env::{integration_required, service_url};
-pub use harness::{Features, Fixture, FixtureOptions, Harness, RowLock};
+pub use faults::{Fault, FaultyStore, Op};
+pub use harness::{Features, Fixture, Harness, RowLock};
 pub use memory::{MemoryStore, MemoryTx};
 pub use memory_harness::MemoryHarness;
 pub use publishers::{Gate, RecordingPublisher};

@@ -5,10 +5,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use outbox_core::admin::MAX_ADMIN_BATCH;
+use outbox_core::store::MAX_ATTEMPTS;
 use outbox_core::{
-    ClaimRequest, ClaimedMessage, Disposition, Error, ErrorKind, Failure, KeyOrder, Lease,
-    LeaseToken, Message, MessageId, MessageLimits, NewMessage, OutboxStats, OutboxStore, Result,
-    Retention, Settled, StoreCapabilities,
+    ClaimIds, ClaimRequest, ClaimedMessage, DeadLetter, DeadLetterFilter, DeadLetterPage,
+    DeadLetterSelection, Disposition, Error, ErrorKind, Failure, KeyOrder, Lease, LeaseToken,
+    Message, MessageId, MessageLimits, MessageParts, NewMessage, OutboxAdmin, OutboxStats,
+    OutboxStore, Result, Retention, Settled, StoreCapabilities,
 };
 
 #[derive(Debug)]
@@ -42,17 +45,17 @@ struct State {
 impl State {
     fn insert(&mut self, msg: &NewMessage, now: SystemTime, available_at: SystemTime) {
         self.next_seq += 1;
-        let message = Message::from_parts(
-            msg.id(),
-            msg.destination().to_owned(),
-            msg.partition_key().map(str::to_owned),
-            msg.payload().to_vec(),
-            msg.content_type().map(str::to_owned),
-            msg.headers().clone(),
-            now,
-            0,
-            None,
-        );
+        let message = Message::from(MessageParts {
+            id: msg.id(),
+            destination: msg.destination().to_owned(),
+            partition_key: msg.partition_key().map(str::to_owned),
+            payload: msg.payload().to_vec(),
+            content_type: msg.content_type().map(str::to_owned),
+            headers: msg.headers().clone(),
+            created_at: now,
+            attempts: 0,
+            last_error: None,
+        });
         let row = Row {
             message,
             seq: self.next_seq,
@@ -117,7 +120,7 @@ impl State {
         self.move_due(id, expires_at);
         let row = self.rows.get_mut(&id).expect("claimed row exists");
         row.token = Some(token);
-        row.message.attempts += 1;
+        row.message.attempts = row.message.attempts.saturating_add(1).min(MAX_ATTEMPTS);
         ClaimedMessage {
             message: row.message.clone(),
             lease: Lease {
@@ -133,6 +136,52 @@ impl State {
         self.due.remove(&(row.available_at, row.seq, id));
         row.available_at = available_at;
         self.due.insert((available_at, row.seq, id));
+    }
+
+    fn dead_letter(&mut self, id: MessageId, reason: String, now: SystemTime) {
+        self.unindex(id);
+        let row = self.rows.get_mut(&id).expect("row exists");
+        row.dead_at = Some(now);
+        row.token = None;
+        row.message.last_error = Some(reason);
+    }
+
+    /// Dead letters matching `filter` in id order after `after`, at most `limit`.
+    fn dead(
+        &self,
+        filter: &DeadLetterFilter,
+        after: Option<MessageId>,
+        limit: usize,
+    ) -> Vec<DeadLetter> {
+        let now = SystemTime::now();
+        let mut dead: Vec<DeadLetter> = self
+            .rows
+            .values()
+            .filter(|r| after.is_none_or(|a| r.message.id > a))
+            .filter_map(|r| r.dead_at.map(|at| DeadLetter::new(r.message.clone(), at)))
+            .filter(|d| filter.matches(d, now))
+            .collect();
+        dead.sort_by_key(|d| d.message.id);
+        dead.truncate(limit);
+        dead
+    }
+
+    /// The ids of the dead letters a selection names.
+    fn selected(&self, selection: &DeadLetterSelection) -> Vec<MessageId> {
+        match selection {
+            DeadLetterSelection::Ids(ids) => ids
+                .iter()
+                .copied()
+                .filter(|id| self.rows.get(id).is_some_and(|r| r.dead_at.is_some()))
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+            DeadLetterSelection::Matching { filter, limit } => self
+                .dead(filter, None, *limit)
+                .into_iter()
+                .map(|d| d.message.id)
+                .collect(),
+        }
     }
 
     fn holds(&self, lease: &Lease) -> bool {
@@ -158,7 +207,7 @@ impl State {
 /// let mut tx = store.begin();
 /// tx.enqueue(NewMessage::builder("orders").payload(b"hi".to_vec()).build()?)?;
 /// tx.commit()?;
-/// let claimed = store.claim(ClaimRequest::new(10, Duration::from_secs(30))).await?;
+/// let claimed = store.claim(ClaimRequest::new(10, Duration::from_secs(30))?).await?;
 /// assert_eq!(claimed.len(), 1);
 /// # Ok::<(), outbox_core::Error>(()) });
 /// # fn tokio_test_block<F: std::future::Future>(f: F) -> F::Output {
@@ -187,6 +236,7 @@ impl MemoryStore {
     }
 
     /// Validate enqueued messages against these limits.
+    #[must_use]
     pub fn with_limits(mut self, limits: MessageLimits) -> Self {
         self.limits = limits;
         self
@@ -223,6 +273,38 @@ impl MemoryStore {
         self.state().locked.insert(id);
     }
 
+    /// Make the lease on `id` lapse now, as if its lease time had passed: the message
+    /// becomes claimable again, and the old lease still settles it until someone
+    /// claims it anew. For tests of lapsed and stolen leases.
+    pub fn expire_lease(&self, id: MessageId) {
+        let mut state = self.state();
+        let holds = state
+            .rows
+            .get(&id)
+            .is_some_and(|r| r.is_pending() && r.token.is_some());
+        if holds {
+            state.move_due(id, SystemTime::now());
+        }
+    }
+
+    /// Ids of undelivered (pending or in-flight) messages, in enqueue order.
+    pub fn pending_ids(&self) -> Vec<MessageId> {
+        let state = self.state();
+        let mut rows: Vec<&Row> = state.rows.values().filter(|r| r.is_pending()).collect();
+        rows.sort_by_key(|r| r.seq);
+        rows.into_iter().map(|r| r.message.id).collect()
+    }
+
+    /// The `last_error` of every message that has one, in enqueue order.
+    pub fn last_errors(&self) -> Vec<String> {
+        let state = self.state();
+        let mut rows: Vec<&Row> = state.rows.values().collect();
+        rows.sort_by_key(|r| r.seq);
+        rows.into_iter()
+            .filter_map(|r| r.message.last_error.clone())
+            .collect()
+    }
+
     /// End a [`lock_row`](Self::lock_row).
     pub fn unlock_row(&self, id: MessageId) {
         self.state().locked.remove(&id);
@@ -247,10 +329,15 @@ impl MemoryStore {
             }
             picked.push(*id);
         }
-        picked
-            .into_iter()
-            .map(|id| state.lease(id, lease, now))
-            .collect()
+        let mut claimed = Vec::with_capacity(picked.len());
+        for id in picked {
+            let leased = state.lease(id, lease, now);
+            match leased.message.check_stored(&self.limits) {
+                Ok(()) => claimed.push(leased),
+                Err(reason) => state.dead_letter(id, reason, now),
+            }
+        }
+        claimed
     }
 
     fn settle(&self, leases: &[Lease], mut apply: impl FnMut(&mut State, usize)) -> Settled {
@@ -296,15 +383,19 @@ impl MemoryTx {
         let mut state = self.store.state();
         let mut ids = HashSet::new();
         let mut due = Vec::with_capacity(self.staged.len());
+        let mut duplicates = Vec::new();
         for m in &self.staged {
             if state.rows.contains_key(&m.id()) || !ids.insert(m.id()) {
-                return Err(Error::new(
-                    ErrorKind::Conflict,
-                    format!("message {} is already in the outbox", m.id()),
-                )
-                .with_ids(vec![m.id()]));
+                duplicates.push(m.id());
             }
             due.push(later(now, m.delay())?);
+        }
+        if !duplicates.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Conflict,
+                format!("{} message ids are already in the outbox", duplicates.len()),
+            )
+            .with_ids(duplicates));
         }
         for (m, available_at) in self.staged.iter().zip(due) {
             state.insert(m, now, available_at);
@@ -323,14 +414,12 @@ impl OutboxStore for MemoryStore {
     }
 
     async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedMessage>> {
-        request.validate()?;
-        Ok(self.claim_where(request.limit, request.lease, |_| true))
+        Ok(self.claim_where(request.limit(), request.lease(), |_| true))
     }
 
-    async fn claim_ids(&self, ids: &[MessageId], lease: Duration) -> Result<Vec<ClaimedMessage>> {
-        ClaimRequest::new(ids.len().max(1), lease).validate()?;
-        let wanted: HashSet<MessageId> = ids.iter().copied().collect();
-        Ok(self.claim_where(ids.len(), lease, |id| wanted.contains(&id)))
+    async fn claim_ids(&self, request: &ClaimIds) -> Result<Vec<ClaimedMessage>> {
+        let wanted: HashSet<MessageId> = request.ids().iter().copied().collect();
+        Ok(self.claim_where(wanted.len(), request.lease(), |id| wanted.contains(&id)))
     }
 
     async fn complete(&self, leases: &[Lease]) -> Result<Settled> {
@@ -356,24 +445,25 @@ impl OutboxStore for MemoryStore {
         let now = SystemTime::now();
         let mut retry_at = Vec::with_capacity(failures.len());
         for f in failures {
-            retry_at.push(match f.disposition {
+            retry_at.push(match f.disposition() {
                 Disposition::Retry { after } => later(now, after)?,
                 Disposition::DeadLetter => now,
             });
         }
-        let leases: Vec<Lease> = failures.iter().map(|f| f.lease).collect();
+        let leases: Vec<Lease> = failures.iter().map(|f| *f.lease()).collect();
         Ok(self.settle(&leases, |state, i| {
             let f = &failures[i];
-            match f.disposition {
-                Disposition::Retry { .. } => state.move_due(f.lease.id, retry_at[i]),
+            let id = f.lease().id;
+            match f.disposition() {
+                Disposition::Retry { .. } => state.move_due(id, retry_at[i]),
                 Disposition::DeadLetter => {
-                    state.unindex(f.lease.id);
-                    state.rows.get_mut(&f.lease.id).expect("row").dead_at = Some(now);
+                    state.unindex(id);
+                    state.rows.get_mut(&id).expect("row").dead_at = Some(now);
                 }
             }
-            let row = state.rows.get_mut(&f.lease.id).expect("held row exists");
+            let row = state.rows.get_mut(&id).expect("held row exists");
             row.token = None;
-            row.message.last_error = Some(f.error.clone());
+            row.message.last_error = Some(f.error().to_owned());
         }))
     }
 
@@ -387,33 +477,23 @@ impl OutboxStore for MemoryStore {
             row.message.attempts = row.message.attempts.saturating_sub(1);
         }))
     }
+}
 
-    async fn dead_letters(&self, after: Option<MessageId>, limit: usize) -> Result<Vec<Message>> {
-        let state = self.state();
-        let mut dead: Vec<&Row> = state
-            .rows
-            .values()
-            .filter(|r| r.dead_at.is_some() && after.is_none_or(|a| r.message.id > a))
-            .collect();
-        dead.sort_by_key(|r| r.message.id);
-        Ok(dead
-            .into_iter()
-            .take(limit)
-            .map(|r| r.message.clone())
-            .collect())
+#[async_trait]
+impl OutboxAdmin for MemoryStore {
+    async fn dead_letters(&self, page: &DeadLetterPage) -> Result<Vec<DeadLetter>> {
+        Ok(self
+            .state()
+            .dead(page.filter(), page.after_id(), page.limit()))
     }
 
-    async fn requeue_dead(&self, ids: &[MessageId]) -> Result<u64> {
+    async fn requeue_dead(&self, selection: &DeadLetterSelection) -> Result<u64> {
+        selection.validate()?;
         let now = SystemTime::now();
         let mut state = self.state();
-        let mut requeued = 0;
-        for id in ids {
-            let Some(row) = state.rows.get_mut(id) else {
-                continue;
-            };
-            if row.dead_at.is_none() {
-                continue;
-            }
+        let ids = state.selected(selection);
+        for id in &ids {
+            let row = state.rows.get_mut(id).expect("selected rows exist");
             row.dead_at = None;
             row.available_at = now;
             row.message.attempts = 0;
@@ -423,9 +503,18 @@ impl OutboxStore for MemoryStore {
             if let Some(key) = key {
                 state.key_pending.entry(key).or_default().insert(seq);
             }
-            requeued += 1;
         }
-        Ok(requeued)
+        Ok(ids.len() as u64)
+    }
+
+    async fn discard_dead(&self, selection: &DeadLetterSelection) -> Result<u64> {
+        selection.validate()?;
+        let mut state = self.state();
+        let ids = state.selected(selection);
+        for id in &ids {
+            state.rows.remove(id);
+        }
+        Ok(ids.len() as u64)
     }
 
     async fn purge_dispatched(&self, older_than: Duration, limit: usize) -> Result<u64> {
@@ -436,9 +525,9 @@ impl OutboxStore for MemoryStore {
         let old: Vec<MessageId> = state
             .rows
             .values()
-            .filter(|r| r.dispatched_at.is_some_and(|at| at <= cutoff))
+            .filter(|r| r.dispatched_at.is_some_and(|at| at < cutoff))
             .map(|r| r.message.id)
-            .take(limit)
+            .take(limit.min(MAX_ADMIN_BATCH))
             .collect();
         for id in &old {
             state.rows.remove(id);

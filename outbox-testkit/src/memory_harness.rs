@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use outbox_core::{MessageId, NewMessage, OutboxStore, Result, StoreCapabilities};
+use outbox_core::{MessageId, NewMessage, OutboxAdmin, OutboxStore, Result, StoreCapabilities};
 
-use crate::harness::{Features, Fixture, FixtureOptions, Harness, RowLock};
+use crate::harness::{Features, Fixture, Harness, RowLock};
 use crate::memory::MemoryStore;
 
 /// Runs the suite against [`MemoryStore`]; every feature is supported.
@@ -18,8 +18,7 @@ impl Harness for MemoryHarness {
         Features::all()
     }
 
-    async fn fixture(&self, options: FixtureOptions) -> Result<Box<dyn Fixture>> {
-        let capabilities = StoreCapabilities::new(options.ordering, options.retention);
+    async fn fixture(&self, capabilities: StoreCapabilities) -> Result<Box<dyn Fixture>> {
         Ok(Box::new(MemoryFixture(MemoryStore::with_capabilities(
             capabilities,
         ))))
@@ -32,6 +31,10 @@ struct MemoryFixture(MemoryStore);
 #[async_trait]
 impl Fixture for MemoryFixture {
     fn store(&self) -> Arc<dyn OutboxStore> {
+        Arc::new(self.0.clone())
+    }
+
+    fn admin(&self) -> Arc<dyn OutboxAdmin> {
         Arc::new(self.0.clone())
     }
 

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::{
-    Error, ErrorKind, ErrorStatus, Message, NewMessage, OutboxStore, PublishOutcome, Publisher,
-    Relay, RelayConfig, Result, RetryPolicy,
+    DeadLetterFilter, DeadLetterPage, Error, ErrorKind, ErrorStatus, Message, NewMessage,
+    OutboxAdmin, PublishOutcome, Publisher, Relay, RelayConfig, Result, RetryPolicy,
 };
 use outbox_testkit::{MemoryStore, RecordingPublisher};
 
@@ -85,8 +85,10 @@ async fn retryable_batch_error_retries_and_permanent_dead_letters() {
     let store = store_with(2);
     let report = run_once(&store, Misbehaving::Fails(ErrorStatus::Permanent), config()).await;
     assert_eq!((report.retried, report.dead_lettered), (0, 2));
-    let dead = store.dead_letters(None, 10).await.unwrap();
+    let page = DeadLetterPage::new(DeadLetterFilter::default(), 10).unwrap();
+    let dead = store.dead_letters(&page).await.unwrap();
     assert!(dead[0]
+        .message
         .last_error
         .as_deref()
         .unwrap()

@@ -1,6 +1,6 @@
 //! Fencing: settling with a lease that was lost. Guarantee 3.
 
-use outbox_core::{Disposition, ErrorKind, Failure, OutboxStoreExt};
+use outbox_core::{Disposition, ErrorKind, OutboxStoreExt};
 
 use super::*;
 use crate::harness::Harness;
@@ -17,7 +17,7 @@ pub async fn stale_complete_is_rejected(h: &dyn Harness) {
     let err = store.complete_one(&stale.lease).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LeaseLost);
     assert_eq!(err.ids(), &[stale.lease.id]);
-    let s = stats(&*store).await;
+    let s = stats(&*f.admin()).await;
     assert_eq!(
         (s.pending, s.in_flight),
         (0, 1),
@@ -28,7 +28,7 @@ pub async fn stale_complete_is_rejected(h: &dyn Harness) {
         .complete_one(&fresh.lease)
         .await
         .expect("the live lease completes");
-    let s = stats(&*store).await;
+    let s = stats(&*f.admin()).await;
     assert_eq!((s.pending, s.in_flight, s.dead), (0, 0, 0));
 }
 
@@ -44,18 +44,14 @@ pub async fn stale_fail_and_release_are_rejected(h: &dyn Harness) {
         Disposition::DeadLetter,
         Disposition::Retry { after: LONG_LEASE },
     ] {
-        let failure = Failure {
-            lease: stale.lease,
-            error: "stale".into(),
-            disposition,
-        };
+        let failure = failure(stale.lease, "stale", disposition);
         let err = store.fail_one(failure).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::LeaseLost);
     }
     let err = store.release_one(&stale.lease).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LeaseLost);
 
-    let s = stats(&*store).await;
+    let s = stats(&*f.admin()).await;
     assert_eq!(
         (s.pending, s.in_flight, s.dead),
         (0, 1, 0),
@@ -84,7 +80,7 @@ pub async fn expired_unclaimed_lease_still_completes(h: &dyn Harness) {
     f.enqueue(msgs(1)).await.unwrap();
     let held = claim(&*store, 1, SHORT_LEASE).await.remove(0);
     wait_until("the lease to lapse", || async {
-        let s = stats(&*store).await;
+        let s = stats(&*f.admin()).await;
         (s.pending, s.in_flight) == (1, 0)
     })
     .await;
@@ -92,7 +88,7 @@ pub async fn expired_unclaimed_lease_still_completes(h: &dyn Harness) {
         .complete_one(&held.lease)
         .await
         .expect("nobody else holds it");
-    let s = stats(&*store).await;
+    let s = stats(&*f.admin()).await;
     assert_eq!((s.pending, s.in_flight), (0, 0));
 }
 
@@ -115,17 +111,17 @@ pub async fn settled_leases_cannot_be_reused(h: &dyn Harness) {
     let settled = store.complete(&[got[0].lease, got[1].lease]).await.unwrap();
     assert_eq!(settled.applied, 1);
     assert_eq!(settled.lost, vec![got[0].lease.id]);
-    let s = stats(&*store).await;
+    let s = stats(&*f.admin()).await;
     assert_eq!((s.pending, s.in_flight, s.dispatched), (0, 0, 2));
 
     // A failed (retry-scheduled) lease is spent too.
     f.enqueue(msgs(1)).await.unwrap();
     let retried = claim(&*store, 1, LONG_LEASE).await.remove(0);
-    let retry = Failure {
-        lease: retried.lease,
-        error: "once".into(),
-        disposition: Disposition::Retry { after: LONG_LEASE },
-    };
+    let retry = failure(
+        retried.lease,
+        "once",
+        Disposition::Retry { after: LONG_LEASE },
+    );
     store.fail_one(retry.clone()).await.unwrap();
     assert_eq!(
         store.fail_one(retry).await.unwrap_err().kind(),
@@ -139,7 +135,7 @@ pub async fn settled_leases_cannot_be_reused(h: &dyn Harness) {
         store.complete_one(&retried.lease).await.unwrap_err().kind(),
         ErrorKind::LeaseLost
     );
-    let s = stats(&*store).await;
+    let s = stats(&*f.admin()).await;
     assert_eq!(
         (s.pending, s.in_flight),
         (1, 0),

@@ -7,7 +7,9 @@
 
 mod backend;
 mod claim;
+mod dedup;
 mod fencing;
+mod lock;
 mod ordering;
 mod relay;
 mod retention;
@@ -15,7 +17,9 @@ mod retry;
 
 pub use backend::*;
 pub use claim::*;
+pub use dedup::*;
 pub use fencing::*;
+pub use lock::*;
 pub use ordering::*;
 pub use relay::*;
 pub use retention::*;
@@ -25,11 +29,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::{
-    ClaimRequest, ClaimedMessage, KeyOrder, NewMessage, OutboxStats, OutboxStore, Publisher, Relay,
-    RelayConfig, Retention, RetryPolicy,
+    ClaimIds, ClaimRequest, ClaimedMessage, DeadLetterFilter, DeadLetterPage, Disposition, Failure,
+    KeyOrder, Lease, Message, MessageId, NewMessage, OutboxAdmin, OutboxStats, OutboxStore,
+    Publisher, Relay, RelayConfig, Retention, RetryPolicy, StoreCapabilities,
 };
 
-use crate::harness::{Features, Fixture, FixtureOptions, Harness};
+use crate::harness::{Features, Fixture, Harness};
 
 pub(crate) use crate::wait::{poll_for, wait_until, DEADLINE};
 /// A lease long enough never to lapse during a case.
@@ -37,23 +42,23 @@ pub(crate) const LONG_LEASE: Duration = Duration::from_secs(300);
 /// A lease short enough to lapse while a case waits for it.
 pub(crate) const SHORT_LEASE: Duration = Duration::from_millis(300);
 
-pub(crate) async fn fixture(h: &dyn Harness, options: FixtureOptions) -> Box<dyn Fixture> {
-    h.fixture(options)
+pub(crate) async fn fixture(h: &dyn Harness, capabilities: StoreCapabilities) -> Box<dyn Fixture> {
+    h.fixture(capabilities)
         .await
         .expect("harness could not make a fixture")
 }
 
 pub(crate) async fn plain(h: &dyn Harness) -> Box<dyn Fixture> {
-    fixture(h, FixtureOptions::default()).await
+    fixture(h, StoreCapabilities::default()).await
 }
 
-pub(crate) fn keeping() -> FixtureOptions {
-    FixtureOptions {
-        ordering: KeyOrder::Unordered,
-        retention: Retention::Keep {
+pub(crate) fn keeping() -> StoreCapabilities {
+    StoreCapabilities::new(
+        KeyOrder::Unordered,
+        Retention::Keep {
             window: Duration::from_secs(3600),
         },
-    }
+    )
 }
 
 /// Returns `false` and prints a skip line when the backend lacks a feature.
@@ -89,14 +94,36 @@ pub(crate) async fn claim(
     limit: usize,
     lease: Duration,
 ) -> Vec<ClaimedMessage> {
-    store
-        .claim(ClaimRequest::new(limit, lease))
-        .await
-        .expect("claim failed")
+    let request = ClaimRequest::new(limit, lease).expect("valid claim request");
+    store.claim(request).await.expect("claim failed")
 }
 
-pub(crate) async fn stats(store: &dyn OutboxStore) -> OutboxStats {
-    store.stats().await.expect("stats failed")
+pub(crate) async fn claim_ids(
+    store: &dyn OutboxStore,
+    ids: &[MessageId],
+    lease: Duration,
+) -> Vec<ClaimedMessage> {
+    let request = ClaimIds::new(ids, lease).expect("valid claim of ids");
+    store.claim_ids(&request).await.expect("claim_ids failed")
+}
+
+pub(crate) async fn stats(admin: &dyn OutboxAdmin) -> OutboxStats {
+    admin.stats().await.expect("stats failed")
+}
+
+/// Every dead letter (up to 1000), in id order.
+pub(crate) async fn dead_letters(admin: &dyn OutboxAdmin) -> Vec<Message> {
+    let page = DeadLetterPage::new(DeadLetterFilter::default(), 1000).expect("valid page");
+    let dead = admin
+        .dead_letters(&page)
+        .await
+        .expect("dead_letters failed");
+    dead.into_iter().map(|d| d.message).collect()
+}
+
+/// A failed attempt for a case.
+pub(crate) fn failure(lease: Lease, error: impl Into<String>, disposition: Disposition) -> Failure {
+    Failure::new(lease, error, disposition)
 }
 
 /// Claim repeatedly until a claim returns something, failing after [`DEADLINE`].
@@ -116,6 +143,7 @@ pub(crate) async fn claim_eventually(
 pub(crate) fn fast_relay_config() -> RelayConfig {
     RelayConfig::default()
         .lease(Duration::from_secs(30))
+        .publish_timeout(Duration::from_secs(10))
         .poll(Duration::from_millis(10), Duration::from_millis(200))
         .retry(
             RetryPolicy::with_max_attempts(5)

@@ -3,17 +3,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use outbox_core::{Disposition, Failure, KeyOrder, MessageId, OutboxStoreExt, Retention};
+use outbox_core::{Disposition, KeyOrder, MessageId, OutboxStoreExt, Retention};
 
 use super::*;
-use crate::harness::{FixtureOptions, Harness};
+use crate::harness::Harness;
 use crate::publishers::RecordingPublisher;
 
-fn ordered() -> FixtureOptions {
-    FixtureOptions {
-        ordering: KeyOrder::PerKey,
-        retention: Retention::Delete,
-    }
+fn ordered() -> StoreCapabilities {
+    StoreCapabilities::new(KeyOrder::PerKey, Retention::Delete)
 }
 
 /// A claim returns only the head of each key; later messages of a key wait until the
@@ -48,11 +45,7 @@ pub async fn claims_take_only_key_heads(h: &dyn Harness) {
         "a/1 waits for a/0 in flight"
     );
     assert!(
-        store
-            .claim_ids(&[ids[1]], LONG_LEASE)
-            .await
-            .unwrap()
-            .is_empty(),
+        claim_ids(&*store, &[ids[1]], LONG_LEASE).await.is_empty(),
         "claim_ids keeps order too"
     );
 }
@@ -72,11 +65,7 @@ pub async fn dead_head_does_not_block_its_key(h: &dyn Harness) {
     let head = claim(&*store, 10, LONG_LEASE).await;
     assert_eq!(head.len(), 1);
     store
-        .fail_one(Failure {
-            lease: head[0].lease,
-            error: "poison".into(),
-            disposition: Disposition::DeadLetter,
-        })
+        .fail_one(failure(head[0].lease, "poison", Disposition::DeadLetter))
         .await
         .unwrap();
     let next = claim(&*store, 10, LONG_LEASE).await;

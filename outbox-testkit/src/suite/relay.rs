@@ -26,7 +26,7 @@ pub async fn shutdown_releases_leases(h: &dyn Harness) {
         .shutdown_grace(Duration::from_millis(50));
     let relay = relay(Arc::clone(&store), Arc::new(publisher.clone()), config).spawn();
     publisher.wait_for_calls(1, DEADLINE).await.unwrap();
-    assert_eq!(stats(&*store).await.in_flight, 6);
+    assert_eq!(stats(&*f.admin()).await.in_flight, 6);
 
     let report = relay.shutdown().await.unwrap();
     assert_eq!(
@@ -34,7 +34,7 @@ pub async fn shutdown_releases_leases(h: &dyn Harness) {
         (3, 3, 0),
         "{report:?}"
     );
-    let s = stats(&*store).await;
+    let s = stats(&*f.admin()).await;
     assert_eq!(
         (s.pending, s.in_flight),
         (6, 0),
@@ -66,15 +66,24 @@ pub async fn shutdown_finishes_in_flight_and_releases_the_rest(h: &dyn Harness) 
         .lease(Duration::from_secs(600))
         .publish(3, 1)
         .shutdown_grace(DEADLINE);
-    let relay = relay(Arc::clone(&store), Arc::new(publisher.clone()), config).spawn();
+    // The service's shutdown tree: cancelling it stops the relay.
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let relay = relay(Arc::clone(&store), Arc::new(publisher.clone()), config)
+        .with_shutdown(shutdown.clone().cancelled_owned())
+        .spawn();
     publisher.wait_for_calls(1, DEADLINE).await.unwrap();
 
-    relay.relay().shutdown(); // signal first, so the held call finishes during shutdown
+    // Signal first, so the held call finishes during shutdown.
+    shutdown.cancel();
+    wait_until("the relay to see the shutdown signal", || async {
+        relay.relay().is_stopping()
+    })
+    .await;
     gate.open();
     let report = relay.shutdown().await.unwrap();
     assert_eq!((report.dispatched, report.released), (3, 3), "{report:?}");
     assert_eq!(publisher.calls(), 1, "no publish may start after shutdown");
-    let s = stats(&*store).await;
+    let s = stats(&*f.admin()).await;
     assert_eq!((s.pending, s.in_flight), (3, 0));
 }
 
@@ -90,6 +99,7 @@ pub async fn killed_relay_loses_nothing(h: &dyn Harness) {
     let (stuck, _never_opened) = RecordingPublisher::new().hold_destination("conformance");
     let config = fast_relay_config()
         .lease(Duration::from_secs(2))
+        .publish_timeout(Duration::from_secs(1))
         .batch_size(20)
         .publish(10, 2);
     let doomed = relay(Arc::clone(&store), Arc::new(stuck.clone()), config.clone()).spawn();
@@ -112,7 +122,7 @@ pub async fn killed_relay_loses_nothing(h: &dyn Harness) {
         reclaimed, 20,
         "the dead relay's batch was claimed again after its lease"
     );
-    let s = stats(&*store).await;
+    let s = stats(&*f.admin()).await;
     assert_eq!((s.pending, s.in_flight, s.dead), (0, 0, 0));
 }
 
@@ -149,7 +159,7 @@ pub async fn relays_deliver_all_without_duplicates(h: &dyn Harness) {
     );
     assert_eq!(publisher.published_count(), 10_000);
     assert_eq!(dispatched, 10_000);
-    let s = stats(&*store).await;
+    let s = stats(&*f.admin()).await;
     assert_eq!((s.pending, s.in_flight), (0, 0));
 }
 

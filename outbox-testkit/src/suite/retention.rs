@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use outbox_core::{Disposition, Failure, OutboxStoreExt, Retention};
+use outbox_core::{Disposition, OutboxStoreExt, Retention};
 
 use super::*;
 use crate::harness::Harness;
@@ -27,27 +27,32 @@ pub async fn purge_is_bounded_and_spares_undelivered(h: &dyn Harness) {
         .into_result()
         .unwrap();
     store
-        .fail_one(Failure {
-            lease: got[6].lease,
-            error: "dead".into(),
-            disposition: Disposition::DeadLetter,
-        })
+        .fail_one(failure(got[6].lease, "dead", Disposition::DeadLetter))
         .await
         .unwrap();
     // got[7], got[8] stay in flight; 3 stay pending.
 
     assert_eq!(
-        store
+        f.admin()
             .purge_dispatched(Duration::from_secs(3600), 100)
             .await
             .unwrap(),
         0,
         "inside the window"
     );
-    assert_eq!(store.purge_dispatched(Duration::ZERO, 4).await.unwrap(), 4);
-    assert_eq!(store.purge_dispatched(Duration::ZERO, 4).await.unwrap(), 2);
-    assert_eq!(store.purge_dispatched(Duration::ZERO, 4).await.unwrap(), 0);
-    let s = stats(&*store).await;
+    assert_eq!(
+        f.admin().purge_dispatched(Duration::ZERO, 4).await.unwrap(),
+        4
+    );
+    assert_eq!(
+        f.admin().purge_dispatched(Duration::ZERO, 4).await.unwrap(),
+        2
+    );
+    assert_eq!(
+        f.admin().purge_dispatched(Duration::ZERO, 4).await.unwrap(),
+        0
+    );
+    let s = stats(&*f.admin()).await;
     assert_eq!((s.pending, s.in_flight, s.dead, s.dispatched), (3, 2, 1, 0));
 }
 
@@ -60,8 +65,14 @@ pub async fn delete_retention_keeps_no_history(h: &dyn Harness) {
     let got = claim(&*store, 3, LONG_LEASE).await;
     let leases: Vec<_> = got.iter().map(|c| c.lease).collect();
     assert_eq!(store.complete(&leases).await.unwrap().applied, 3);
-    assert_eq!(store.purge_dispatched(Duration::ZERO, 10).await.unwrap(), 0);
-    let s = stats(&*store).await;
+    assert_eq!(
+        f.admin()
+            .purge_dispatched(Duration::ZERO, 10)
+            .await
+            .unwrap(),
+        0
+    );
+    let s = stats(&*f.admin()).await;
     assert_eq!((s.pending, s.in_flight, s.dispatched), (0, 0, 0));
 }
 
@@ -74,7 +85,7 @@ pub async fn stats_are_exact(h: &dyn Harness) {
     };
     let f = fixture(h, options).await;
     let store = f.store();
-    let empty = stats(&*store).await;
+    let empty = stats(&*f.admin()).await;
     assert_eq!(
         (empty.pending, empty.in_flight, empty.dead, empty.dispatched),
         (0, 0, 0, 0)
@@ -82,34 +93,30 @@ pub async fn stats_are_exact(h: &dyn Harness) {
     assert_eq!(empty.oldest_pending_age, None);
 
     f.enqueue(msgs(5)).await.unwrap();
-    let s = stats(&*store).await;
+    let s = stats(&*f.admin()).await;
     assert_eq!((s.pending, s.in_flight), (5, 0));
     assert!(s.oldest_pending_age.is_some());
 
     let got = claim(&*store, 3, LONG_LEASE).await;
-    let s = stats(&*store).await;
+    let s = stats(&*f.admin()).await;
     assert_eq!((s.pending, s.in_flight), (2, 3));
 
     store
-        .fail_one(Failure {
-            lease: got[0].lease,
-            error: "x".into(),
-            disposition: Disposition::DeadLetter,
-        })
+        .fail_one(failure(got[0].lease, "x", Disposition::DeadLetter))
         .await
         .unwrap();
     store
-        .fail_one(Failure {
-            lease: got[1].lease,
-            error: "x".into(),
-            disposition: Disposition::Retry {
+        .fail_one(failure(
+            got[1].lease,
+            "x",
+            Disposition::Retry {
                 after: Duration::from_secs(3600),
             },
-        })
+        ))
         .await
         .unwrap();
     store.complete_one(&got[2].lease).await.unwrap();
-    let s = stats(&*store).await;
+    let s = stats(&*f.admin()).await;
     let kept = u64::from(h.features().keep_retention);
     assert_eq!(
         (s.pending, s.in_flight, s.dead, s.dispatched),

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{Disposition, Failure, OutboxStoreExt, RetryPolicy};
+use outbox_core::{DeadLetterSelection, Disposition, OutboxStoreExt, RetryPolicy};
 
 use super::*;
 use crate::harness::Harness;
@@ -15,10 +15,12 @@ pub async fn fail_schedules_the_retry(h: &dyn Harness) {
     let store = f.store();
     f.enqueue(msgs(2)).await.unwrap();
     let got = claim(&*store, 2, LONG_LEASE).await;
-    let fail = |i: usize, after: Duration| Failure {
-        lease: got[i].lease,
-        error: format!("boom {i}"),
-        disposition: Disposition::Retry { after },
+    let fail = |i: usize, after: Duration| {
+        failure(
+            got[i].lease,
+            format!("boom {i}"),
+            Disposition::Retry { after },
+        )
     };
     store
         .fail_one(fail(0, Duration::from_secs(3600)))
@@ -28,7 +30,7 @@ pub async fn fail_schedules_the_retry(h: &dyn Harness) {
         .fail_one(fail(1, Duration::from_millis(200)))
         .await
         .unwrap();
-    let s = stats(&*store).await;
+    let s = stats(&*f.admin()).await;
     assert_eq!(
         (s.pending, s.in_flight),
         (2, 0),
@@ -58,7 +60,7 @@ pub async fn last_attempt_dead_letters(h: &dyn Harness) {
     );
     let relay = relay(Arc::clone(&store), Arc::new(publisher.clone()), config).spawn();
     wait_until("the message to be dead-lettered", || async {
-        stats(&*store).await.dead == 1
+        stats(&*f.admin()).await.dead == 1
     })
     .await;
     let report = relay.shutdown().await.unwrap();
@@ -67,7 +69,7 @@ pub async fn last_attempt_dead_letters(h: &dyn Harness) {
         (2, 1, 0)
     );
 
-    let dead = store.dead_letters(None, 10).await.unwrap();
+    let dead = dead_letters(&*f.admin()).await;
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].attempts, 3);
     assert!(
@@ -79,7 +81,7 @@ pub async fn last_attempt_dead_letters(h: &dyn Harness) {
         "{dead:?}"
     );
     assert_eq!(publisher.times_seen(dead[0].id), 3);
-    let s = stats(&*store).await;
+    let s = stats(&*f.admin()).await;
     assert_eq!((s.pending, s.in_flight, s.dead), (0, 0, 1));
 }
 
@@ -96,11 +98,11 @@ pub async fn permanent_failure_dead_letters_at_once(h: &dyn Harness) {
     )
     .spawn();
     wait_until("both messages dead-lettered", || async {
-        stats(&*store).await.dead == 2
+        stats(&*f.admin()).await.dead == 2
     })
     .await;
     relay.shutdown().await.unwrap();
-    let dead = store.dead_letters(None, 10).await.unwrap();
+    let dead = dead_letters(&*f.admin()).await;
     assert_eq!(dead.len(), 2);
     for m in dead {
         assert_eq!(m.attempts, 1);
@@ -108,36 +110,157 @@ pub async fn permanent_failure_dead_letters_at_once(h: &dyn Harness) {
     }
 }
 
-/// Requeued dead letters are delivered; listing pages by id.
+/// Dead letters are listed in id order, page by page, and by filter (destination, age).
+pub async fn dead_letters_are_listed_and_filtered(h: &dyn Harness) {
+    let f = plain(h).await;
+    let (store, admin) = (f.store(), f.admin());
+    f.enqueue(vec![msg("a", 0), msg("a", 1), msg("b", 2), msg("c", 3)])
+        .await
+        .unwrap();
+    for c in claim(&*store, 4, LONG_LEASE).await {
+        store
+            .fail_one(failure(c.lease, "poison", Disposition::DeadLetter))
+            .await
+            .unwrap();
+    }
+    let all = DeadLetterFilter::default();
+    let first = DeadLetterPage::new(all.clone(), 3).unwrap();
+    let first_page = admin.dead_letters(&first).await.unwrap();
+    let after = first_page.last().unwrap().message.id;
+    let second_page = admin.dead_letters(&first.after(after)).await.unwrap();
+    assert_eq!((first_page.len(), second_page.len()), (3, 1));
+    let ids: Vec<MessageId> = first_page
+        .iter()
+        .chain(&second_page)
+        .map(|d| d.message.id)
+        .collect();
+    let mut sorted = ids.clone();
+    sorted.sort();
+    assert_eq!(ids, sorted, "id order across pages");
+    for d in first_page.iter().chain(&second_page) {
+        assert_eq!(d.message.last_error.as_deref(), Some("poison"));
+        let age = std::time::SystemTime::now()
+            .duration_since(d.dead_at)
+            .unwrap_or_default();
+        assert!(
+            age < Duration::from_secs(600),
+            "dead_at is the storage's now: {age:?}"
+        );
+    }
+
+    let only_a = DeadLetterPage::new(all.clone().with_destination("a").unwrap(), 10).unwrap();
+    let a: Vec<String> = admin
+        .dead_letters(&only_a)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.message.destination)
+        .collect();
+    assert_eq!(a, ["a", "a"]);
+    let old =
+        DeadLetterPage::new(all.clone().with_dead_for(Duration::from_secs(3600)), 10).unwrap();
+    assert!(
+        admin.dead_letters(&old).await.unwrap().is_empty(),
+        "nothing died an hour ago"
+    );
+    wait_until("the dead letters to age a little", || {
+        let admin = Arc::clone(&admin);
+        let young = all.clone().with_dead_for(Duration::from_millis(50));
+        async move {
+            let page = DeadLetterPage::new(young, 10).unwrap();
+            admin.dead_letters(&page).await.unwrap().len() == 4
+        }
+    })
+    .await;
+}
+
+/// Requeue and discard by id or by filter touch dead letters only, and count what they
+/// changed.
+pub async fn dead_letters_are_requeued_and_discarded_by_filter(h: &dyn Harness) {
+    let f = plain(h).await;
+    let (store, admin) = (f.store(), f.admin());
+    let batch = vec![
+        msg("a", 0),
+        msg("a", 1),
+        msg("b", 2),
+        msg("b", 3),
+        msg("live", 4),
+    ];
+    let live = batch[4].id();
+    f.enqueue(batch).await.unwrap();
+    for c in claim(&*store, 5, LONG_LEASE).await {
+        if c.message.id != live {
+            let dead = failure(c.lease, "poison", Disposition::DeadLetter);
+            store.fail_one(dead).await.unwrap();
+        }
+    }
+    let b = DeadLetterFilter::default().with_destination("b").unwrap();
+    let discard_b = DeadLetterSelection::Matching {
+        filter: b.clone(),
+        limit: 1,
+    };
+    assert_eq!(
+        admin.discard_dead(&discard_b).await.unwrap(),
+        1,
+        "bounded by its limit"
+    );
+    assert_eq!(admin.discard_dead(&discard_b).await.unwrap(), 1);
+    assert_eq!(
+        admin.discard_dead(&discard_b).await.unwrap(),
+        0,
+        "no b left"
+    );
+    let s = stats(&*admin).await;
+    assert_eq!(
+        (s.dead, s.in_flight),
+        (2, 1),
+        "discard touches dead letters only"
+    );
+
+    let untouched = DeadLetterSelection::Ids(vec![live, MessageId::new()]);
+    assert_eq!(
+        admin.requeue_dead(&untouched).await.unwrap(),
+        0,
+        "not dead letters"
+    );
+    assert_eq!(
+        admin.discard_dead(&untouched).await.unwrap(),
+        0,
+        "not dead letters"
+    );
+    let a = DeadLetterFilter::default().with_destination("a").unwrap();
+    let requeue_a = DeadLetterSelection::Matching {
+        filter: a,
+        limit: 10,
+    };
+    assert_eq!(admin.requeue_dead(&requeue_a).await.unwrap(), 2);
+    let s = stats(&*admin).await;
+    assert_eq!((s.pending, s.dead, s.in_flight), (2, 0, 1));
+    let again = claim(&*store, 10, LONG_LEASE).await;
+    assert_eq!(again.len(), 2);
+    assert!(again
+        .iter()
+        .all(|c| c.message.destination == "a" && c.message.attempts == 1));
+}
+
+/// Requeued dead letters are delivered with their attempt count reset.
 pub async fn requeued_dead_letters_are_delivered(h: &dyn Harness) {
     let f = plain(h).await;
-    let store = f.store();
+    let (store, admin) = (f.store(), f.admin());
     f.enqueue(msgs(3)).await.unwrap();
     for c in claim(&*store, 3, LONG_LEASE).await {
-        let failure = Failure {
-            lease: c.lease,
-            error: "poison".into(),
-            disposition: Disposition::DeadLetter,
-        };
+        let failure = failure(c.lease, "poison", Disposition::DeadLetter);
         store.fail_one(failure).await.unwrap();
     }
-    let first_page = store.dead_letters(None, 2).await.unwrap();
-    let second_page = store.dead_letters(Some(first_page[1].id), 2).await.unwrap();
-    assert_eq!((first_page.len(), second_page.len()), (2, 1));
-    assert!(first_page[0].id < first_page[1].id && first_page[1].id < second_page[0].id);
     assert!(
         claim(&*store, 10, LONG_LEASE).await.is_empty(),
         "dead letters are not claimable"
     );
-
-    let ids: Vec<_> = first_page
-        .iter()
-        .chain(&second_page)
-        .map(|m| m.id)
-        .collect();
-    assert_eq!(store.requeue_dead(&ids[..2]).await.unwrap(), 2);
+    let ids: Vec<MessageId> = dead_letters(&*admin).await.iter().map(|m| m.id).collect();
+    let two = DeadLetterSelection::Ids(vec![ids[0], ids[1], ids[0]]);
+    assert_eq!(admin.requeue_dead(&two).await.unwrap(), 2);
     assert_eq!(
-        store.requeue_dead(&ids[..2]).await.unwrap(),
+        admin.requeue_dead(&two).await.unwrap(),
         0,
         "already requeued"
     );
@@ -152,7 +275,7 @@ pub async fn requeued_dead_letters_are_delivered(h: &dyn Harness) {
     publisher.wait_for_unique(2, DEADLINE).await.unwrap();
     relay.relay().wait_idle(DEADLINE).await.unwrap();
     relay.shutdown().await.unwrap();
-    let s = stats(&*store).await;
+    let s = stats(&*admin).await;
     assert_eq!((s.pending, s.in_flight, s.dead), (0, 0, 1));
     for m in publisher.published() {
         assert_eq!(m.attempts, 1, "requeue resets the attempt count");

@@ -1,0 +1,85 @@
+//! The macros that turn the dedup and lock suites into tests.
+
+/// Expands to one `#[tokio::test]` per [`DedupStore`](outbox_core::DedupStore)
+/// conformance case.
+///
+/// `$make` names an `async fn() -> Option<H>` where
+/// `H:`[`DedupHarness`](crate::DedupHarness); returning `None` skips the case (after
+/// [`service_url`](crate::service_url) printed why). The calling crate needs `tokio`
+/// with the `macros` and `rt-multi-thread` features as a dev-dependency.
+///
+/// ```no_run
+/// use outbox_testkit::MemoryDedupHarness;
+///
+/// async fn harness() -> Option<MemoryDedupHarness> {
+///     Some(MemoryDedupHarness::default())
+/// }
+///
+/// outbox_testkit::dedup_suite!(harness);
+/// # fn main() {}
+/// ```
+#[macro_export]
+macro_rules! dedup_suite {
+    ($make:path) => {
+        $crate::dedup_suite!(@cases $make;
+            dedup_concurrent_records_give_exactly_one_new,
+            dedup_strong_store_reads_its_writes,
+            dedup_ids_are_scoped_by_consumer,
+            dedup_expired_ids_are_new_again_before_any_purge,
+            dedup_purge_is_bounded_and_spares_fresh_records,
+            dedup_purger_removes_expired_records_under_its_lock,
+            dedup_consumer_names_follow_the_one_rule,
+        );
+    };
+    (@cases $make:path; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let Some(harness) = $make().await else { return };
+                $crate::suite::$case(&harness).await;
+            }
+        )*
+    };
+}
+
+/// Expands to one `#[tokio::test]` per [`DistributedLock`](outbox_core::DistributedLock)
+/// conformance case.
+///
+/// `$make` names an `async fn() -> Option<H>` where
+/// `H:`[`LockHarness`](crate::LockHarness); returning `None` skips the case. The
+/// calling crate needs `tokio` with the `macros` and `rt-multi-thread` features as a
+/// dev-dependency.
+///
+/// ```no_run
+/// use outbox_testkit::MemoryLockHarness;
+///
+/// async fn harness() -> Option<MemoryLockHarness> {
+///     Some(MemoryLockHarness::default())
+/// }
+///
+/// outbox_testkit::lock_suite!(harness);
+/// # fn main() {}
+/// ```
+#[macro_export]
+macro_rules! lock_suite {
+    ($make:path) => {
+        $crate::lock_suite!(@cases $make;
+            lock_held_elsewhere_is_refused_without_waiting,
+            lock_concurrent_try_locks_grant_one,
+            lock_names_are_independent,
+            lock_unlock_releases_at_once,
+            lock_dropped_guard_is_released,
+            lock_severed_session_releases_the_lock,
+            lock_names_follow_the_one_rule,
+        );
+    };
+    (@cases $make:path; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let Some(harness) = $make().await else { return };
+                $crate::suite::$case(&harness).await;
+            }
+        )*
+    };
+}

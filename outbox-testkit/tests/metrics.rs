@@ -1,0 +1,220 @@
+//! What the relay and the stats reporter record through the `metrics` facade: the
+//! counters agree with the relay's own report, gauges follow the store, and every
+//! metric has help text.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use outbox_core::monitor::{self, describe_metrics, StatsReporter};
+use outbox_core::relay::metrics as names;
+use outbox_core::{
+    Disposition, ErrorStatus, Failure, NewMessage, OutboxStore, OutboxStoreExt, Relay, RelayConfig,
+    RetryPolicy,
+};
+use outbox_testkit::{Fault, FaultyStore, MemoryStore, Op, RecordingPublisher};
+
+/// Keeps every counter and gauge by name and labels, and every description.
+#[derive(Debug, Default)]
+struct TestRecorder {
+    values: Mutex<HashMap<String, Arc<AtomicU64>>>,
+    described: Mutex<HashSet<String>>,
+}
+
+impl TestRecorder {
+    fn slot(&self, key: &Key) -> Arc<AtomicU64> {
+        let labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        Arc::clone(self.values.lock().unwrap().entry(name).or_default())
+    }
+
+    fn counter(&self, name: &str, label: &str) -> u64 {
+        self.read(name, label)
+            .map_or(0, |v| v.load(Ordering::Relaxed))
+    }
+
+    fn gauge(&self, name: &str, label: &str) -> f64 {
+        let bits = self
+            .read(name, label)
+            .expect("gauge set")
+            .load(Ordering::Relaxed);
+        f64::from_bits(bits)
+    }
+
+    fn read(&self, name: &str, label: &str) -> Option<Arc<AtomicU64>> {
+        self.values
+            .lock()
+            .unwrap()
+            .get(&format!("{name}{{{label}}}"))
+            .cloned()
+    }
+
+    fn describe(&self, key: KeyName) {
+        self.described
+            .lock()
+            .unwrap()
+            .insert(key.as_str().to_owned());
+    }
+}
+
+impl Recorder for TestRecorder {
+    fn describe_counter(&self, key: KeyName, _: Option<Unit>, _: SharedString) {
+        self.describe(key);
+    }
+    fn describe_gauge(&self, key: KeyName, _: Option<Unit>, _: SharedString) {
+        self.describe(key);
+    }
+    fn describe_histogram(&self, key: KeyName, _: Option<Unit>, _: SharedString) {
+        self.describe(key);
+    }
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::from_arc(self.slot(key))
+    }
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::from_arc(self.slot(key))
+    }
+    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::noop()
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn relay_counters_match_its_report() {
+    let recorder = TestRecorder::default();
+    let rt = runtime();
+    let memory = MemoryStore::new();
+    let msgs: Vec<_> = (0..5)
+        .map(|_| NewMessage::builder("t").build().unwrap())
+        .collect();
+    memory.enqueue(&msgs).unwrap();
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    store.inject(Op::Claim, Fault::Error(ErrorStatus::Temporary), 1);
+    store.inject(Op::Claim, Fault::Panic, 1);
+    let config = RelayConfig::default()
+        .name("metered")
+        .batch_size(2)
+        .poll(Duration::from_millis(5), Duration::from_millis(20))
+        .retry(
+            RetryPolicy::with_max_attempts(3)
+                .backoff(Duration::from_secs(60), Duration::from_secs(60)),
+        );
+    // Handles are taken when the relay is made: the recorder must be installed then.
+    let relay = metrics::with_local_recorder(&recorder, || {
+        let store: Arc<dyn OutboxStore> = Arc::new(store.clone());
+        Relay::new(
+            store,
+            Arc::new(RecordingPublisher::failing_first(1)),
+            config,
+        )
+        .unwrap()
+    });
+    let report = rt.block_on(async {
+        let handle = relay.spawn();
+        outbox_testkit::wait_until("every message to be tried", || async {
+            relay.report().retried == 5
+        })
+        .await;
+        handle.shutdown().await.unwrap()
+    });
+    let label = "relay=metered";
+    assert_eq!(
+        (report.retried, report.store_errors, report.panics),
+        (5, 1, 1)
+    );
+    assert_eq!(recorder.counter(names::RETRIED, label), report.retried);
+    assert_eq!(
+        recorder.counter(names::DISPATCHED, label),
+        report.dispatched
+    );
+    assert_eq!(recorder.counter(names::STORE_ERRORS, label), 1);
+    assert_eq!(recorder.counter(names::PANICS, label), 1);
+    assert_eq!(recorder.counter(names::DEAD_LETTERED, label), 0);
+}
+
+#[test]
+fn the_reporter_sets_the_stats_as_gauges() {
+    let recorder = TestRecorder::default();
+    let rt = runtime();
+    let memory = MemoryStore::new();
+    let msgs: Vec<_> = (0..4)
+        .map(|_| NewMessage::builder("t").build().unwrap())
+        .collect();
+    memory.enqueue(&msgs).unwrap();
+    let stats = metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let claimed = memory
+                .claim(outbox_core::ClaimRequest::new(2, Duration::from_secs(60)).unwrap())
+                .await
+                .unwrap();
+            let dead = Failure::new(claimed[0].lease, "x", Disposition::DeadLetter);
+            memory.fail_one(dead).await.unwrap();
+            StatsReporter::new(Arc::new(memory.clone()), "orders")
+                .report_once()
+                .await
+                .unwrap()
+        })
+    });
+    let label = "outbox=orders";
+    assert_eq!((stats.pending, stats.in_flight, stats.dead), (2, 1, 1));
+    assert!((recorder.gauge(monitor::PENDING, label) - 2.0).abs() < f64::EPSILON);
+    assert!((recorder.gauge(monitor::IN_FLIGHT, label) - 1.0).abs() < f64::EPSILON);
+    assert!((recorder.gauge(monitor::DEAD, label) - 1.0).abs() < f64::EPSILON);
+    assert!(recorder.gauge(monitor::DISPATCHED_KEPT, label).abs() < f64::EPSILON);
+    let age = recorder.gauge(monitor::OLDEST_PENDING_AGE, label);
+    assert!((0.0..60.0).contains(&age), "{age}");
+}
+
+#[test]
+fn the_spawned_reporter_stops_on_shutdown() {
+    let rt = runtime();
+    rt.block_on(async {
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let task = StatsReporter::new(Arc::new(MemoryStore::new()), "idle")
+            .with_interval(Duration::from_millis(5))
+            .spawn(shutdown.clone().cancelled_owned());
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the reporter stops on shutdown")
+            .unwrap();
+    });
+}
+
+#[test]
+fn every_metric_is_described() {
+    let recorder = TestRecorder::default();
+    metrics::with_local_recorder(&recorder, describe_metrics);
+    let described = recorder.described.lock().unwrap();
+    for name in [
+        names::DISPATCHED,
+        names::RETRIED,
+        names::DEAD_LETTERED,
+        names::LEASES_LOST,
+        names::RELEASED,
+        names::STORE_ERRORS,
+        names::PANICS,
+        names::CLAIM_SECONDS,
+        names::COMMIT_TO_PUBLISH_SECONDS,
+        monitor::PENDING,
+        monitor::IN_FLIGHT,
+        monitor::DEAD,
+        monitor::DISPATCHED_KEPT,
+        monitor::OLDEST_PENDING_AGE,
+        monitor::STATS_ERRORS,
+    ] {
+        assert!(described.contains(name), "{name} has no description");
+    }
+}

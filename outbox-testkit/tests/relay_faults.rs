@@ -1,0 +1,401 @@
+//! How the relay copes with a store that fails, panics or stalls, and a publisher that
+//! panics: every path of the relay's settle, claim and release logic, counted exactly.
+//! Run against the in-memory store behind a [`FaultyStore`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use outbox_core::{
+    DispatchReport, ErrorKind, ErrorStatus, Message, NewMessage, OutboxAdmin, OutboxStore,
+    PublishOutcome, Publisher, Relay, RelayConfig, Result, RetryPolicy,
+};
+use outbox_testkit::{Fault, FaultyStore, MemoryStore, Op, RecordingPublisher};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn config() -> RelayConfig {
+    RelayConfig::default()
+        .poll(Duration::from_millis(5), Duration::from_millis(20))
+        .retry(
+            RetryPolicy::with_max_attempts(3)
+                .backoff(Duration::from_secs(3600), Duration::from_secs(3600)),
+        )
+}
+
+fn memory_with(n: usize) -> MemoryStore {
+    let store = MemoryStore::new();
+    let msgs: Vec<_> = (0..n)
+        .map(|i| NewMessage::builder(format!("t{i}")).build().unwrap())
+        .collect();
+    store.enqueue(&msgs).unwrap();
+    store
+}
+
+fn relay(store: &FaultyStore, publisher: Arc<dyn Publisher>, config: RelayConfig) -> Relay {
+    let store: Arc<dyn OutboxStore> = Arc::new(store.clone());
+    Relay::new(store, publisher, config).unwrap()
+}
+
+/// Run a loop until it has caught up, then shut it down; the loop's totals.
+async fn drain(relay: &Relay) -> DispatchReport {
+    let handle = relay.spawn();
+    relay.wait_idle(DEADLINE).await.unwrap();
+    handle.shutdown().await.unwrap()
+}
+
+#[tokio::test]
+async fn transient_settle_errors_are_retried_until_they_land() {
+    let memory = memory_with(3);
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    store.inject(Op::Complete, Fault::Error(ErrorStatus::Temporary), 2);
+    let publisher = RecordingPublisher::new();
+    let report = drain(&relay(&store, Arc::new(publisher.clone()), config())).await;
+    assert_eq!(
+        store.calls(Op::Complete),
+        3,
+        "two failures, then the call that landed"
+    );
+    assert_eq!(
+        (report.dispatched, report.store_errors, report.leases_lost),
+        (3, 0, 0)
+    );
+    assert_eq!(memory.stats().await.unwrap().pending, 0);
+    assert_eq!(publisher.published_count(), 3, "nothing published twice");
+}
+
+#[tokio::test]
+async fn permanent_settle_errors_are_not_retried() {
+    let memory = memory_with(2);
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    store.inject(Op::Complete, Fault::Error(ErrorStatus::Permanent), 1);
+    let report = drain(&relay(
+        &store,
+        Arc::new(RecordingPublisher::new()),
+        config(),
+    ))
+    .await;
+    assert_eq!(store.calls(Op::Complete), 1);
+    assert_eq!((report.dispatched, report.store_errors), (0, 1));
+    let stats = memory.stats().await.unwrap();
+    assert_eq!(stats.in_flight, 2, "the leases are left to lapse");
+}
+
+#[tokio::test]
+async fn settles_give_up_when_the_lease_lapses() {
+    let memory = memory_with(1);
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    store.inject(
+        Op::Complete,
+        Fault::Error(ErrorStatus::Temporary),
+        usize::MAX,
+    );
+    let lease = Duration::from_millis(600);
+    let config = config()
+        .lease(lease)
+        .publish_timeout(Duration::from_millis(100));
+    let relay = relay(&store, Arc::new(RecordingPublisher::new()), config);
+    let started = Instant::now();
+    let report = relay
+        .dispatch_ids(&[first_id(&memory).await])
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!((report.dispatched, report.store_errors), (0, 1));
+    assert!(
+        store.calls(Op::Complete) > 2,
+        "retried several times while the lease was live: {}",
+        store.calls(Op::Complete)
+    );
+    assert!(
+        took < lease + Duration::from_secs(5),
+        "gave up around the lease: {took:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_settle_retried_after_it_applied_counts_no_lost_lease() {
+    let memory = memory_with(2);
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    store.inject(Op::Complete, Fault::ErrorAfterApplying, 1);
+    let report = drain(&relay(
+        &store,
+        Arc::new(RecordingPublisher::new()),
+        config(),
+    ))
+    .await;
+    assert_eq!(store.calls(Op::Complete), 2);
+    assert_eq!(
+        (report.dispatched, report.leases_lost, report.store_errors),
+        (0, 0, 0),
+        "the retry found its own leases spent: not lost to another relay"
+    );
+    assert_eq!(
+        memory.stats().await.unwrap().pending,
+        0,
+        "the first try applied"
+    );
+}
+
+#[tokio::test]
+async fn lost_leases_are_counted() {
+    let memory = memory_with(2);
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    // Another claimer takes the messages while the relay publishes: the relay's own
+    // complete is fenced out and counted as lost.
+    let publisher = Arc::new(Sneaky(memory.clone()));
+    let report = drain(&relay(&store, publisher, config())).await;
+    assert_eq!(
+        (report.dispatched, report.leases_lost),
+        (0, 2),
+        "{report:?}"
+    );
+}
+
+/// Lets each message's lease lapse and claims it anew before answering, as another
+/// relay would after a lapse, so the relay's lease is stale by the time it settles.
+#[derive(Debug)]
+struct Sneaky(MemoryStore);
+
+#[async_trait]
+impl Publisher for Sneaky {
+    async fn publish(&self, batch: &[Message]) -> Result<Vec<PublishOutcome>> {
+        let ids: Vec<_> = batch.iter().map(|m| m.id).collect();
+        for id in &ids {
+            self.0.expire_lease(*id);
+        }
+        let request = outbox_core::ClaimIds::new(&ids, Duration::from_secs(600))?;
+        let stolen = self.0.claim_ids(&request).await?;
+        assert_eq!(stolen.len(), ids.len(), "the lapsed leases are claimable");
+        Ok(vec![PublishOutcome::Published; batch.len()])
+    }
+}
+
+#[tokio::test]
+async fn claim_errors_are_counted_and_the_loop_carries_on() {
+    let memory = memory_with(2);
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    store.inject(Op::Claim, Fault::Error(ErrorStatus::Temporary), 2);
+    let publisher = RecordingPublisher::new();
+    let relay = relay(&store, Arc::new(publisher.clone()), config());
+    let handle = relay.spawn();
+    publisher.wait_for_unique(2, DEADLINE).await.unwrap();
+    relay.wait_idle(DEADLINE).await.unwrap();
+    let report = handle.shutdown().await.unwrap();
+    assert_eq!((report.store_errors, report.dispatched), (2, 2));
+}
+
+#[tokio::test]
+async fn a_panicking_claim_is_caught_counted_and_the_loop_carries_on() {
+    let memory = memory_with(2);
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    store.inject(Op::Claim, Fault::Panic, 1);
+    let publisher = RecordingPublisher::new();
+    let relay = relay(&store, Arc::new(publisher.clone()), config());
+    let handle = relay.spawn();
+    publisher.wait_for_unique(2, DEADLINE).await.unwrap();
+    assert!(handle.is_running(), "the loop survived the panic");
+    let report = handle.shutdown().await.unwrap();
+    assert_eq!((report.panics, report.dispatched), (1, 2));
+}
+
+#[tokio::test]
+async fn a_panicking_settle_is_caught_and_its_leases_lapse() {
+    let memory = memory_with(1);
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    store.inject(Op::Complete, Fault::Panic, 1);
+    let report = drain(&relay(
+        &store,
+        Arc::new(RecordingPublisher::new()),
+        config(),
+    ))
+    .await;
+    assert_eq!((report.panics, report.dispatched), (1, 0));
+    assert_eq!(memory.stats().await.unwrap().in_flight, 1);
+}
+
+/// A publisher that panics on every call.
+#[derive(Debug)]
+struct Panicking;
+
+#[async_trait]
+impl Publisher for Panicking {
+    async fn publish(&self, _batch: &[Message]) -> Result<Vec<PublishOutcome>> {
+        panic!("publisher bug")
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_publisher_fails_its_messages_retryably() {
+    let memory = memory_with(2);
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    let report = drain(&relay(&store, Arc::new(Panicking), config())).await;
+    assert_eq!(
+        (report.panics, report.retried, report.dispatched),
+        (1, 2, 0)
+    );
+    let claimed = memory.stats().await.unwrap();
+    assert_eq!(claimed.pending, 2, "scheduled for retry");
+    let errors = memory.last_errors();
+    assert!(
+        errors
+            .iter()
+            .all(|e| e.contains("publisher panicked: publisher bug")),
+        "{errors:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_chunk_with_too_little_lease_left_is_released_unpublished() {
+    let memory = memory_with(2);
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    // Lease 1 s, publish timeout 400 ms, margin 100 ms, two waves of one message: the
+    // config validates ((2-1) × 400 + 400 + 100 <= 1000). A claim that takes 200 ms and
+    // a first publish of 390 ms leave the second wave too little lease.
+    store.delay_claims(Duration::from_millis(200));
+    let publisher = RecordingPublisher::new().with_delay(Duration::from_millis(390));
+    let config = config()
+        .batch_size(2)
+        .publish(1, 1)
+        .lease(Duration::from_secs(1))
+        .publish_timeout(Duration::from_millis(400));
+    let relay = relay(&store, Arc::new(publisher.clone()), config);
+    let ids = memory.pending_ids();
+    let report = relay.dispatch_ids(&ids).await.unwrap();
+    assert_eq!((report.dispatched, report.released), (1, 1), "{report:?}");
+    assert_eq!(publisher.calls(), 1);
+    let stats = memory.stats().await.unwrap();
+    assert_eq!(
+        (stats.pending, stats.in_flight),
+        (1, 0),
+        "released: due at once"
+    );
+}
+
+#[tokio::test]
+async fn totals_add_up_across_batches_and_dispatch_calls() {
+    let memory = memory_with(7);
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    let publisher = RecordingPublisher::new();
+    let relay = relay(
+        &store,
+        Arc::new(publisher.clone()),
+        config().batch_size(2).publish(1, 2),
+    );
+    let explicit = relay
+        .dispatch_ids(&[first_id(&memory).await])
+        .await
+        .unwrap();
+    assert_eq!((explicit.claimed, explicit.dispatched), (1, 1));
+    let looped = drain(&relay).await;
+    assert_eq!(
+        (looped.claimed, looped.dispatched),
+        (7, 7),
+        "the loop's totals include the explicit call"
+    );
+    assert_eq!(relay.report(), looped);
+    assert!(store.calls(Op::Claim) >= 4, "batches of two");
+}
+
+#[tokio::test]
+async fn dispatch_after_shutdown_claims_nothing() {
+    let memory = memory_with(1);
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    let relay = relay(&store, Arc::new(RecordingPublisher::new()), config());
+    relay.spawn().shutdown().await.unwrap();
+    let id = first_id(&memory).await;
+    assert_eq!(
+        relay.dispatch_ids(&[id]).await.unwrap(),
+        DispatchReport::default()
+    );
+    assert_eq!(store.calls(Op::ClaimIds), 0);
+    assert_eq!(memory.stats().await.unwrap().pending, 1);
+}
+
+#[tokio::test]
+async fn too_many_ids_are_refused_before_claiming() {
+    let memory = memory_with(0);
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    let relay = relay(&store, Arc::new(RecordingPublisher::new()), config());
+    let ids: Vec<_> = (0..=outbox_core::store::MAX_CLAIM_BATCH)
+        .map(|_| outbox_core::MessageId::new())
+        .collect();
+    let err = relay.dispatch_ids(&ids).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    assert_eq!(store.calls(Op::ClaimIds), 0);
+}
+
+#[tokio::test]
+async fn the_handle_wakes_an_idle_loop() {
+    let memory = memory_with(0);
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    let publisher = RecordingPublisher::new();
+    let config = config().poll(Duration::from_secs(3600), Duration::from_secs(3600));
+    let relay = relay(&store, Arc::new(publisher.clone()), config);
+    let handle = relay.spawn();
+    relay.wait_idle(DEADLINE).await.unwrap();
+    let claims = store.calls(Op::Claim);
+    memory
+        .enqueue(&[NewMessage::builder("t").build().unwrap()])
+        .unwrap();
+    handle.wake();
+    publisher.wait_for_unique(1, DEADLINE).await.unwrap();
+    assert!(store.calls(Op::Claim) > claims);
+    handle.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_wake_that_a_claim_covered_causes_no_extra_claim() {
+    let memory = memory_with(0);
+    memory
+        .enqueue(&[NewMessage::builder("held").build().unwrap()])
+        .unwrap();
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    let (publisher, gate) = RecordingPublisher::new().hold_destination("held");
+    let config = config().poll(Duration::from_secs(3600), Duration::from_secs(3600));
+    let relay = relay(&store, Arc::new(publisher.clone()), config);
+    let handle = relay.spawn();
+    publisher.wait_for_calls(1, DEADLINE).await.unwrap();
+    // A wake while the batch publishes: the next claim starts after it and covers it.
+    handle.wake();
+    gate.open();
+    outbox_testkit::wait_until("the loop to claim again and find nothing", || async {
+        store.calls(Op::Claim) >= 2 && memory.stats().await.unwrap().pending == 0
+    })
+    .await;
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        store.calls(Op::Claim),
+        2,
+        "the claim after the wake covered it; polling is an hour away"
+    );
+    handle.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_aborted_loop_reports_so_on_shutdown() {
+    let relay = relay(
+        &FaultyStore::new(Arc::new(MemoryStore::new())),
+        Arc::new(RecordingPublisher::new()),
+        config(),
+    );
+    let handle = relay.spawn();
+    relay.wait_idle(DEADLINE).await.unwrap();
+    assert!(handle.is_running());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let stopping = relay
+        .clone()
+        .with_shutdown(shutdown.clone().cancelled_owned());
+    shutdown.cancel();
+    outbox_testkit::wait_until("the shutdown signal to stop the loop", || async {
+        stopping.is_stopping() && !handle.is_running()
+    })
+    .await;
+    handle.shutdown().await.unwrap();
+}
+
+async fn first_id(memory: &MemoryStore) -> outbox_core::MessageId {
+    memory.pending_ids()[0]
+}
