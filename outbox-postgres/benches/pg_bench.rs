@@ -4,6 +4,7 @@
 //! cargo bench -p outbox-postgres --bench pg_bench              # full: a few minutes
 //! cargo bench -p outbox-postgres --bench pg_bench -- --quick   # about a minute
 //! OUTBOX_BENCH_QUICK=1 cargo bench -p outbox-postgres --bench pg_bench
+//! OUTBOX_BENCH_ONLY=enqueue,cold_drain cargo bench -p outbox-postgres --bench pg_bench
 //! ```
 //!
 //! Scenarios, each printed as a table with what it compares, the machine and the mode:
@@ -16,6 +17,11 @@
 //! 3. **Commit-to-publish latency** at 1,000 msg/s offered: NOTIFY wake-up vs polling.
 //! 4. **Claim latency vs history**: 10^4 vs 10^6 dispatched rows kept (10^5 in quick
 //!    mode).
+//! 5. **Drain of an un-analyzed bulk load**: a table filled by one `INSERT ... SELECT`
+//!    and never analyzed, drained by 1 and 4 relays (batch 100).
+//!
+//! `OUTBOX_BENCH_ONLY` runs the scenarios named (`enqueue`, `drain`, `latency`,
+//! `history`, `cold_drain`), comma-separated; the others are `null` in the results.
 //!
 //! The bench reports figures and ratios; it asserts none. Results also go to
 //! `target/outbox-bench/results.json` (under `CARGO_TARGET_DIR` when set), next to
@@ -27,6 +33,8 @@
 //! queue), dropped at the end unless `OUTBOX_BENCH_KEEP=1`. `pgbench` must be on the
 //! PATH for the ceiling column.
 
+#[path = "pg_bench/cold_drain.rs"]
+mod cold_drain;
 #[path = "pg_bench/drain.rs"]
 mod drain;
 #[path = "pg_bench/enqueue.rs"]
@@ -126,6 +134,7 @@ async fn run(mode: Mode) -> Res<()> {
         "drain_throughput": results[1],
         "commit_to_publish_latency": results[2],
         "claim_latency_vs_history": results[3],
+        "drain_unanalyzed": results[4],
     });
     let path = env.out_dir.join("results.json");
     std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
@@ -138,12 +147,36 @@ async fn run(mode: Mode) -> Res<()> {
     Ok(())
 }
 
-async fn scenarios(env: &Env) -> Res<[serde_json::Value; 4]> {
+async fn scenarios(env: &Env) -> Res<[serde_json::Value; 5]> {
+    let only = std::env::var("OUTBOX_BENCH_ONLY").unwrap_or_default();
+    let wanted = |name: &str| only.trim().is_empty() || only.split(',').any(|n| n.trim() == name);
+    let skip = || serde_json::Value::Null;
     Ok([
-        enqueue::run(env).await?,
-        drain::run(env).await?,
-        latency::run(env).await?,
-        history::run(env).await?,
+        if wanted("enqueue") {
+            enqueue::run(env).await?
+        } else {
+            skip()
+        },
+        if wanted("drain") {
+            drain::run(env).await?
+        } else {
+            skip()
+        },
+        if wanted("latency") {
+            latency::run(env).await?
+        } else {
+            skip()
+        },
+        if wanted("history") {
+            history::run(env).await?
+        } else {
+            skip()
+        },
+        if wanted("cold_drain") {
+            cold_drain::run(env).await?
+        } else {
+            skip()
+        },
     ])
 }
 

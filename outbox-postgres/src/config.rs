@@ -1,81 +1,51 @@
-//! Settings for [`PgOutbox`](crate::PgOutbox) and [`PgDedupStore`](crate::PgDedupStore),
-//! and the identifier rules they are checked against.
+//! Settings for [`PgOutbox`](crate::PgOutbox) and [`PgDedupStore`](crate::PgDedupStore).
 //!
-//! Schema, table and channel names are validated as plain lower-case identifiers and
-//! always double-quoted in SQL, so a name can never change a statement's meaning. Values
-//! (ids, payloads, durations) are always bound parameters.
+//! Setters are `with_*` and consume the config; getters are named after the fields.
+//! Names are checked by [`validate`](PgOutboxConfig::validate) (called by the stores'
+//! constructors) and reach SQL only as a [`QualifiedName`].
 
 use std::time::Duration;
 
 use outbox_core::{Error, KeyOrder, MessageLimits, Result, Retention};
 
-/// The longest identifier PostgreSQL keeps (`NAMEDATALEN - 1`).
-pub const MAX_IDENTIFIER_LEN: usize = 63;
+use crate::ident::{self, derived_identifier, QualifiedName};
 
-/// Check that `name` matches `^[a-z_][a-z0-9_]{0,62}$`.
+/// Whether enqueueing sends a `NOTIFY`, for relays woken by
+/// [`spawn_listener`](crate::spawn_listener). Off by default.
 ///
-/// `what` names the setting in the error (for example `"table"`).
+/// # The trade-off
 ///
-/// # Errors
-/// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) when it does not.
-pub fn validate_identifier(what: &str, name: &str) -> Result<()> {
-    let mut bytes = name.bytes();
-    let first_ok = bytes
-        .next()
-        .is_some_and(|b| b.is_ascii_lowercase() || b == b'_');
-    let rest_ok = bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-    if first_ok && rest_ok && name.len() <= MAX_IDENTIFIER_LEN {
-        Ok(())
-    } else {
-        Err(Error::config(format!(
-            "{what} name {name:?} must match ^[a-z_][a-z0-9_]{{0,62}}$"
-        )))
-    }
-}
-
-/// A name made of `base` and `suffix` (`base_suffix`) that fits in an identifier: when
-/// too long, `base` is cut and a hash of the full name keeps names distinct.
-pub(crate) fn derived_identifier(base: &str, suffix: &str) -> String {
-    let full = format!("{base}_{suffix}");
-    if full.len() <= MAX_IDENTIFIER_LEN {
-        return full;
-    }
-    // Identifiers are ASCII, so any byte index is a char boundary.
-    let hash = format!("{:08x}", fnv1a32(full.as_bytes()));
-    let keep = MAX_IDENTIFIER_LEN - suffix.len() - hash.len() - 2;
-    format!("{}_{hash}_{suffix}", &base[..keep.min(base.len())])
-}
-
-/// A stable hash (FNV-1a): every process must derive the same names.
-fn fnv1a32(bytes: &[u8]) -> u32 {
-    bytes.iter().fold(0x811c_9dc5, |h: u32, &b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    })
-}
-
-/// Whether enqueueing sends a `NOTIFY` for [`spawn_listener`](crate::spawn_listener).
+/// - **For:** the lowest commit-to-publish latency across processes. A relay in any
+///   process is woken the moment an enqueueing transaction commits, instead of at its
+///   next poll.
+/// - **Against:** PostgreSQL serialises the commits of all transactions that issued
+///   `NOTIFY`, cluster-wide. At commit such a transaction takes one exclusive lock
+///   (`PreCommit_Notify` in `src/backend/commands/async.c` locks "database 0", the same
+///   lock for every database of the server) and holds it until the commit has
+///   completed, including the flush of its commit record to the WAL. Every enqueueing
+///   business transaction then commits through that one lock, one at a time (and so
+///   does any other notifying transaction on the server): a global mutex that caps
+///   enqueue throughput and adds queueing to commit latency under concurrency.
 ///
-/// The default is [`Off`](Self::Off). Turning it on is a trade-off, described on
-/// [`PgOutboxConfig::notify_on_commit`].
+/// Without `NOTIFY`, wake the relay in-process after your commit with
+/// [`Relay::wakeup`](outbox_core::Relay::wakeup) (or dispatch the ids at once with
+/// [`Relay::dispatch_ids`](outbox_core::Relay::dispatch_ids)), and rely on polling
+/// ([`RelayConfig::poll`](outbox_core::RelayConfig::poll)) for messages committed by
+/// other processes.
+///
+/// PostgreSQL delivers a notification only when the transaction commits, and folds
+/// identical ones, so listeners get at most one per enqueueing transaction and none for
+/// a rollback.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum NotifyMode {
-    /// Send nothing (the default). Relays find messages by polling and by explicit
-    /// wake-ups such as [`Relay::wakeup`](outbox_core::Relay::wakeup) after a commit.
+pub enum Notify {
+    /// Send nothing (the default).
     #[default]
     Off,
-    /// Notify this channel (a name following the identifier rules) from every
-    /// enqueueing transaction.
-    Channel(String),
-}
-
-/// The notification setting as configured: the derived channel is worked out only when
-/// asked for, so it follows later [`schema`](PgOutboxConfig::schema) and
-/// [`table`](PgOutboxConfig::table) calls.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-enum Notify {
-    #[default]
-    Off,
-    Derived,
+    /// Notify the channel named after the schema and table (`<schema>_<table>`,
+    /// shortened with a hash when too long); see
+    /// [`PgOutboxConfig::notify_channel`].
+    OnCommit,
+    /// Notify this channel (a name following the identifier rules).
     Channel(String),
 }
 
@@ -84,21 +54,18 @@ enum Notify {
 /// ```
 /// use std::time::Duration;
 /// use outbox_core::{KeyOrder, Retention};
-/// use outbox_postgres::{NotifyMode, PgOutboxConfig};
+/// use outbox_postgres::{Notify, PgOutboxConfig};
 ///
 /// let config = PgOutboxConfig::default()
-///     .schema("billing")
-///     .ordering(KeyOrder::PerKey)
-///     .retention(Retention::Keep { window: Duration::from_secs(86_400) });
+///     .with_schema("billing")
+///     .with_ordering(KeyOrder::PerKey)
+///     .with_retention(Retention::Keep { window: Duration::from_secs(86_400) });
 /// config.validate()?;
-/// assert_eq!(config.notify_mode(), NotifyMode::Off, "no NOTIFY unless asked for");
+/// assert_eq!(config.notify(), &Notify::Off, "no NOTIFY unless asked for");
 ///
-/// // Opt in to NOTIFY on the channel derived from the schema and table.
-/// let notifying = config.notify_on_commit();
-/// assert_eq!(
-///     notifying.notify_mode(),
-///     NotifyMode::Channel("billing_outbox_messages".into())
-/// );
+/// // Opt in to NOTIFY (see `Notify` for its cost) on the derived channel.
+/// let notifying = config.with_notify(Notify::OnCommit);
+/// assert_eq!(notifying.notify_channel().as_deref(), Some("billing_outbox_messages"));
 /// # Ok::<(), outbox_core::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,107 +93,87 @@ impl Default for PgOutboxConfig {
 
 impl PgOutboxConfig {
     /// Set the schema (default `outbox`).
-    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+    #[must_use]
+    pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
         self.schema = schema.into();
         self
     }
     /// Set the table (default `outbox_messages`).
-    pub fn table(mut self, table: impl Into<String>) -> Self {
+    #[must_use]
+    pub fn with_table(mut self, table: impl Into<String>) -> Self {
         self.table = table.into();
         self
     }
     /// Set the claim ordering (default [`KeyOrder::Unordered`]).
-    pub fn ordering(mut self, ordering: KeyOrder) -> Self {
+    #[must_use]
+    pub fn with_ordering(mut self, ordering: KeyOrder) -> Self {
         self.ordering = ordering;
         self
     }
     /// Set what completing does (default [`Retention::Delete`]).
-    pub fn retention(mut self, retention: Retention) -> Self {
+    #[must_use]
+    pub fn with_retention(mut self, retention: Retention) -> Self {
         self.retention = retention;
         self
     }
-    /// Set the limits every enqueued message is checked against.
-    pub fn limits(mut self, limits: MessageLimits) -> Self {
+    /// Set the limits every enqueued message, and every claimed row, is checked
+    /// against (default [`MessageLimits::default`]).
+    #[must_use]
+    pub fn with_limits(mut self, limits: MessageLimits) -> Self {
         self.limits = limits;
         self
     }
-    /// Set the notification mode (default [`NotifyMode::Off`]); see
-    /// [`notify_on_commit`](Self::notify_on_commit) for the trade-off.
-    pub fn notify(mut self, notify: NotifyMode) -> Self {
-        self.notify = match notify {
-            NotifyMode::Off => Notify::Off,
-            NotifyMode::Channel(channel) => Notify::Channel(channel),
-        };
-        self
-    }
-    /// Send a `NOTIFY` from every enqueueing transaction on the channel named after the
-    /// schema and table (`<schema>_<table>`, shortened with a hash when too long), for
-    /// [`spawn_listener`](crate::spawn_listener). Off by default.
-    ///
-    /// # The trade-off
-    ///
-    /// - **For:** the lowest commit-to-publish latency across processes. A relay in any
-    ///   process is woken the moment an enqueueing transaction commits, instead of at
-    ///   its next poll.
-    /// - **Against:** PostgreSQL serialises the commits of all transactions that issued
-    ///   `NOTIFY`, cluster-wide. At commit such a transaction takes one exclusive lock
-    ///   (`PreCommit_Notify` in `src/backend/commands/async.c` locks "database 0", the
-    ///   same lock for every database of the server) and holds it until the commit has
-    ///   completed, including the flush of its commit record to the WAL. Every
-    ///   enqueueing business transaction then commits through that one lock, one at a
-    ///   time (and so does any other notifying transaction on the server): a global
-    ///   mutex that caps enqueue throughput and adds queueing to commit latency under
-    ///   concurrency.
-    ///
-    /// Without `NOTIFY`, wake the relay in-process after your commit with
-    /// [`Relay::wakeup`](outbox_core::Relay::wakeup) (or dispatch the ids at once with
-    /// [`Relay::dispatch_ids`](outbox_core::Relay::dispatch_ids)), and rely on polling
-    /// ([`RelayConfig::poll`](outbox_core::RelayConfig::poll)) for messages committed
-    /// by other processes.
-    pub fn notify_on_commit(mut self) -> Self {
-        self.notify = Notify::Derived;
+    /// Set whether enqueueing notifies (default [`Notify::Off`]; read [`Notify`] for
+    /// the cost before turning it on).
+    #[must_use]
+    pub fn with_notify(mut self, notify: Notify) -> Self {
+        self.notify = notify;
         self
     }
 
-    /// The schema name.
-    pub fn schema_name(&self) -> &str {
+    /// The schema.
+    pub fn schema(&self) -> &str {
         &self.schema
     }
-    /// The table name.
-    pub fn table_name(&self) -> &str {
+    /// The table.
+    pub fn table(&self) -> &str {
         &self.table
     }
     /// The claim ordering.
-    pub fn ordering_mode(&self) -> KeyOrder {
+    pub fn ordering(&self) -> KeyOrder {
         self.ordering
     }
     /// What completing does.
-    pub fn retention_mode(&self) -> Retention {
+    pub fn retention(&self) -> Retention {
         self.retention
     }
     /// The message limits.
-    pub fn message_limits(&self) -> &MessageLimits {
+    pub fn limits(&self) -> &MessageLimits {
         &self.limits
     }
-    /// The notification mode, with a derived channel worked out.
-    pub fn notify_mode(&self) -> NotifyMode {
-        match &self.notify {
-            Notify::Off => NotifyMode::Off,
-            Notify::Derived => NotifyMode::Channel(derived_identifier(&self.schema, &self.table)),
-            Notify::Channel(channel) => NotifyMode::Channel(channel.clone()),
-        }
+    /// The notification setting, as configured.
+    pub fn notify(&self) -> &Notify {
+        &self.notify
     }
-    /// The channel enqueues notify, if any.
+    /// The channel enqueues notify, if any: the one named by [`Notify::Channel`], or
+    /// the one derived from the schema and table for [`Notify::OnCommit`] (worked out
+    /// when asked, so it follows later [`with_schema`](Self::with_schema) and
+    /// [`with_table`](Self::with_table) calls).
     pub fn notify_channel(&self) -> Option<String> {
-        match self.notify_mode() {
-            NotifyMode::Off => None,
-            NotifyMode::Channel(channel) => Some(channel),
+        match &self.notify {
+            Notify::Off => None,
+            Notify::OnCommit => Some(derived_identifier(&self.schema, &self.table)),
+            Notify::Channel(channel) => Some(channel.clone()),
         }
     }
 
-    /// `"schema"."table"`, for SQL.
-    pub(crate) fn qualified_table(&self) -> String {
-        format!("\"{}\".\"{}\"", self.schema, self.table)
+    /// The validated `schema.table`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad schema or table
+    /// name.
+    pub fn qualified_name(&self) -> Result<QualifiedName> {
+        QualifiedName::new(self.schema.clone(), self.table.clone())
     }
 
     /// Check every setting.
@@ -234,10 +181,9 @@ impl PgOutboxConfig {
     /// # Errors
     /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) naming the first bad one.
     pub fn validate(&self) -> Result<()> {
-        validate_identifier("schema", &self.schema)?;
-        validate_identifier("table", &self.table)?;
+        self.qualified_name()?;
         if let Notify::Channel(channel) = &self.notify {
-            validate_identifier("notify channel", channel)?;
+            ident::validate("notify channel", channel)?;
         }
         if let Retention::Keep { window } = self.retention {
             if window.is_zero() {
@@ -255,8 +201,11 @@ impl PgOutboxConfig {
 /// use std::time::Duration;
 /// use outbox_postgres::PgDedupConfig;
 ///
-/// let config = PgDedupConfig::default().table("orders_inbox").retention(Duration::from_secs(3600));
+/// let config = PgDedupConfig::default()
+///     .with_table("orders_inbox")
+///     .with_retention(Duration::from_secs(3600));
 /// config.validate()?;
+/// assert_eq!(config.table(), "orders_inbox");
 /// # Ok::<(), outbox_core::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -278,36 +227,44 @@ impl Default for PgDedupConfig {
 
 impl PgDedupConfig {
     /// Set the schema (default `outbox`).
-    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+    #[must_use]
+    pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
         self.schema = schema.into();
         self
     }
     /// Set the table (default `outbox_inbox`).
-    pub fn table(mut self, table: impl Into<String>) -> Self {
+    #[must_use]
+    pub fn with_table(mut self, table: impl Into<String>) -> Self {
         self.table = table.into();
         self
     }
     /// Set how long ids are remembered (default 7 days).
-    pub fn retention(mut self, retention: Duration) -> Self {
+    #[must_use]
+    pub fn with_retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self
     }
-    /// The schema name.
-    pub fn schema_name(&self) -> &str {
+
+    /// The schema.
+    pub fn schema(&self) -> &str {
         &self.schema
     }
-    /// The table name.
-    pub fn table_name(&self) -> &str {
+    /// The table.
+    pub fn table(&self) -> &str {
         &self.table
     }
     /// How long ids are remembered.
-    pub fn retention_period(&self) -> Duration {
+    pub fn retention(&self) -> Duration {
         self.retention
     }
 
-    /// `"schema"."table"`, for SQL.
-    pub(crate) fn qualified_table(&self) -> String {
-        format!("\"{}\".\"{}\"", self.schema, self.table)
+    /// The validated `schema.table`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad schema or table
+    /// name.
+    pub fn qualified_name(&self) -> Result<QualifiedName> {
+        QualifiedName::new(self.schema.clone(), self.table.clone())
     }
 
     /// Check every setting.
@@ -315,8 +272,7 @@ impl PgDedupConfig {
     /// # Errors
     /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) naming the first bad one.
     pub fn validate(&self) -> Result<()> {
-        validate_identifier("schema", &self.schema)?;
-        validate_identifier("table", &self.table)?;
+        self.qualified_name()?;
         if self.retention.is_zero() {
             return Err(Error::config("dedup retention must be above zero"));
         }
@@ -330,77 +286,38 @@ mod tests {
     use outbox_core::ErrorKind;
 
     #[test]
-    fn identifiers() {
-        for ok in ["a", "_", "outbox", "obx_t_0123", &"a".repeat(63)] {
-            assert!(validate_identifier("table", ok).is_ok(), "{ok}");
-        }
-        let bad = [
-            "",
-            "1abc",
-            "Outbox",
-            "has space",
-            "semi;colon",
-            "quote\"d",
-            "dash-ed",
-            "dot.ted",
-            "é",
-            &"a".repeat(64),
-        ];
-        for name in bad {
-            let err = validate_identifier("table", name).unwrap_err();
-            assert_eq!(err.kind(), ErrorKind::Config, "{name:?}");
-        }
-    }
-
-    #[test]
-    fn derived_identifiers_fit_and_stay_distinct() {
-        assert_eq!(derived_identifier("outbox", "messages"), "outbox_messages");
-        let long_a = format!("{}a", "x".repeat(62));
-        let long_b = format!("{}b", "x".repeat(62));
-        let a = derived_identifier(&long_a, "due");
-        let b = derived_identifier(&long_b, "due");
-        assert!(a.len() <= MAX_IDENTIFIER_LEN && b.len() <= MAX_IDENTIFIER_LEN);
-        assert_ne!(a, b);
-        assert!(a.ends_with("_due"));
-        validate_identifier("index", &a).unwrap();
-        assert_eq!(a, derived_identifier(&long_a, "due"), "stable");
-    }
-
-    #[test]
     fn outbox_defaults_and_validation() {
         let c = PgOutboxConfig::default();
         c.validate().unwrap();
-        assert_eq!(c.qualified_table(), "\"outbox\".\"outbox_messages\"");
-        assert_eq!(c.notify_mode(), NotifyMode::Off, "NOTIFY is opt-in");
+        assert_eq!(
+            c.qualified_name().unwrap().to_string(),
+            "\"outbox\".\"outbox_messages\""
+        );
+        assert_eq!(c.notify(), &Notify::Off, "NOTIFY is opt-in");
         assert_eq!(c.notify_channel(), None);
-        let on = c.clone().notify_on_commit();
+        let on = c.clone().with_notify(Notify::OnCommit);
         assert_eq!(
             on.notify_channel().as_deref(),
             Some("outbox_outbox_messages")
         );
         assert_eq!(
             on.clone()
-                .schema("s")
-                .table("t")
+                .with_schema("s")
+                .with_table("t")
                 .notify_channel()
                 .as_deref(),
             Some("s_t"),
             "the derived channel follows later renames"
         );
-        assert_eq!(on.clone().notify(NotifyMode::Off).notify_channel(), None);
-        let named = c.clone().notify(NotifyMode::Channel("wake".into()));
+        let named = c.clone().with_notify(Notify::Channel("wake".into()));
         assert_eq!(named.notify_channel().as_deref(), Some("wake"));
-        assert_eq!(
-            named.notify_on_commit().notify_channel().as_deref(),
-            Some("outbox_outbox_messages")
-        );
-        assert_eq!(NotifyMode::default(), NotifyMode::Off);
+        assert_eq!(Notify::default(), Notify::Off);
 
         let bad = [
-            c.clone().schema("Bad"),
-            c.clone().table("x;drop table y"),
-            c.clone().notify(NotifyMode::Channel("no space".into())),
-            c.clone().retention(Retention::Keep {
+            c.clone().with_schema("Bad"),
+            c.clone().with_table("x;drop table y"),
+            c.clone().with_notify(Notify::Channel("no space".into())),
+            c.clone().with_retention(Retention::Keep {
                 window: Duration::ZERO,
             }),
         ];
@@ -414,11 +331,34 @@ mod tests {
     }
 
     #[test]
+    fn getters_return_what_was_set() {
+        let keep = Retention::Keep {
+            window: Duration::from_secs(5),
+        };
+        let limits = MessageLimits::default().with_max_payload_bytes(7);
+        let c = PgOutboxConfig::default()
+            .with_schema("s")
+            .with_table("t")
+            .with_ordering(KeyOrder::PerKey)
+            .with_retention(keep)
+            .with_limits(limits.clone());
+        assert_eq!((c.schema(), c.table()), ("s", "t"));
+        assert_eq!((c.ordering(), c.retention()), (KeyOrder::PerKey, keep));
+        assert_eq!(c.limits(), &limits);
+    }
+
+    #[test]
     fn dedup_defaults_and_validation() {
         let c = PgDedupConfig::default();
         c.validate().unwrap();
-        assert_eq!(c.qualified_table(), "\"outbox\".\"outbox_inbox\"");
-        assert!(c.clone().table("").validate().is_err());
-        assert!(c.clone().retention(Duration::ZERO).validate().is_err());
+        assert_eq!(
+            c.qualified_name().unwrap().to_string(),
+            "\"outbox\".\"outbox_inbox\""
+        );
+        let d = c.clone().with_schema("s").with_table("t");
+        assert_eq!((d.schema(), d.table()), ("s", "t"));
+        assert_eq!(c.retention(), Duration::from_secs(7 * 24 * 3600));
+        assert!(c.clone().with_table("").validate().is_err());
+        assert!(c.clone().with_retention(Duration::ZERO).validate().is_err());
     }
 }

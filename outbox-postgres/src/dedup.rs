@@ -22,31 +22,36 @@
 //!   ended) is treated as new.
 //! - `record_in` holds a row lock on the id until the transaction ends; keep consumer
 //!   transactions short.
+//! - Consumer names arrive validated ([`ConsumerName`]) and are stored as given in a
+//!   `text` column, compared exactly (the column takes the database's default collation,
+//!   which is always deterministic). On a database whose encoding is not UTF-8, a name
+//!   with characters that encoding lacks fails with the driver's error.
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use sqlx::{PgConnection, PgPool};
 
-use outbox_core::{Consistency, Dedup, DedupStore, Error, MessageId, Result};
+use outbox_core::{Consistency, ConsumerName, Dedup, DedupStore, Error, MessageId, Result};
 
-use crate::config::{derived_identifier, PgDedupConfig};
+use crate::config::PgDedupConfig;
 use crate::error::from_sqlx;
-use crate::schema::{install_versioned, schema_prelude};
+use crate::ident::QualifiedName;
+use crate::schema::{inbox_ddl, inbox_objects, install};
 use crate::sql::limit_param;
-
-/// Longest consumer name accepted, in bytes.
-pub const MAX_CONSUMER_LEN: usize = 255;
 
 /// Processed message ids per consumer in a PostgreSQL table; strongly consistent.
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool, id: outbox_core::MessageId) -> outbox_core::Result<()> {
-/// use outbox_core::Dedup;
+/// use outbox_core::{ConsumerName, Dedup};
 /// use outbox_postgres::{PgDedupConfig, PgDedupStore};
 ///
 /// let inbox = PgDedupStore::new(pool.clone(), PgDedupConfig::default())?;
 /// inbox.install().await?;
+/// let billing = ConsumerName::new("billing")?;
 /// let mut tx = pool.begin().await.expect("begin");
-/// if inbox.record_in(&mut *tx, "billing", id).await? == Dedup::New {
+/// if inbox.record_in(&mut *tx, &billing, id).await? == Dedup::New {
 ///     // ... apply the message's effects on &mut *tx ...
 /// }
 /// tx.commit().await.expect("commit");
@@ -56,9 +61,13 @@ pub const MAX_CONSUMER_LEN: usize = 255;
 pub struct PgDedupStore {
     pool: PgPool,
     config: PgDedupConfig,
-    sql: std::sync::Arc<DedupStatements>,
+    name: QualifiedName,
+    retention_us: i64,
+    sql: Arc<DedupStatements>,
 }
 
+/// The store's statements, rendered once. `$1`/`$2` are the consumer and id, the
+/// retention is bound in microseconds.
 #[derive(Debug)]
 struct DedupStatements {
     record: String,
@@ -66,18 +75,11 @@ struct DedupStatements {
     purge: String,
 }
 
-impl PgDedupStore {
-    /// A store on `pool` with `config`. Runs no SQL.
-    ///
-    /// # Errors
-    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) when `config` does not
-    /// validate.
-    pub fn new(pool: PgPool, config: PgDedupConfig) -> Result<Self> {
-        config.validate()?;
-        let t = config.qualified_table();
+impl DedupStatements {
+    fn new(t: &QualifiedName) -> Self {
         // An expired record that was not purged yet counts as absent: recording
         // refreshes it and reports `New`.
-        let sql = DedupStatements {
+        DedupStatements {
             record: format!(
                 "INSERT INTO {t} AS d (consumer, message_id) VALUES ($1, $2) \
                  ON CONFLICT (consumer, message_id) DO UPDATE SET processed_at = now() \
@@ -93,11 +95,27 @@ impl PgDedupStore {
                  WHERE processed_at < now() - $1 * interval '1 microsecond' \
                  LIMIT $2 FOR UPDATE SKIP LOCKED)"
             ),
-        };
+        }
+    }
+}
+
+impl PgDedupStore {
+    /// A store on `pool` with `config`. Runs no SQL.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) when `config` does not
+    /// validate or its retention does not fit in 64-bit microseconds.
+    pub fn new(pool: PgPool, config: PgDedupConfig) -> Result<Self> {
+        config.validate()?;
+        let name = config.qualified_name()?;
+        let retention_us = i64::try_from(config.retention().as_micros())
+            .map_err(|_| Error::config("dedup retention is too long"))?;
         Ok(PgDedupStore {
             pool,
+            sql: Arc::new(DedupStatements::new(&name)),
             config,
-            sql: std::sync::Arc::new(sql),
+            name,
+            retention_us,
         })
     }
 
@@ -108,17 +126,7 @@ impl PgDedupStore {
 
     /// The DDL for this store's table, idempotent, for your migration tool.
     pub fn ddl(&self) -> String {
-        let mut text = objects_ddl(&self.config);
-        // The table name is a validated identifier, safe as a literal here.
-        text.push_str(&format!(
-            "INSERT INTO \"{}\".{} (table_name, version) VALUES ('{}', {}) \
-             ON CONFLICT (table_name) DO NOTHING;\n",
-            self.config.schema_name(),
-            crate::schema::VERSION_TABLE,
-            self.config.table_name(),
-            crate::schema::SCHEMA_VERSION,
-        ));
-        text
+        inbox_ddl(&self.name)
     }
 
     /// Create the schema and table if missing and record the layout version.
@@ -127,28 +135,24 @@ impl PgDedupStore {
     /// [`ErrorKind::Schema`](outbox_core::ErrorKind::Schema) when the table exists at
     /// another layout version; mapped driver errors otherwise.
     pub async fn install(&self) -> Result<()> {
-        let objects = objects_ddl(&self.config);
-        let (schema, table) = (self.config.schema_name(), self.config.table_name());
-        install_versioned(&self.pool, schema, table, &objects).await
+        install(&self.pool, &self.name, &inbox_objects(&self.name)).await
     }
 
     /// Record `id` for `consumer` on `conn`, normally inside the transaction that
     /// applies the message's effects (pass `&mut *tx`), so both commit together.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidInput`](outbox_core::ErrorKind::InvalidInput) for an empty or
-    /// oversize consumer name; mapped driver errors otherwise.
+    /// Mapped driver errors.
     pub async fn record_in(
         &self,
         conn: &mut PgConnection,
-        consumer: &str,
+        consumer: &ConsumerName,
         id: MessageId,
     ) -> Result<Dedup> {
-        validate_consumer(consumer)?;
         let done = sqlx::query(&self.sql.record)
-            .bind(consumer)
+            .bind(consumer.as_str())
             .bind(id.as_uuid())
-            .bind(self.retention_us()?)
+            .bind(self.retention_us)
             .execute(conn)
             .await
             .map_err(|e| from_sqlx("record message id", e))?;
@@ -158,41 +162,6 @@ impl PgDedupStore {
             Dedup::Duplicate
         })
     }
-
-    fn retention_us(&self) -> Result<i64> {
-        i64::try_from(self.config.retention_period().as_micros())
-            .map_err(|_| Error::config("dedup retention is too long"))
-    }
-}
-
-fn objects_ddl(config: &PgDedupConfig) -> String {
-    let t = config.qualified_table();
-    let index = derived_identifier(config.table_name(), "processed_at");
-    format!(
-        r#"{prelude}CREATE TABLE IF NOT EXISTS {t} (
-    consumer text NOT NULL,
-    message_id uuid NOT NULL,
-    processed_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (consumer, message_id)
-);
-CREATE INDEX IF NOT EXISTS "{index}" ON {t} (processed_at);
-"#,
-        prelude = schema_prelude(config.schema_name()),
-    )
-}
-
-fn validate_consumer(consumer: &str) -> Result<()> {
-    if consumer.trim().is_empty() || consumer.len() > MAX_CONSUMER_LEN {
-        return Err(Error::invalid_input(format!(
-            "consumer name must be 1 to {MAX_CONSUMER_LEN} bytes and not blank"
-        )));
-    }
-    if consumer.chars().any(char::is_control) {
-        return Err(Error::invalid_input(
-            "consumer name contains a control character",
-        ));
-    }
-    Ok(())
 }
 
 #[async_trait]
@@ -201,18 +170,17 @@ impl DedupStore for PgDedupStore {
         Consistency::Strong
     }
 
-    async fn contains(&self, consumer: &str, id: MessageId) -> Result<bool> {
-        validate_consumer(consumer)?;
+    async fn contains(&self, consumer: &ConsumerName, id: MessageId) -> Result<bool> {
         sqlx::query_scalar(&self.sql.contains)
-            .bind(consumer)
+            .bind(consumer.as_str())
             .bind(id.as_uuid())
-            .bind(self.retention_us()?)
+            .bind(self.retention_us)
             .fetch_one(&self.pool)
             .await
             .map_err(|e| from_sqlx("look up message id", e))
     }
 
-    async fn record(&self, consumer: &str, id: MessageId) -> Result<Dedup> {
+    async fn record(&self, consumer: &ConsumerName, id: MessageId) -> Result<Dedup> {
         let mut conn = self
             .pool
             .acquire()
@@ -226,7 +194,7 @@ impl DedupStore for PgDedupStore {
             return Ok(0);
         }
         let done = sqlx::query(&self.sql.purge)
-            .bind(self.retention_us()?)
+            .bind(self.retention_us)
             .bind(limit_param(limit))
             .execute(&self.pool)
             .await
@@ -238,24 +206,18 @@ impl DedupStore for PgDedupStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use outbox_core::ErrorKind;
 
     #[test]
-    fn consumers_are_validated() {
-        assert!(validate_consumer("billing").is_ok());
-        for bad in ["", "  ", "a\nb", &"c".repeat(MAX_CONSUMER_LEN + 1)] {
-            assert_eq!(
-                validate_consumer(bad).unwrap_err().kind(),
-                ErrorKind::InvalidInput
-            );
-        }
-    }
-
-    #[test]
-    fn ddl_has_the_key_and_purge_index() {
-        let text = objects_ddl(&PgDedupConfig::default().schema("s").table("inbox"));
-        assert!(text.contains("CREATE TABLE IF NOT EXISTS \"s\".\"inbox\""));
-        assert!(text.contains("PRIMARY KEY (consumer, message_id)"));
-        assert!(text.contains("\"inbox_processed_at\" ON \"s\".\"inbox\" (processed_at)"));
+    fn statements_honour_expiry_and_bound_purges() {
+        let sql = DedupStatements::new(&QualifiedName::new("s", "inbox").unwrap());
+        assert!(sql.record.starts_with("INSERT INTO \"s\".\"inbox\" AS d"));
+        assert!(
+            sql.record
+                .contains("DO UPDATE SET processed_at = now() WHERE d.processed_at <"),
+            "only an expired record is refreshed: {}",
+            sql.record
+        );
+        assert!(sql.contains.contains("processed_at >= now() - $3"));
+        assert!(sql.purge.contains("LIMIT $2 FOR UPDATE SKIP LOCKED"));
     }
 }

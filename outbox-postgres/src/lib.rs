@@ -1,22 +1,23 @@
 #![doc = include_str!("../README.md")]
 
+mod admin;
 mod config;
-pub mod dedup;
+mod dedup;
 mod error;
-pub mod listener;
-pub mod lock;
+mod ident;
+mod listener;
+mod lock;
 mod row;
-pub mod schema;
+mod schema;
 mod sql;
-pub mod store;
+mod store;
 
-pub use config::{
-    validate_identifier, NotifyMode, PgDedupConfig, PgOutboxConfig, MAX_IDENTIFIER_LEN,
-};
+pub use config::{Notify, PgDedupConfig, PgOutboxConfig};
 pub use dedup::PgDedupStore;
+pub use ident::QualifiedName;
 pub use listener::{spawn_listener, ListenerHandle};
-pub use lock::{PgAdvisoryLock, PgLockGuard};
-pub use schema::{ddl, install, SCHEMA_VERSION};
+pub use lock::PgDistributedLock;
+pub use schema::SCHEMA_VERSION;
 pub use store::PgOutbox;
 
 /// Compile-time checks that the public futures can be spawned on a multi-threaded
@@ -25,20 +26,26 @@ pub use store::PgOutbox;
 #[allow(dead_code)]
 mod send_checks {
     use super::*;
+    use outbox_core::{
+        ClaimRequest, DeadLetterPage, DeadLetterSelection, OutboxAdmin, OutboxStore,
+    };
 
     fn assert_send<T: Send>(_: T) {}
 
     fn public_futures_are_send(
-        pool: &sqlx::PgPool,
         outbox: &PgOutbox,
         dedup: &PgDedupStore,
         conn: &mut sqlx::PgConnection,
         messages: &[outbox_core::NewMessage],
+        request: ClaimRequest,
+        page: &DeadLetterPage,
+        selection: &DeadLetterSelection,
     ) {
-        assert_send(install(pool, outbox.config()));
         assert_send(outbox.install());
         assert_send(dedup.install());
         assert_send(outbox.enqueue(conn, messages));
-        assert_send(dedup.record_in(conn, "c", outbox_core::MessageId::new()));
+        assert_send(outbox.claim(request));
+        assert_send(outbox.dead_letters(page));
+        assert_send(outbox.requeue_dead(selection));
     }
 }

@@ -1,26 +1,21 @@
 //! Waking relays with `LISTEN`/`NOTIFY`: [`spawn_listener`].
 //!
-//! `NOTIFY` is off by default and worth turning on only when its cost is acceptable:
-//! it gives the lowest commit-to-publish latency across processes, but PostgreSQL
-//! serialises the commits of every transaction that issued `NOTIFY` on one cluster-wide
-//! lock, so all enqueueing transactions commit one at a time. Without it, wake a relay
-//! in the same process after your commit with
-//! [`Relay::wakeup`](outbox_core::Relay::wakeup), and let polling find messages
-//! committed elsewhere. See
-//! [`PgOutboxConfig::notify_on_commit`](crate::PgOutboxConfig::notify_on_commit).
+//! `NOTIFY` is off by default; read [`Notify`](crate::Notify) for what turning it on
+//! costs your commits.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
-use outbox_core::{Error, Result, Wakeup};
+use outbox_core::{Backoff, Error, Result, Wakeup};
 
-use crate::config::validate_identifier;
+use crate::ident;
 
 /// First wait before reconnecting after the connection dropped.
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
@@ -30,39 +25,38 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// Listen on `channel` and [`wake`](Wakeup::wake) `wakeup` on every notification.
 ///
 /// Pair it with a [`PgOutbox`](crate::PgOutbox) whose enqueues notify that channel
-/// (configured with
-/// [`PgOutboxConfig::notify_on_commit`](crate::PgOutboxConfig::notify_on_commit), which
-/// is off by default; the name is
+/// (configured with [`Notify`](crate::Notify), off by default; the name is
 /// [`PgOutboxConfig::notify_channel`](crate::PgOutboxConfig::notify_channel)) and the
 /// relay's [`Relay::wakeup`](outbox_core::Relay::wakeup): relays in every process then
-/// pick up committed messages at once instead of at their next poll.
-///
-/// The price is paid by the writers, not here: each enqueueing transaction then takes
-/// PostgreSQL's cluster-wide notify lock at commit and holds it until its commit has
-/// completed, so enqueueing commits are serialised across the whole server. Prefer an
-/// in-process [`Relay::wakeup`](outbox_core::Relay::wakeup) after commit plus polling
-/// unless cross-process latency matters more than commit throughput.
+/// pick up committed messages at once instead of at their next poll. The price is paid
+/// by the writers, not here (see [`Notify`](crate::Notify)).
 ///
 /// # Behaviour
 ///
 /// 1. A task holds one connection from `pool` and runs `LISTEN "channel"` on it.
 /// 2. Every notification on the channel pokes `wakeup`.
-/// 3. When the connection drops, the task reconnects with exponential backoff (100 ms
-///    doubling to 5 s) and pokes `wakeup` after each successful `LISTEN`, since
-///    notifications sent while it was away are lost. The relay's polling covers the gap.
-/// 4. It stops when [`ListenerHandle::stop`] is called, the handle is dropped, or the
-///    pool is closed.
+/// 3. When the connection drops, the task reconnects with exponential backoff
+///    ([`Backoff`], 100 ms doubling to 5 s, with jitter) and pokes `wakeup` after each
+///    successful `LISTEN`, since notifications sent while it was away are lost. The
+///    relay's polling covers the gap.
+/// 4. It stops when [`ListenerHandle::stop`] is called, the signal given to
+///    [`ListenerHandle::with_shutdown`] resolves, the handle is dropped, or the pool is
+///    closed.
 ///
 /// Must be called inside a Tokio runtime. The listener occupies one of the pool's
 /// connections for as long as it runs.
 ///
 /// ```no_run
 /// # async fn demo(outbox: outbox_postgres::PgOutbox, relay: outbox_core::Relay) -> outbox_core::Result<()> {
-/// // `outbox` was configured with `PgOutboxConfig::default().notify_on_commit()`.
+/// // `outbox` was configured with `.with_notify(Notify::OnCommit)`.
 /// let channel = outbox.config().notify_channel().expect("NOTIFY was turned on");
-/// let listener = outbox_postgres::spawn_listener(outbox.pool().clone(), channel, relay.wakeup())?;
-/// // ... run the relay ...
-/// listener.stop().await;
+/// // The service's shutdown tree stops the relay and the listener together.
+/// let shutdown = tokio_util::sync::CancellationToken::new();
+/// let listener = outbox_postgres::spawn_listener(outbox.pool().clone(), channel, relay.wakeup())?
+///     .with_shutdown(shutdown.clone().cancelled_owned());
+/// // ... run the relay; on shutdown:
+/// shutdown.cancel();
+/// listener.stop().await; // returns once the task has ended
 /// # Ok(()) }
 /// ```
 ///
@@ -75,11 +69,11 @@ pub fn spawn_listener(
     wakeup: Wakeup,
 ) -> Result<ListenerHandle> {
     let channel = channel.into();
-    validate_identifier("notify channel", &channel)
+    ident::validate("notify channel", &channel)
         .map_err(|e| Error::invalid_input(e.message().to_owned()))?;
     let counters = Arc::new(Counters::default());
-    let (stop, stopped) = watch::channel(false);
-    let task = tokio::spawn(run(pool, channel, wakeup, counters.clone(), stopped));
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(run(pool, channel, wakeup, counters.clone(), stop.clone()));
     Ok(ListenerHandle {
         counters,
         stop,
@@ -97,11 +91,30 @@ struct Counters {
 #[derive(Debug)]
 pub struct ListenerHandle {
     counters: Arc<Counters>,
-    stop: watch::Sender<bool>,
+    stop: CancellationToken,
     task: Option<JoinHandle<()>>,
 }
 
 impl ListenerHandle {
+    /// Also stop listening when `signal` resolves, as [`stop`](Self::stop) would: pass
+    /// a service's shutdown signal, or `token.cancelled_owned()` of a
+    /// `tokio_util::sync::CancellationToken`, the same one given to
+    /// [`Relay::with_shutdown`](outbox_core::Relay::with_shutdown).
+    ///
+    /// Spawns a task that waits for `signal`, so it must be called within a Tokio
+    /// runtime.
+    #[must_use]
+    pub fn with_shutdown(self, signal: impl Future<Output = ()> + Send + 'static) -> Self {
+        let stop = self.stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = signal => stop.cancel(),
+                () = stop.cancelled() => {}
+            }
+        });
+        self
+    }
+
     /// How many times the listener has started listening (1 after the first connect,
     /// +1 per reconnection).
     pub fn connections(&self) -> u64 {
@@ -120,7 +133,7 @@ impl ListenerHandle {
 
     /// Stop listening and wait for the task to end.
     pub async fn stop(mut self) {
-        self.stop.send_replace(true);
+        self.stop.cancel();
         if let Some(task) = self.task.take() {
             // The task only ends by returning or, after a panic, with a JoinError;
             // either way it is gone.
@@ -131,6 +144,7 @@ impl ListenerHandle {
 
 impl Drop for ListenerHandle {
     fn drop(&mut self) {
+        self.stop.cancel();
         if let Some(task) = self.task.take() {
             task.abort();
         }
@@ -142,24 +156,24 @@ async fn run(
     channel: String,
     wakeup: Wakeup,
     counters: Arc<Counters>,
-    mut stopped: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) {
-    let mut backoff = MIN_BACKOFF;
+    let mut backoff = Backoff::new(MIN_BACKOFF, MAX_BACKOFF);
     loop {
         let connected = tokio::select! {
             connected = listen(&pool, &channel) => connected,
-            _ = stopped.wait_for(|stop| *stop) => return,
+            () = stop.cancelled() => return,
         };
         let lost = match connected {
             Ok(mut listener) => {
-                backoff = MIN_BACKOFF;
+                backoff.reset();
                 counters.connections.fetch_add(1, AtomicOrdering::SeqCst);
                 tracing::debug!(%channel, "listening for outbox notifications");
                 // Anything notified while we were not listening is lost: look now.
                 wakeup.wake();
                 tokio::select! {
                     lost = receive(&mut listener, &wakeup, &counters) => lost,
-                    _ = stopped.wait_for(|stop| *stop) => return,
+                    () = stop.cancelled() => return,
                 }
             }
             Err(e) => e,
@@ -168,15 +182,16 @@ async fn run(
             tracing::debug!(%channel, "pool closed; notification listener stops");
             return;
         }
+        let retry_in = backoff.next_delay();
+        let err = crate::error::from_sqlx("listening for notifications", lost);
         tracing::warn!(
-            %channel, error = %lost, retry_in = ?backoff,
+            %channel, error = %err.report(), ?retry_in,
             "notification listener disconnected"
         );
         tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = stopped.wait_for(|stop| *stop) => return,
+            () = tokio::time::sleep(retry_in) => {}
+            () = stop.cancelled() => return,
         }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
 

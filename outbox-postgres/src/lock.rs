@@ -1,4 +1,4 @@
-//! [`PgAdvisoryLock`]: a [`DistributedLock`] on PostgreSQL session advisory locks.
+//! [`PgDistributedLock`]: a [`DistributedLock`] on PostgreSQL session advisory locks.
 
 use std::fmt;
 
@@ -6,12 +6,9 @@ use async_trait::async_trait;
 use sqlx::pool::PoolConnection;
 use sqlx::{PgPool, Postgres};
 
-use outbox_core::{DistributedLock, Error, LockGuard, Result};
+use outbox_core::{DistributedLock, LockGuard, LockName, Result};
 
 use crate::error::from_sqlx;
-
-/// Longest lock name accepted, in bytes.
-pub const MAX_LOCK_NAME_LEN: usize = 200;
 
 /// Named locks shared by every process using the same database, for singleton work
 /// such as purging (see [`Purger`](outbox_core::Purger)).
@@ -33,38 +30,27 @@ pub const MAX_LOCK_NAME_LEN: usize = 200;
 /// - Names are hashed to 64 bits, so two different names could in principle share a
 ///   lock (never the reverse). Advisory locks taken by other software on the same
 ///   database share the key space.
+/// - Names arrive validated ([`LockName`]) and are hashed as text by the server, so on
+///   a database whose encoding is not UTF-8, a name with characters that encoding lacks
+///   fails with the driver's error.
 /// - Each held lock occupies one pool connection; size the pool for it.
 /// - A lock lost with its session (a killed backend, a network cut) is not noticed by
 ///   the holder until its next statement; keep singleton work idempotent.
 #[derive(Debug, Clone)]
-pub struct PgAdvisoryLock {
+pub struct PgDistributedLock {
     pool: PgPool,
 }
 
-impl PgAdvisoryLock {
+impl PgDistributedLock {
     /// Locks taken on `pool`'s database.
     pub fn new(pool: PgPool) -> Self {
-        PgAdvisoryLock { pool }
+        PgDistributedLock { pool }
     }
-}
-
-fn validate_name(name: &str) -> Result<()> {
-    if name.is_empty() || name.len() > MAX_LOCK_NAME_LEN {
-        return Err(Error::invalid_input(format!(
-            "lock name must be 1 to {MAX_LOCK_NAME_LEN} bytes, got {}",
-            name.len()
-        )));
-    }
-    if name.contains('\0') {
-        return Err(Error::invalid_input("lock name contains a NUL character"));
-    }
-    Ok(())
 }
 
 #[async_trait]
-impl DistributedLock for PgAdvisoryLock {
-    async fn try_lock(&self, name: &str) -> Result<Option<Box<dyn LockGuard>>> {
-        validate_name(name)?;
+impl DistributedLock for PgDistributedLock {
+    async fn try_lock(&self, name: &LockName) -> Result<Option<Box<dyn LockGuard>>> {
         let conn = self
             .pool
             .acquire()
@@ -73,13 +59,13 @@ impl DistributedLock for PgAdvisoryLock {
         // Own the connection in a guard before taking the lock, so that if this future
         // is dropped mid-statement the connection is closed, not pooled.
         let mut guard = PgLockGuard {
-            name: name.to_owned(),
+            name: name.clone(),
             conn: Some(conn),
         };
         let conn = guard.conn.as_mut().expect("connection set above");
         let locked: bool =
             sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
-                .bind(name)
+                .bind(name.as_str())
                 .fetch_one(&mut **conn)
                 .await
                 .map_err(|e| from_sqlx("try advisory lock", e))?;
@@ -93,9 +79,9 @@ impl DistributedLock for PgAdvisoryLock {
     }
 }
 
-/// A held [`PgAdvisoryLock`]; see its protocol.
-pub struct PgLockGuard {
-    name: String,
+/// A held [`PgDistributedLock`]; see its protocol.
+struct PgLockGuard {
+    name: LockName,
     conn: Option<PoolConnection<Postgres>>,
 }
 
@@ -109,7 +95,7 @@ impl fmt::Debug for PgLockGuard {
 
 #[async_trait]
 impl LockGuard for PgLockGuard {
-    fn name(&self) -> &str {
+    fn name(&self) -> &LockName {
         &self.name
     }
 
@@ -119,7 +105,7 @@ impl LockGuard for PgLockGuard {
         };
         let unlocked =
             sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock(hashtextextended($1, 0))")
-                .bind(&self.name)
+                .bind(self.name.as_str())
                 .fetch_one(&mut *conn)
                 .await;
         match unlocked {
@@ -144,28 +130,6 @@ impl Drop for PgLockGuard {
             // Dropping the detached connection closes its socket; the server ends the
             // session and releases the lock.
             drop(conn.detach());
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use outbox_core::ErrorKind;
-
-    #[test]
-    fn names_are_validated() {
-        assert!(validate_name("outbox-purge").is_ok());
-        assert!(validate_name(&"n".repeat(MAX_LOCK_NAME_LEN)).is_ok());
-        for bad in [
-            String::new(),
-            "n".repeat(MAX_LOCK_NAME_LEN + 1),
-            "a\0b".into(),
-        ] {
-            assert_eq!(
-                validate_name(&bad).unwrap_err().kind(),
-                ErrorKind::InvalidInput
-            );
         }
     }
 }

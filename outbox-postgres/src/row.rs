@@ -1,16 +1,26 @@
-//! Turning claimed and listed rows into [`Message`]s.
+//! Turning claimed and listed rows into messages.
+//!
+//! Two kinds of failure are kept apart. A row of the wrong *shape* (a missing column, a
+//! column of another type) is a schema problem that affects every row: an
+//! [`ErrorKind::Decode`](outbox_core::ErrorKind::Decode) error. A row whose *content*
+//! does not make a deliverable message (headers that are not a JSON object of strings,
+//! a timestamp out of range, a field breaking the [`MessageLimits`], attempts at the
+//! limit) is a poison row: the claim dead-letters it with the reason and returns the
+//! others.
 
 use std::time::SystemTime;
 
 use chrono::{DateTime, Utc};
 use outbox_core::{
-    ClaimedMessage, Error, ErrorKind, Headers, Lease, LeaseToken, Message, MessageId, Result,
+    ClaimedMessage, DeadLetter, Error, ErrorKind, Headers, Lease, LeaseToken, Message, MessageId,
+    MessageLimits, MessageParts, Result,
 };
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 use uuid::Uuid;
 
 use crate::error::from_sqlx;
+use crate::sql::TIME_RANGE;
 
 /// A column that must decode for the statement's own shape to make sense; failing is a
 /// schema problem, reported as [`ErrorKind::Decode`].
@@ -26,35 +36,36 @@ pub(crate) fn decode_error(message: String) -> Error {
     Error::new(ErrorKind::Decode, message)
 }
 
-/// Decode a message row. The outer error is a schema problem (a column missing or of
-/// the wrong type); the inner one is a row whose content does not make a message, with
-/// the reason, to dead-letter.
-pub(crate) fn decode_message(row: &PgRow) -> Result<std::result::Result<Message, (Uuid, String)>> {
-    let id: Uuid = get(row, "id")?;
-    let attempts: i32 = get(row, "attempts")?;
-    let attempts =
-        u32::try_from(attempts).map_err(|_| format!("undecodable row: attempts is {attempts}"));
-    match (headers_from_json(get(row, "headers")?), attempts) {
-        (Ok(headers), Ok(attempts)) => Ok(Ok(build_message(row, id, headers, attempts)?)),
-        (Err(reason), _) | (_, Err(reason)) => Ok(Err((id, reason))),
-    }
-}
-
 /// A claim's rows, decoded.
+#[derive(Debug)]
 pub(crate) struct DecodedClaim {
     /// Ordered by due time, then `seq`.
     pub(crate) claimed: Vec<ClaimedMessage>,
-    /// Rows whose content does not make a message, with the reason: to dead-letter.
-    pub(crate) undecodable: Vec<(Uuid, String)>,
+    /// Rows that cannot be delivered, with the reason: to dead-letter.
+    pub(crate) poison: Vec<(Uuid, String)>,
 }
 
-/// Decode a claim's rows. An error is a schema problem that affects the whole claim.
-pub(crate) fn decode_claimed(rows: &[PgRow], token: LeaseToken) -> Result<DecodedClaim> {
+/// Decode a claim's rows, checking each against `limits`. An error is a schema problem
+/// that affects the whole claim.
+pub(crate) fn decode_claimed(
+    rows: &[PgRow],
+    token: LeaseToken,
+    limits: &MessageLimits,
+) -> Result<DecodedClaim> {
     let mut claimed = Vec::with_capacity(rows.len());
-    let mut undecodable = Vec::new();
+    let mut poison = Vec::new();
     for row in rows {
-        let due: (DateTime<Utc>, i64) = (get(row, "due_at")?, get(row, "seq")?);
-        match decode_message(row)? {
+        let id: Uuid = get(row, "id")?;
+        let order: (DateTime<Utc>, i64) = (get(row, "due_at")?, get(row, "seq")?);
+        let checked = checked_message(row, id)?.and_then(|message| {
+            // A due time before the range would be harmless, but only another tool
+            // writes one; a row the library would never write is not delivered.
+            out_of_range(row, "due_at", "available_at")
+                .map_err(|reason| format!("undecodable row: {reason}"))?;
+            message.check_stored(limits)?;
+            Ok(message)
+        });
+        match checked {
             Ok(message) => {
                 let expires: DateTime<Utc> = get(row, "lease_expires_at")?;
                 let lease = Lease {
@@ -62,87 +73,67 @@ pub(crate) fn decode_claimed(rows: &[PgRow], token: LeaseToken) -> Result<Decode
                     token,
                     expires_at: SystemTime::from(expires),
                 };
-                claimed.push((due, ClaimedMessage { message, lease }));
+                claimed.push((order, ClaimedMessage { message, lease }));
             }
-            Err((id, reason)) => undecodable.push((id, reason)),
+            Err(reason) => poison.push((id, reason)),
         }
     }
-    claimed.sort_by_key(|(due, _)| *due);
+    claimed.sort_by_key(|(order, _)| *order);
     Ok(DecodedClaim {
         claimed: claimed.into_iter().map(|(_, c)| c).collect(),
-        undecodable,
+        poison,
     })
 }
 
-/// Dead letters are listed even when their content does not decode (that is often why
-/// they are dead): such a row is listed with the headers that are strings, and its
-/// `last_error` says what was wrong.
-pub(crate) fn decode_dead_letter(row: &PgRow) -> Result<Message> {
-    let id: Uuid = get(row, "id")?;
-    let headers = match get(row, "headers")? {
-        serde_json::Value::Object(map) => map
-            .into_iter()
-            .filter_map(|(k, v)| v.as_str().map(|v| (k, v.to_owned())))
-            .collect(),
-        _ => Headers::new(),
-    };
+/// The message of a claimed row, or why its content does not make one.
+fn checked_message(row: &PgRow, id: Uuid) -> Result<std::result::Result<Message, String>> {
+    let headers = Headers::from_json(get(row, "headers")?);
     let attempts: i32 = get(row, "attempts")?;
-    build_message(row, id, headers, u32::try_from(attempts).unwrap_or(0))
+    let attempts = u32::try_from(attempts).map_err(|_| format!("attempts is {attempts}"));
+    let created = out_of_range(row, "created_at", "created_at");
+    let message = match (headers, attempts, created) {
+        (Ok(headers), Ok(attempts), Ok(())) => build_message(row, id, headers, attempts)?,
+        (Err(reason), _, _) | (_, Err(reason), _) | (_, _, Err(reason)) => {
+            return Ok(Err(format!("undecodable row: {reason}")))
+        }
+    };
+    Ok(Ok(message))
+}
+
+/// `Err(reason)` when the statement flagged `alias` (the column `name`) as outside the
+/// timestamps this crate returns.
+fn out_of_range(row: &PgRow, alias: &str, name: &str) -> std::result::Result<(), String> {
+    match row.try_get::<Option<String>, _>(format!("{alias}_invalid").as_str()) {
+        Ok(None) => Ok(()),
+        Ok(Some(value)) => Err(format!("{name} {value} is outside {TIME_RANGE}")),
+        Err(e) => Err(format!("{name}: {e}")),
+    }
+}
+
+/// Dead letters are listed even when their content does not decode (that is often why
+/// they are dead): such a row is listed with the headers that are strings, attempts
+/// below zero as 0 and timestamps held to the supported range, and its `last_error`
+/// says what was wrong.
+pub(crate) fn decode_dead_letter(row: &PgRow) -> Result<DeadLetter> {
+    let id: Uuid = get(row, "id")?;
+    let headers = Headers::from_json_lossy(get(row, "headers")?);
+    let attempts: i32 = get(row, "attempts")?;
+    let message = build_message(row, id, headers, u32::try_from(attempts).unwrap_or(0))?;
+    let dead_at: DateTime<Utc> = get(row, "dead_at")?;
+    Ok(DeadLetter::new(message, SystemTime::from(dead_at)))
 }
 
 fn build_message(row: &PgRow, id: Uuid, headers: Headers, attempts: u32) -> Result<Message> {
     let created_at: DateTime<Utc> = get(row, "created_at")?;
-    Ok(Message::from_parts(
-        MessageId::from_uuid(id),
-        get(row, "destination")?,
-        get(row, "partition_key")?,
-        get(row, "payload")?,
-        get(row, "content_type")?,
+    Ok(Message::from(MessageParts {
+        id: MessageId::from_uuid(id),
+        destination: get(row, "destination")?,
+        partition_key: get(row, "partition_key")?,
+        payload: get(row, "payload")?,
+        content_type: get(row, "content_type")?,
         headers,
-        SystemTime::from(created_at),
+        created_at: SystemTime::from(created_at),
         attempts,
-        get(row, "last_error")?,
-    ))
-}
-
-pub(crate) fn headers_json(headers: &Headers) -> serde_json::Value {
-    serde_json::Value::Object(
-        headers
-            .iter()
-            .map(|(k, v)| (k.to_owned(), serde_json::Value::String(v.to_owned())))
-            .collect(),
-    )
-}
-
-fn headers_from_json(value: serde_json::Value) -> std::result::Result<Headers, String> {
-    let serde_json::Value::Object(map) = value else {
-        return Err(format!(
-            "undecodable row: headers are not a JSON object: {value}"
-        ));
-    };
-    map.into_iter()
-        .map(|(name, value)| match value {
-            serde_json::Value::String(v) => Ok((name, v)),
-            other => Err(format!(
-                "undecodable row: header {name:?} is not a string: {other}"
-            )),
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn headers_round_trip_and_reject_non_strings() {
-        let headers: Headers = [("a", "1"), ("b", "two")].into_iter().collect();
-        assert_eq!(headers_from_json(headers_json(&headers)).unwrap(), headers);
-        assert!(headers_from_json(json!({"a": 1}))
-            .unwrap_err()
-            .contains("\"a\""));
-        assert!(headers_from_json(json!(["a"])).is_err());
-        assert!(headers_from_json(json!(null)).is_err());
-    }
+        last_error: get(row, "last_error")?,
+    }))
 }

@@ -1,34 +1,83 @@
-//! The statements a [`PgOutbox`](crate::PgOutbox) runs, built once from its config, and
-//! the conversions of values for binding.
+//! The statements a [`PgOutbox`](crate::PgOutbox) runs, built once from its validated
+//! name and config, and the conversions of values for binding.
 //!
-//! Only validated, double-quoted identifiers are formatted into the text; every value is
-//! a bound parameter. Batch statements take parallel arrays and `unnest` them, so a call
-//! is one round trip however many messages it carries.
+//! Only a [`QualifiedName`] is formatted into the text; every value is a bound
+//! parameter. Batch statements take parallel arrays and `unnest` them, so a call is one
+//! round trip however many messages it carries.
+//!
+//! # Access paths
+//!
+//! - The **claim** reads the partial `<table>_due` index: it states the undelivered
+//!   predicate exactly as the index does ([`UNDELIVERED`]).
+//! - **Settles** (complete, fail, release, dead-lettering what a claim could not
+//!   deliver) reach rows by primary key. They join the bound ids (sorted, so rows are
+//!   locked in id order) on `id` and state "undelivered" as
+//!   `coalesce(dispatched_at, dead_at) IS NULL`, which no partial index predicate
+//!   matches, so the due index is never a candidate. And they are planned afresh for
+//!   every call ([`Persistence::Unprepared`]), for the ids at hand and the table's size
+//!   at that moment. Written like the claim, the planner chose a nested loop over the
+//!   whole due index per settled id on a table without statistics (3.4 s for a 100-row
+//!   complete over 57,000 undelivered rows); and a generic plan cached while the table
+//!   was small (a scan of the table per settled id) stays in use, without statistics,
+//!   however large the table grows.
+//! - **Enqueue** reads nothing: `ON CONFLICT (id) DO NOTHING` finds stored ids through
+//!   the primary key's uniqueness check.
+//! - **Admin** statements on dead letters read the `<table>_dead` index (or the primary
+//!   key for explicit ids).
 
 use std::time::Duration;
 
+use outbox_core::store::MAX_ATTEMPTS;
 use outbox_core::{Error, KeyOrder, Result, Retention};
 
 use crate::config::PgOutboxConfig;
+use crate::ident::QualifiedName;
+use crate::schema::UNDELIVERED;
 
-/// Not dispatched and not dead: pending or in flight.
-const UNDELIVERED: &str = "dispatched_at IS NULL AND dead_at IS NULL";
+/// Earliest and latest timestamps returned as such: outside them (`-infinity`,
+/// `infinity`, years chrono cannot hold), a claimed row is dead-lettered and a listed
+/// one shows the bound.
+const MIN_TIME: &str = "'0001-01-01 00:00:00+00'::timestamptz";
+const MAX_TIME: &str = "'9999-12-31 23:59:59.999999+00'::timestamptz";
+/// The range, as written in a dead letter's reason.
+pub(crate) const TIME_RANGE: &str = "0001-01-01..9999-12-31 UTC";
 
-/// Columns that make a [`Message`](outbox_core::Message).
-const MESSAGE_COLUMNS: &str =
-    "id, destination, partition_key, payload, content_type, headers, created_at, attempts, last_error";
+/// Whether a statement is prepared once per connection and its plan cached, or
+/// planned for each call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Persistence {
+    /// A named prepared statement (sqlx's default): parsed once per connection, and
+    /// after five calls possibly run with a generic plan for any values.
+    Prepared,
+    /// The unnamed statement: parsed and planned for every call (one more round trip),
+    /// so the plan fits the ids at hand and the table as it is now.
+    Unprepared,
+}
+
+impl Persistence {
+    pub(crate) fn persistent(self) -> bool {
+        self == Persistence::Prepared
+    }
+}
+
+/// How settles run: see the module docs.
+pub(crate) const SETTLE: Persistence = Persistence::Unprepared;
 
 /// Prebuilt statement text.
 #[derive(Debug)]
 pub(crate) struct Statements {
-    /// `$1..$7` message arrays, `$8` channel when notifying.
+    /// `$1..$7` message arrays, `$8` channel when notifying; returns the ids inserted
+    /// (fewer than given when some were already stored).
     pub(crate) enqueue: String,
+    /// `$1` ids: take back rows this transaction just inserted.
+    pub(crate) unenqueue: String,
     /// `$1` limit, `$2` lease µs, `$3` token.
     pub(crate) claim: String,
     /// As `claim`, plus `$4` ids.
     pub(crate) claim_ids: String,
-    /// `$1` ids, `$2` errors, `$3` token.
-    pub(crate) dead_letter_undecodable: String,
+    /// `$1` ids, `$2` reasons, `$3` token: dead-letter claimed rows that cannot be
+    /// delivered (a settle).
+    pub(crate) dead_letter_claimed: String,
     /// `$1` token: undo a whole claim (lease, attempt) after it could not be returned.
     pub(crate) release_claim: String,
     /// `$1` ids, `$2` tokens.
@@ -37,30 +86,46 @@ pub(crate) struct Statements {
     pub(crate) fail: String,
     /// `$1` ids, `$2` tokens.
     pub(crate) release: String,
-    /// `$1` after id (nullable), `$2` limit.
+    /// `$1` destination or NULL, `$2` least age µs or NULL, `$3` limit.
     pub(crate) dead_letters: String,
+    /// As `dead_letters`, plus `$4` the id to start after.
+    pub(crate) dead_letters_after: String,
     /// `$1` ids.
-    pub(crate) requeue_dead: String,
-    /// `$1` age µs (the cutoff saturates at the Unix epoch), `$2` limit.
+    pub(crate) requeue_ids: String,
+    /// `$1` destination or NULL, `$2` least age µs or NULL, `$3` limit.
+    pub(crate) requeue_matching: String,
+    /// `$1` ids.
+    pub(crate) discard_ids: String,
+    /// `$1` destination or NULL, `$2` least age µs or NULL, `$3` limit.
+    pub(crate) discard_matching: String,
+    /// `$1` age µs, `$2` limit.
     pub(crate) purge_dispatched: String,
     /// No parameters.
     pub(crate) stats: String,
 }
 
 impl Statements {
-    pub(crate) fn new(config: &PgOutboxConfig) -> Self {
-        let t = config.qualified_table();
-        let per_key = config.ordering_mode() == KeyOrder::PerKey;
-        let fence = format!("m.lease_token = l.token AND {}", undelivered("m"));
+    pub(crate) fn new(t: &QualifiedName, config: &PgOutboxConfig) -> Self {
+        let per_key = config.ordering() == KeyOrder::PerKey;
+        let settle = |set: &str, from: &str| {
+            format!(
+                "UPDATE {t} AS m SET {set} FROM {from} \
+                 WHERE {by_key} AND m.lease_token = l.token RETURNING m.id",
+                by_key = by_primary_key("m", "l"),
+            )
+        };
+        let leases = "unnest($1::uuid[], $2::uuid[]) AS l(id, token)";
+        let requeue = "dead_at = NULL, attempts = 0, available_at = now(), lease_token = NULL";
         Statements {
-            enqueue: enqueue(&t, config.notify_channel().is_some()),
-            claim: claim(&t, per_key, false),
-            claim_ids: claim(&t, per_key, true),
-            dead_letter_undecodable: format!(
-                "UPDATE {t} AS m SET dead_at = now(), lease_token = NULL, last_error = b.error \
-                 FROM unnest($1::uuid[], $2::text[]) AS b(id, error) \
-                 WHERE m.id = b.id AND m.lease_token = $3 AND {}",
-                undelivered("m")
+            enqueue: enqueue(t, config.notify_channel().is_some()),
+            unenqueue: format!("DELETE FROM {t} WHERE id = ANY($1::uuid[])"),
+            claim: claim(t, per_key, false),
+            claim_ids: claim(t, per_key, true),
+            dead_letter_claimed: format!(
+                "UPDATE {t} AS m SET dead_at = now(), lease_token = NULL, last_error = l.error \
+                 FROM unnest($1::uuid[], $2::text[]) AS l(id, error) \
+                 WHERE {by_key} AND m.lease_token = $3::uuid",
+                by_key = by_primary_key("m", "l"),
             ),
             // Runs only when a claim could not be returned. No index leads with
             // lease_token, so this may read every undelivered row (never the history:
@@ -69,60 +134,60 @@ impl Statements {
                 "UPDATE {t} AS m SET available_at = now(), lease_token = NULL, \
                  attempts = greatest(m.attempts - 1, 0) \
                  WHERE m.lease_token = $1 AND {}",
-                undelivered("m")
+                qualified(UNDELIVERED, "m"),
             ),
-            complete: match config.retention_mode() {
+            complete: match config.retention() {
                 Retention::Delete => format!(
-                    "DELETE FROM {t} AS m USING unnest($1::uuid[], $2::uuid[]) AS l(id, token) \
-                     WHERE m.id = l.id AND {fence} RETURNING m.id"
+                    "DELETE FROM {t} AS m USING {leases} \
+                     WHERE {by_key} AND m.lease_token = l.token RETURNING m.id",
+                    by_key = by_primary_key("m", "l"),
                 ),
-                Retention::Keep { .. } => format!(
-                    "UPDATE {t} AS m SET dispatched_at = now(), lease_token = NULL \
-                     FROM unnest($1::uuid[], $2::uuid[]) AS l(id, token) \
-                     WHERE m.id = l.id AND {fence} RETURNING m.id"
-                ),
+                Retention::Keep { .. } => {
+                    settle("dispatched_at = now(), lease_token = NULL", leases)
+                }
             },
-            fail: format!(
-                "UPDATE {t} AS m SET \
-                 available_at = CASE WHEN l.dead THEN m.available_at \
+            fail: settle(
+                "available_at = CASE WHEN l.dead THEN m.available_at \
                      ELSE now() + l.retry_us * interval '1 microsecond' END, \
                  dead_at = CASE WHEN l.dead THEN now() END, \
-                 lease_token = NULL, last_error = l.error \
-                 FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bool[], $5::bigint[]) \
-                     AS l(id, token, error, dead, retry_us) \
-                 WHERE m.id = l.id AND {fence} RETURNING m.id"
+                 lease_token = NULL, last_error = l.error",
+                "unnest($1::uuid[], $2::uuid[], $3::text[], $4::bool[], $5::bigint[]) \
+                     AS l(id, token, error, dead, retry_us)",
             ),
-            release: format!(
-                "UPDATE {t} AS m SET available_at = now(), lease_token = NULL, \
-                 attempts = greatest(m.attempts - 1, 0) \
-                 FROM unnest($1::uuid[], $2::uuid[]) AS l(id, token) \
-                 WHERE m.id = l.id AND {fence} RETURNING m.id"
+            release: settle(
+                "available_at = now(), lease_token = NULL, \
+                 attempts = greatest(m.attempts - 1, 0)",
+                leases,
             ),
-            dead_letters: format!(
-                "SELECT {MESSAGE_COLUMNS} FROM {t} \
-                 WHERE dead_at IS NOT NULL AND ($1::uuid IS NULL OR id > $1) \
-                 ORDER BY id LIMIT $2"
+            dead_letters: dead_letters(t, false),
+            dead_letters_after: dead_letters(t, true),
+            requeue_ids: format!(
+                "UPDATE {t} SET {requeue} WHERE id = ANY($1::uuid[]) AND dead_at IS NOT NULL"
             ),
-            requeue_dead: format!(
-                "UPDATE {t} SET dead_at = NULL, attempts = 0, available_at = now(), \
-                 lease_token = NULL WHERE id = ANY($1::uuid[]) AND dead_at IS NOT NULL"
+            requeue_matching: format!(
+                "UPDATE {t} SET {requeue} WHERE id IN ({})",
+                matching_dead(t)
             ),
+            discard_ids: format!(
+                "DELETE FROM {t} WHERE id = ANY($1::uuid[]) AND dead_at IS NOT NULL"
+            ),
+            discard_matching: format!("DELETE FROM {t} WHERE id IN ({})", matching_dead(t)),
             purge_dispatched: format!(
                 "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} \
-                 WHERE dispatched_at IS NOT NULL \
-                 AND dispatched_at < now() - least($1, \
-                     (extract(epoch FROM now()) * 1000000)::bigint) * interval '1 microsecond' \
-                 ORDER BY dispatched_at LIMIT $2 FOR UPDATE SKIP LOCKED)"
+                 WHERE dispatched_at IS NOT NULL AND dispatched_at < {cutoff} \
+                 ORDER BY dispatched_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
+                cutoff = cutoff("$1"),
             ),
             stats: format!(
                 "SELECT \
                  count(*) FILTER (WHERE lease_token IS NULL OR available_at <= now()) AS pending, \
                  count(*) FILTER (WHERE lease_token IS NOT NULL AND available_at > now()) \
                      AS in_flight, \
-                 (extract(epoch FROM now() - min(created_at)) * 1000000)::bigint AS oldest_us, \
+                 (extract(epoch FROM now() - min({created})) * 1000000)::bigint AS oldest_us, \
                  (SELECT count(*) FROM {t} WHERE dead_at IS NOT NULL) AS dead, \
                  (SELECT count(*) FROM {t} WHERE dispatched_at IS NOT NULL) AS dispatched \
-                 FROM {t} WHERE {UNDELIVERED}"
+                 FROM {t} WHERE {UNDELIVERED}",
+                created = clamp("created_at"),
             ),
         }
     }
@@ -134,19 +199,96 @@ pub(crate) fn micros(what: &str, d: Duration) -> Result<i64> {
         .map_err(|_| Error::invalid_input(format!("{what} of {d:?} is too long")))
 }
 
+/// A duration as whole microseconds, saturating at `i64::MAX`: for ages, where "older
+/// than anything" is what a huge value means (the statements stop the cutoff at the
+/// Unix epoch, see [`cutoff`]).
+pub(crate) fn age_micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
 /// A row count for binding as `LIMIT`. Counts beyond `i64::MAX` (the most PostgreSQL
 /// takes) are clamped to it: no table holds that many rows, so the result is the same.
 pub(crate) fn limit_param(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// Not dispatched and not dead, for the table aliased `alias`.
-fn undelivered(alias: &str) -> String {
-    format!("{alias}.dispatched_at IS NULL AND {alias}.dead_at IS NULL")
+/// `predicate` (written for the bare table) with every column of `UNDELIVERED`
+/// qualified by `alias`.
+fn qualified(predicate: &str, alias: &str) -> String {
+    predicate
+        .replace("dispatched_at", &format!("{alias}.dispatched_at"))
+        .replace("dead_at", &format!("{alias}.dead_at"))
 }
 
-/// One statement inserting the whole batch, notifying in the same statement.
-fn enqueue(t: &str, notify: bool) -> String {
+/// Rows of `m` joining the bound ids of `l`, undelivered: written so that no partial
+/// index applies and rows are found by primary key (see the module docs).
+fn by_primary_key(m: &str, l: &str) -> String {
+    format!("{m}.id = {l}.id AND coalesce({m}.dispatched_at, {m}.dead_at) IS NULL")
+}
+
+/// `now()` minus `param` microseconds, stopping at the Unix epoch rather than
+/// overflowing PostgreSQL's timestamp range for huge ages.
+fn cutoff(param: &str) -> String {
+    format!(
+        "now() - least({param}, (extract(epoch FROM now()) * 1000000)::bigint) \
+         * interval '1 microsecond'"
+    )
+}
+
+/// `column` held within [`MIN_TIME`]..[`MAX_TIME`], so it always decodes.
+fn clamp(column: &str) -> String {
+    format!("least(greatest({column}, {MIN_TIME}), {MAX_TIME})")
+}
+
+/// `column` clamped as `alias`, plus `alias_invalid`: the original value as text when
+/// it was out of range, else NULL.
+fn checked_time(column: &str, alias: &str) -> String {
+    format!(
+        "{clamped} AS {alias}, \
+         CASE WHEN {column} BETWEEN {MIN_TIME} AND {MAX_TIME} THEN NULL \
+             ELSE {column}::text END AS {alias}_invalid",
+        clamped = clamp(column),
+    )
+}
+
+/// Dead letters matching the filter parameters (`$1` destination, `$2` least age),
+/// oldest id first, at most `$3`, skipping rows locked elsewhere.
+fn matching_dead(t: &QualifiedName) -> String {
+    format!(
+        "SELECT id FROM {t} WHERE dead_at IS NOT NULL AND {filter} \
+         ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED",
+        filter = dead_filter(),
+    )
+}
+
+/// The dead-letter filter on `$1` (destination or NULL) and `$2` (least age µs or NULL).
+fn dead_filter() -> String {
+    format!(
+        "($1::text IS NULL OR destination = $1) \
+         AND ($2::bigint IS NULL OR dead_at <= {})",
+        cutoff("$2")
+    )
+}
+
+/// A page of dead letters; `after` adds `$4`, the id the page starts after.
+fn dead_letters(t: &QualifiedName, after: bool) -> String {
+    format!(
+        "SELECT id, destination, partition_key, payload, content_type, headers, \
+             {created}, attempts, last_error, {dead} \
+         FROM {t} WHERE dead_at IS NOT NULL AND {filter} {after} \
+         ORDER BY id LIMIT $3",
+        created = checked_time("created_at", "created_at"),
+        dead = checked_time("dead_at", "dead_at"),
+        filter = dead_filter(),
+        after = if after { "AND id > $4" } else { "" },
+    )
+}
+
+/// One statement inserting the whole batch, skipping ids already stored (`ON CONFLICT
+/// DO NOTHING` checks them through the primary key, waiting for a transaction that is
+/// inserting the same id to end) and returning the ids it inserted. It notifies only
+/// when it inserted the whole batch.
+fn enqueue(t: &QualifiedName, notify: bool) -> String {
     let insert = format!(
         "INSERT INTO {t} \
          (id, destination, partition_key, payload, content_type, headers, available_at) \
@@ -155,20 +297,26 @@ fn enqueue(t: &str, notify: bool) -> String {
          FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::text[], \
              $6::jsonb[], $7::bigint[]) WITH ORDINALITY \
              AS n(id, destination, partition_key, payload, content_type, headers, delay_us, ord) \
-         ORDER BY n.ord"
+         ORDER BY n.ord \
+         ON CONFLICT (id) DO NOTHING RETURNING id"
     );
+    let inserted = "array(SELECT id FROM inserted) AS inserted";
     if notify {
+        // `notified` is read (by the count), so it runs; it has a row only when the
+        // whole batch was inserted. Identical notifications of one transaction fold.
         format!(
-            "WITH inserted AS ({insert} RETURNING 1) \
-             SELECT pg_notify($8, '') WHERE EXISTS (SELECT 1 FROM inserted)"
+            "WITH inserted AS ({insert}), \
+             notified AS (SELECT pg_notify($8, '') \
+                 WHERE (SELECT count(*) FROM inserted) = cardinality($1::uuid[])) \
+             SELECT {inserted}, (SELECT count(*) FROM notified) AS notified"
         )
     } else {
-        insert
+        format!("WITH inserted AS ({insert}) SELECT {inserted}")
     }
 }
 
 /// Select due rows (skipping locked ones), stamp the lease, return them.
-fn claim(t: &str, per_key: bool, by_ids: bool) -> String {
+fn claim(t: &QualifiedName, per_key: bool, by_ids: bool) -> String {
     let ids = if by_ids {
         "AND c.id = ANY($4::uuid[])"
     } else {
@@ -187,7 +335,7 @@ fn claim(t: &str, per_key: bool, by_ids: bool) -> String {
         format!(
             "AND (c.partition_key IS NULL OR c.seq <= (SELECT e.seq FROM {t} AS e \
              WHERE e.partition_key = c.partition_key AND {} ORDER BY e.seq LIMIT 1))",
-            undelivered("e")
+            qualified(UNDELIVERED, "e")
         )
     } else {
         String::new()
@@ -195,24 +343,29 @@ fn claim(t: &str, per_key: bool, by_ids: bool) -> String {
     // The update finds the locked rows by `ctid` (a TID scan): joining on `id` let the
     // planner hash-join a sequential scan of the whole table for large batches. The
     // row lock taken in `due` keeps each `ctid` valid until this statement updates it.
+    // Attempts saturate at MAX_ATTEMPTS (the row is then dead-lettered) instead of
+    // overflowing `integer` and failing every claim.
     format!(
         "WITH due AS (SELECT c.ctid, c.available_at, c.seq FROM {t} AS c \
          WHERE {due} AND c.available_at <= now() {ids} {key_order} \
          ORDER BY c.available_at, c.seq LIMIT $1 FOR UPDATE OF c SKIP LOCKED) \
          UPDATE {t} AS m SET available_at = now() + $2 * interval '1 microsecond', \
-             lease_token = $3, attempts = m.attempts + 1 \
+             lease_token = $3, attempts = least(m.attempts, {before_max}) + 1 \
          FROM due WHERE m.ctid = due.ctid \
          RETURNING m.id, m.destination, m.partition_key, m.payload, m.content_type, \
-             m.headers, m.created_at, m.attempts, m.last_error, \
-             m.available_at AS lease_expires_at, due.available_at AS due_at, due.seq",
-        due = undelivered("c"),
+             m.headers, {created}, m.attempts, m.last_error, \
+             m.available_at AS lease_expires_at, {due_at}, due.seq",
+        due = qualified(UNDELIVERED, "c"),
+        before_max = i64::from(MAX_ATTEMPTS) - 1,
+        created = checked_time("m.created_at", "created_at"),
+        due_at = checked_time("due.available_at", "due_at"),
     )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::NotifyMode;
+    use crate::config::Notify;
     use outbox_core::ErrorKind;
 
     #[test]
@@ -222,28 +375,53 @@ mod tests {
             micros("x", Duration::MAX).unwrap_err().kind(),
             ErrorKind::InvalidInput
         );
+        assert_eq!(age_micros(Duration::MAX), i64::MAX);
         assert_eq!(limit_param(0), 0);
         assert_eq!(limit_param(5), 5);
         assert_eq!(limit_param(usize::MAX), i64::MAX);
     }
 
     fn config() -> PgOutboxConfig {
-        PgOutboxConfig::default().schema("s").table("t")
+        PgOutboxConfig::default().with_schema("s").with_table("t")
+    }
+
+    fn statements(config: &PgOutboxConfig) -> Statements {
+        Statements::new(&config.qualified_name().unwrap(), config)
     }
 
     #[test]
     fn claim_skips_locked_rows_and_orders_by_due_then_seq() {
-        let s = Statements::new(&config());
+        let s = statements(&config());
         assert!(s.claim.contains("FOR UPDATE OF c SKIP LOCKED"));
         assert!(s.claim.contains("ORDER BY c.available_at, c.seq LIMIT $1"));
+        assert!(
+            s.claim
+                .contains("WHERE c.dispatched_at IS NULL AND c.dead_at IS NULL AND"),
+            "the claim states the due index's predicate: {}",
+            s.claim
+        );
         assert!(!s.claim.contains("c.partition_key"));
         assert!(!s.claim.contains("ANY($4"));
         assert!(s.claim_ids.contains("c.id = ANY($4::uuid[])"));
     }
 
     #[test]
+    fn claims_saturate_attempts_and_return_timestamps_safely() {
+        let s = statements(&config());
+        assert!(s
+            .claim
+            .contains("attempts = least(m.attempts, 2147483646) + 1"));
+        for column in ["created_at", "due_at"] {
+            assert!(
+                s.claim.contains(&format!("AS {column}_invalid")),
+                "{column}"
+            );
+        }
+    }
+
+    #[test]
     fn per_key_claims_take_the_head_of_undelivered_rows_only() {
-        let s = Statements::new(&config().ordering(KeyOrder::PerKey));
+        let s = statements(&config().with_ordering(KeyOrder::PerKey));
         for sql in [&s.claim, &s.claim_ids] {
             assert!(
                 sql.contains(
@@ -258,7 +436,7 @@ mod tests {
 
     #[test]
     fn a_failed_claim_is_undone_by_its_token_only() {
-        let s = Statements::new(&config());
+        let s = statements(&config());
         assert!(s.release_claim.contains(
             "attempts = greatest(m.attempts - 1, 0) WHERE m.lease_token = $1 \
              AND m.dispatched_at IS NULL AND m.dead_at IS NULL"
@@ -267,49 +445,70 @@ mod tests {
     }
 
     #[test]
-    fn settling_is_fenced_and_batched() {
-        let s = Statements::new(&config());
-        for sql in [&s.complete, &s.fail, &s.release] {
-            assert!(sql.contains("unnest($1::uuid[], $2::uuid[]"), "{sql}");
+    fn settles_are_fenced_batched_and_by_primary_key_only() {
+        let keep = Retention::Keep {
+            window: Duration::from_secs(1),
+        };
+        let s = statements(&config());
+        let k = statements(&config().with_retention(keep));
+        for sql in [
+            &s.complete,
+            &k.complete,
+            &s.fail,
+            &s.release,
+            &s.dead_letter_claimed,
+        ] {
             assert!(
-                sql.contains(
-                    "m.lease_token = l.token AND m.dispatched_at IS NULL AND m.dead_at IS NULL"
-                ),
+                sql.contains("m.id = l.id AND coalesce(m.dispatched_at, m.dead_at) IS NULL"),
                 "{sql}"
             );
+            assert!(
+                !sql.contains("dispatched_at IS NULL AND"),
+                "a settle must not state the due index's predicate: {sql}"
+            );
+        }
+        for sql in [&s.complete, &k.complete, &s.fail, &s.release] {
+            assert!(sql.contains("unnest($1::uuid[], $2::uuid[]"), "{sql}");
+            assert!(sql.contains("m.lease_token = l.token"), "{sql}");
             assert!(sql.ends_with("RETURNING m.id"), "{sql}");
         }
+        assert!(s.dead_letter_claimed.contains("m.lease_token = $3::uuid"));
+        assert_eq!(
+            SETTLE,
+            Persistence::Unprepared,
+            "settles are planned per call"
+        );
         assert!(s.complete.starts_with("DELETE FROM \"s\".\"t\""));
-        let keep = Statements::new(&config().retention(Retention::Keep {
-            window: std::time::Duration::from_secs(1),
-        }));
-        assert!(keep
+        assert!(k
             .complete
             .contains("SET dispatched_at = now(), lease_token = NULL"));
     }
 
     #[test]
-    fn enqueue_notifies_in_the_same_statement_only_when_enabled() {
-        let on = Statements::new(&config().notify_on_commit());
-        assert!(on
+    fn enqueue_skips_stored_ids_and_notifies_only_when_enabled() {
+        let off = statements(&config());
+        assert!(off
             .enqueue
             .starts_with("WITH inserted AS (INSERT INTO \"s\".\"t\""));
-        assert!(on.enqueue.contains("pg_notify($8, '')"));
-        let named = Statements::new(&config().notify(NotifyMode::Channel("c".into())));
+        assert!(off
+            .enqueue
+            .contains("ORDER BY n.ord ON CONFLICT (id) DO NOTHING RETURNING id"));
+        assert!(!off.enqueue.contains("$8"));
+        let on = statements(&config().with_notify(Notify::OnCommit));
+        assert!(on.enqueue.contains(
+            "SELECT pg_notify($8, '') \
+             WHERE (SELECT count(*) FROM inserted) = cardinality($1::uuid[])"
+        ));
+        let named = statements(&config().with_notify(Notify::Channel("c".into())));
         assert_eq!(
             named.enqueue, on.enqueue,
             "the channel is bound, not formatted"
         );
-        for off in [config(), config().notify(NotifyMode::Off)] {
-            let off = Statements::new(&off);
-            assert!(off.enqueue.starts_with("INSERT INTO"));
-            assert!(!off.enqueue.contains("$8"));
-        }
     }
 
     #[test]
-    fn purge_is_bounded_and_skips_locked_rows() {
-        let s = Statements::new(&config());
+    fn admin_statements_are_bounded_and_skip_locked_rows() {
+        let s = statements(&config());
         assert!(s
             .purge_dispatched
             .contains("LIMIT $2 FOR UPDATE SKIP LOCKED"));
@@ -318,5 +517,20 @@ mod tests {
                 .contains("least($1, (extract(epoch FROM now()) * 1000000)::bigint)"),
             "a huge age saturates instead of overflowing the timestamp"
         );
+        for sql in [&s.requeue_matching, &s.discard_matching] {
+            assert!(
+                sql.contains("ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED"),
+                "{sql}"
+            );
+            assert!(sql.contains("dead_at IS NOT NULL"), "{sql}");
+        }
+        for sql in [&s.requeue_ids, &s.discard_ids] {
+            assert!(
+                sql.ends_with("WHERE id = ANY($1::uuid[]) AND dead_at IS NOT NULL"),
+                "ids touch dead letters only: {sql}"
+            );
+        }
+        assert!(s.dead_letters_after.contains("AND id > $4"));
+        assert!(!s.dead_letters.contains("$4"));
     }
 }

@@ -7,9 +7,9 @@ mod common;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use outbox_core::{MessageId, NewMessage, OutboxStore, Result};
+use outbox_core::{MessageId, NewMessage, OutboxAdmin, OutboxStore, Result, StoreCapabilities};
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
-use outbox_testkit::{Features, Fixture, FixtureOptions, Harness, RowLock};
+use outbox_testkit::{Features, Fixture, Harness, RowLock};
 use sqlx::{PgPool, Postgres, Transaction};
 
 /// Makes one schema per case on a shared database.
@@ -23,11 +23,11 @@ impl Harness for PgHarness {
         Features::all()
     }
 
-    async fn fixture(&self, options: FixtureOptions) -> Result<Box<dyn Fixture>> {
+    async fn fixture(&self, capabilities: StoreCapabilities) -> Result<Box<dyn Fixture>> {
         let config = PgOutboxConfig::default()
-            .schema(common::schema_name())
-            .ordering(options.ordering)
-            .retention(options.retention);
+            .with_schema(common::schema_name())
+            .with_ordering(capabilities.ordering)
+            .with_retention(capabilities.retention);
         let outbox = PgOutbox::new(self.pool.clone(), config)?;
         outbox.install().await?;
         Ok(Box::new(PgFixture { outbox }))
@@ -42,6 +42,10 @@ struct PgFixture {
 #[async_trait]
 impl Fixture for PgFixture {
     fn store(&self) -> Arc<dyn OutboxStore> {
+        Arc::new(self.outbox.clone())
+    }
+
+    fn admin(&self) -> Arc<dyn OutboxAdmin> {
         Arc::new(self.outbox.clone())
     }
 
@@ -60,9 +64,8 @@ impl Fixture for PgFixture {
     async fn lock_row(&self, id: MessageId) -> Result<Box<dyn RowLock>> {
         let mut tx = self.outbox.pool().begin().await.map_err(common::storage)?;
         let sql = format!(
-            "SELECT 1 FROM \"{}\".\"{}\" WHERE id = $1 FOR UPDATE",
-            self.outbox.config().schema_name(),
-            self.outbox.config().table_name()
+            "SELECT 1 FROM {} WHERE id = $1 FOR UPDATE",
+            self.outbox.qualified_name()
         );
         sqlx::query(&sql)
             .bind(id.as_uuid())

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::{
-    Message, NewMessage, OutboxStore, PublishOutcome, Publisher, Relay, RelayConfig, Result,
-    RetryPolicy,
+    DeadLetterFilter, DeadLetterPage, Message, NewMessage, OutboxAdmin, PublishOutcome, Publisher,
+    Relay, RelayConfig, Result, RetryPolicy,
 };
 use outbox_testkit::MemoryStore;
 
@@ -89,10 +89,12 @@ async fn main() -> Result<()> {
         "dispatched {}, retried {}, dead-lettered {}",
         report.dispatched, report.retried, report.dead_lettered
     );
-    for dead in store.dead_letters(None, 10).await? {
+    let page = DeadLetterPage::new(DeadLetterFilter::default(), 10)?;
+    for dead in store.dead_letters(&page).await? {
+        let m = &dead.message;
         println!(
             "dead letter {} to {}: {:?}",
-            dead.id, dead.destination, dead.last_error
+            m.id, m.destination, m.last_error
         );
     }
     Ok(())

@@ -1,6 +1,8 @@
-//! A service writing orders and their events in one PostgreSQL transaction, a relay
-//! woken by `NOTIFY` publishing them, an explicit dispatch right after commit, and a
-//! consumer deduplicating with the inbox table inside its own transaction.
+//! A service writing orders and their events in one PostgreSQL transaction: after each
+//! commit it wakes its relay in process (no `NOTIFY`, so commits stay independent),
+//! dispatches one order's event by id right after commit, reads the outbox's stats as
+//! an operator would, stops the relay with its shutdown signal, and runs a consumer
+//! that deduplicates with the inbox table inside its own transaction.
 //!
 //! Run it against any PostgreSQL you may create schemas in:
 //!
@@ -14,10 +16,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::{
-    Dedup, Message, NewMessage, OutboxStore, PublishOutcome, Publisher, Relay, RelayConfig, Result,
+    ConsumerName, Dedup, Message, NewMessage, OutboxAdmin, PublishOutcome, Publisher, Relay,
+    RelayConfig, Result,
 };
-use outbox_postgres::{spawn_listener, PgDedupConfig, PgDedupStore, PgOutbox, PgOutboxConfig};
+use outbox_postgres::{PgDedupConfig, PgDedupStore, PgOutbox, PgOutboxConfig};
 use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
 
 /// Stands in for a broker client: keeps what it was given so the consumer below can
 /// read it, and prints each message.
@@ -47,25 +51,37 @@ fn db_error(e: sqlx::Error) -> outbox_core::Error {
     outbox_core::Error::new(outbox_core::ErrorKind::Storage, "example SQL failed").with_source(e)
 }
 
-/// The business write and its event, committed together.
-async fn place_order(pool: &PgPool, outbox: &PgOutbox, order: i64) -> Result<NewMessage> {
-    let mut tx = pool.begin().await.map_err(db_error)?;
-    sqlx::query("INSERT INTO example_shop.orders (id, total_cents) VALUES ($1, $2)")
-        .bind(order)
-        .bind(order * 1000)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_error)?;
-    let event = NewMessage::builder("orders.placed")
-        .partition_key(format!("order-{order}"))
-        .content_type("application/json")
-        .payload(format!("{{\"order\":{order}}}"))
-        .build()?;
-    outbox
-        .enqueue(&mut tx, std::slice::from_ref(&event))
-        .await?;
-    tx.commit().await.map_err(db_error)?;
-    Ok(event)
+/// What a request handler holds: the pool, the outbox and the relay to wake.
+#[derive(Debug, Clone)]
+struct Shop {
+    pool: PgPool,
+    outbox: PgOutbox,
+    relay: Relay,
+}
+
+impl Shop {
+    /// The business write and its event, committed together; then the relay is woken
+    /// so the event is published now rather than at its next poll.
+    async fn place_order(&self, order: i64) -> Result<NewMessage> {
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        sqlx::query("INSERT INTO example_shop.orders (id, total_cents) VALUES ($1, $2)")
+            .bind(order)
+            .bind(order * 1000)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_error)?;
+        let event = NewMessage::builder("orders.placed")
+            .partition_key(format!("order-{order}"))
+            .content_type("application/json")
+            .payload(format!("{{\"order\":{order}}}"))
+            .build()?;
+        self.outbox
+            .enqueue(&mut tx, std::slice::from_ref(&event))
+            .await?;
+        tx.commit().await.map_err(db_error)?;
+        self.relay.wakeup().wake();
+        Ok(event)
+    }
 }
 
 #[tokio::main]
@@ -73,52 +89,50 @@ async fn main() -> Result<()> {
     let url = std::env::var("OUTBOX_PG_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/outbox_test".to_owned());
     let pool = PgPool::connect(&url).await.map_err(db_error)?;
-    sqlx::query("DROP SCHEMA IF EXISTS example_shop CASCADE")
-        .execute(&pool)
-        .await
-        .map_err(db_error)?;
-    sqlx::query("CREATE SCHEMA example_shop")
-        .execute(&pool)
-        .await
-        .map_err(db_error)?;
-    sqlx::query(
-        "CREATE TABLE example_shop.orders (id bigint PRIMARY KEY, total_cents bigint NOT NULL)",
+    sqlx::raw_sql(
+        "DROP SCHEMA IF EXISTS example_shop CASCADE; \
+         CREATE SCHEMA example_shop; \
+         CREATE TABLE example_shop.orders (id bigint PRIMARY KEY, total_cents bigint NOT NULL);",
     )
     .execute(&pool)
     .await
     .map_err(db_error)?;
 
+    // NOTIFY stays off (the default): this process wakes its own relay after each
+    // commit, and relays elsewhere would find the messages at their next poll.
     let outbox = PgOutbox::new(
         pool.clone(),
-        PgOutboxConfig::default()
-            .schema("example_shop")
-            // NOTIFY wakes relays in other processes at once, at the price of a
-            // cluster-wide lock at each notifying commit; see `notify_on_commit`.
-            .notify_on_commit(),
+        PgOutboxConfig::default().with_schema("example_shop"),
     )?;
     outbox.install().await?;
     let inbox = PgDedupStore::new(
         pool.clone(),
-        PgDedupConfig::default().schema("example_shop"),
+        PgDedupConfig::default().with_schema("example_shop"),
     )?;
     inbox.install().await?;
 
+    // The service's shutdown tree: cancelling it stops the relay.
+    let shutdown = CancellationToken::new();
     let broker = Arc::new(InProcessBroker::default());
     let relay = Relay::new(
         Arc::new(outbox.clone()),
         broker.clone(),
         RelayConfig::default().name("shop"),
-    )?;
-    let channel = outbox.config().notify_channel().expect("notify is on");
-    let listener = spawn_listener(pool.clone(), channel, relay.wakeup())?;
+    )?
+    .with_shutdown(shutdown.clone().cancelled_owned());
     let running = relay.spawn();
+    let shop = Shop {
+        pool: pool.clone(),
+        outbox: outbox.clone(),
+        relay: relay.clone(),
+    };
 
-    // Orders 1-3: the NOTIFY issued inside each transaction wakes the relay on commit.
+    // Orders 1-3: each commit wakes the relay.
     for order in 1..=3 {
-        place_order(&pool, &outbox, order).await?;
+        shop.place_order(order).await?;
     }
     // Order 4: dispatch explicitly right after commit, alongside the background relay.
-    let event = place_order(&pool, &outbox, 4).await?;
+    let event = shop.place_order(4).await?;
     let report = relay.dispatch_ids(&[event.id()]).await?;
     println!(
         "explicit dispatch of order 4: {} published",
@@ -126,13 +140,14 @@ async fn main() -> Result<()> {
     );
 
     relay.wait_idle(Duration::from_secs(10)).await?;
-    let totals = running.shutdown().await?;
-    listener.stop().await;
-    println!("relay totals: {totals:?}");
     println!("outbox now: {:?}", outbox.stats().await?);
+    shutdown.cancel();
+    let totals = running.shutdown().await?;
+    println!("relay totals: {totals:?}");
 
     // A consumer: the broker redelivers everything once; the inbox, written in the
     // consumer's own transaction, makes the second delivery a no-op.
+    let billing = ConsumerName::new("billing")?;
     let deliveries = broker
         .delivered
         .lock()
@@ -140,7 +155,7 @@ async fn main() -> Result<()> {
         .clone();
     for m in deliveries.iter().chain(deliveries.iter()) {
         let mut tx = pool.begin().await.map_err(db_error)?;
-        match inbox.record_in(&mut tx, "billing", m.id).await? {
+        match inbox.record_in(&mut tx, &billing, m.id).await? {
             Dedup::New => println!("billing handles {}", m.id),
             Dedup::Duplicate => println!("billing skips duplicate {}", m.id),
         }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::{OutboxStore, Relay, RelayConfig};
-use outbox_postgres::{NotifyMode, PgOutbox, PgOutboxConfig};
+use outbox_postgres::{Notify, PgOutbox, PgOutboxConfig};
 
 use crate::harness::{
     fmt_ratio, json_num, median, noop_publisher, preload, qualified, ratio, vacuum, Env, Res, Table,
@@ -45,8 +45,8 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
     );
 
     let config = PgOutboxConfig::default()
-        .schema(SCHEMA)
-        .notify(NotifyMode::Off);
+        .with_schema(SCHEMA)
+        .with_notify(Notify::Off);
     let admin = env.pool(2).await?;
     let outbox = PgOutbox::new(admin.clone(), config.clone())?;
     outbox.install().await?;

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use outbox_postgres::{NotifyMode, PgOutbox, PgOutboxConfig};
+use outbox_postgres::{Notify, PgOutbox, PgOutboxConfig};
 use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::harness::{fmt_ratio, json_num, median, order_message, ratio, Env, Res, Table};
@@ -102,16 +102,16 @@ async fn install(pool: &PgPool) -> Res<Vec<Variant>> {
     let notify = PgOutbox::new(
         pool.clone(),
         PgOutboxConfig::default()
-            .schema(SCHEMA)
-            .table("outbox_notify")
-            .notify_on_commit(),
+            .with_schema(SCHEMA)
+            .with_table("outbox_notify")
+            .with_notify(Notify::OnCommit),
     )?;
     let quiet = PgOutbox::new(
         pool.clone(),
         PgOutboxConfig::default()
-            .schema(SCHEMA)
-            .table("outbox_quiet")
-            .notify(NotifyMode::Off),
+            .with_schema(SCHEMA)
+            .with_table("outbox_quiet")
+            .with_notify(Notify::Off),
     )?;
     notify.install().await?;
     quiet.install().await?;

@@ -135,7 +135,7 @@ async fn create_database_if_missing(options: &PgConnectOptions) -> Res<()> {
         .fetch_optional(&mut conn)
         .await?;
     if exists.is_none() {
-        outbox_postgres::validate_identifier("database", &name)?;
+        outbox_core::names::validate_identifier("database", &name, 63)?;
         println!("creating database {name}");
         sqlx::query(&format!("CREATE DATABASE \"{name}\""))
             .execute(&mut conn)
@@ -162,8 +162,7 @@ pub(crate) async fn drop_bench_schemas(pool: &PgPool) -> Res<()> {
 
 /// `"schema"."table"` of an outbox, for the bench's own SQL.
 pub(crate) fn qualified(outbox: &PgOutbox) -> String {
-    let config = outbox.config();
-    format!("\"{}\".\"{}\"", config.schema_name(), config.table_name())
+    outbox.qualified_name().to_string()
 }
 
 /// `VACUUM ANALYZE` a table, so every run starts without dead rows and with statistics

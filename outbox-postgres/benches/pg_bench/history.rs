@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use outbox_core::{ClaimRequest, Lease, OutboxStore, Retention};
-use outbox_postgres::{NotifyMode, PgOutbox, PgOutboxConfig};
+use outbox_postgres::{Notify, PgOutbox, PgOutboxConfig};
 use sqlx::PgPool;
 
 use crate::harness::{
@@ -149,10 +149,10 @@ struct Subject {
 impl Subject {
     async fn prepare(env: &Env, admin: &PgPool, history: u64) -> Res<Subject> {
         let config = PgOutboxConfig::default()
-            .schema(SCHEMA)
-            .table(format!("outbox_history_{history}"))
-            .notify(NotifyMode::Off)
-            .retention(Retention::Keep {
+            .with_schema(SCHEMA)
+            .with_table(format!("outbox_history_{history}"))
+            .with_notify(Notify::Off)
+            .with_retention(Retention::Keep {
                 window: Duration::from_secs(7 * 24 * 3600),
             });
         let outbox = PgOutbox::new(admin.clone(), config.clone())?;
@@ -182,7 +182,7 @@ impl Subject {
     /// Claim and complete one batch (timed), then put it back to pending (untimed).
     async fn iterate(&mut self, record: bool) -> Res<()> {
         let start = Instant::now();
-        let claimed = self.store.claim(ClaimRequest::new(BATCH, LEASE)).await?;
+        let claimed = self.store.claim(ClaimRequest::new(BATCH, LEASE)?).await?;
         let claimed_at = Instant::now();
         let leases: Vec<Lease> = claimed.iter().map(|c| c.lease).collect();
         let settled = self.store.complete(&leases).await?;

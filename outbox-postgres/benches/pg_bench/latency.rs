@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use outbox_core::{Message, MessageId, PublishOutcome, Publisher, Relay, RelayConfig};
-use outbox_postgres::{spawn_listener, NotifyMode, PgOutbox, PgOutboxConfig};
+use outbox_postgres::{spawn_listener, Notify, PgOutbox, PgOutboxConfig};
 
 use crate::harness::{ms, order_message, Env, Percentiles, Res, Table};
 
@@ -73,13 +73,13 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
     );
     let admin = env.pool(2).await?;
     let notify = PgOutboxConfig::default()
-        .schema(SCHEMA)
-        .table("outbox_notify")
-        .notify_on_commit();
+        .with_schema(SCHEMA)
+        .with_table("outbox_notify")
+        .with_notify(Notify::OnCommit);
     let polling = PgOutboxConfig::default()
-        .schema(SCHEMA)
-        .table("outbox_polling")
-        .notify(NotifyMode::Off);
+        .with_schema(SCHEMA)
+        .with_table("outbox_polling")
+        .with_notify(Notify::Off);
 
     let mut table = Table::new(&[
         "mode",

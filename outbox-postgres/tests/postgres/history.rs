@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{DistributedLock, PurgeRun, Purger, Retention};
-use outbox_postgres::{PgAdvisoryLock, PgOutbox, PgOutboxConfig};
+use outbox_core::{DistributedLock, LockName, PurgeRun, Purger, Retention};
+use outbox_postgres::{PgDistributedLock, PgOutbox, PgOutboxConfig};
 
 use crate::{common, enqueue, msg, outbox, table};
 
@@ -28,7 +28,7 @@ async fn load_history(outbox: &PgOutbox, n: i64) {
 }
 
 fn keep(window: Duration) -> PgOutboxConfig {
-    PgOutboxConfig::default().retention(Retention::Keep { window })
+    PgOutboxConfig::default().with_retention(Retention::Keep { window })
 }
 
 #[tokio::test]
@@ -38,11 +38,12 @@ async fn claims_read_the_pending_index_not_the_history() {
     };
     let pool = common::pool(&url, 2).await;
     let outbox = outbox(&pool, keep(Duration::from_secs(3600))).await;
+    let claim = crate::plans::claim_statement(&outbox).await;
     load_history(&outbox, 100_000).await;
     enqueue(&outbox, &(0..20).map(msg).collect::<Vec<_>>()).await;
 
-    let plan = crate::explain_claim(&outbox, 100).await;
-    let due_index = format!("{}_due", outbox.config().table_name());
+    let plan = crate::plans::explain_claim(&pool, &claim, 100).await;
+    let due_index = format!("{}_due", outbox.config().table());
     assert!(
         plan.contains(&due_index),
         "claim must use the partial index {due_index}:\n{plan}"
@@ -63,16 +64,13 @@ async fn purger_deletes_expired_history_in_batches_under_the_lock() {
     load_history(&outbox, 2_500).await;
     enqueue(&outbox, &(0..5).map(msg).collect::<Vec<_>>()).await;
 
-    let lock = Arc::new(PgAdvisoryLock::new(pool.clone()));
-    let purger = Purger::new(Arc::new(outbox.clone()), lock.clone(), 1_000)
+    let lock = Arc::new(PgDistributedLock::new(pool.clone()));
+    let name = LockName::new(format!("purge-{}", outbox.config().schema())).unwrap();
+    let purger = Purger::for_outbox(Arc::new(outbox.clone()), lock.clone(), 1_000)
         .unwrap()
-        .lock_name(format!("purge-{}", outbox.config().schema_name()));
+        .with_lock_name(name.clone());
 
-    let held = lock
-        .try_lock(&format!("purge-{}", outbox.config().schema_name()))
-        .await
-        .unwrap()
-        .expect("lock is free");
+    let held = lock.try_lock(&name).await.unwrap().expect("lock is free");
     assert_eq!(
         purger.run_once().await.unwrap(),
         PurgeRun::Skipped,
@@ -81,7 +79,7 @@ async fn purger_deletes_expired_history_in_batches_under_the_lock() {
     held.unlock().await.unwrap();
 
     assert_eq!(purger.run_once().await.unwrap(), PurgeRun::Purged(2_500));
-    let stats = outbox_core::OutboxStore::stats(&outbox).await.unwrap();
+    let stats = outbox_core::OutboxAdmin::stats(&outbox).await.unwrap();
     assert_eq!(
         (stats.dispatched, stats.pending),
         (0, 5),

@@ -1,21 +1,27 @@
-//! The inbox table: transactional recording, exactly one `New` under concurrency,
-//! retention.
+//! The inbox table's transactional recording: `record_in` commits and rolls back with
+//! the handler's transaction, and a concurrent transaction recording the same id waits
+//! for it. Atomicity, consumer scoping, expiry and purging are in the shared suite
+//! (`tests/dedup_lock_conformance.rs`).
 
 use std::time::Duration;
 
-use outbox_core::{Dedup, DedupStore, ErrorKind, MessageId};
+use outbox_core::{ConsumerName, Dedup, DedupStore, MessageId};
 use outbox_postgres::{PgDedupConfig, PgDedupStore};
 
 use crate::common;
 
-async fn inbox(pool: &sqlx::PgPool, retention: Duration) -> PgDedupStore {
+async fn inbox(pool: &sqlx::PgPool) -> PgDedupStore {
     let config = PgDedupConfig::default()
-        .schema(common::schema_name())
-        .retention(retention);
+        .with_schema(common::schema_name())
+        .with_retention(Duration::from_secs(3600));
     let inbox = PgDedupStore::new(pool.clone(), config).unwrap();
     inbox.install().await.unwrap();
     inbox.install().await.unwrap();
     inbox
+}
+
+fn billing() -> ConsumerName {
+    ConsumerName::new("billing").unwrap()
 }
 
 #[tokio::test]
@@ -24,101 +30,77 @@ async fn record_in_commits_and_rolls_back_with_the_transaction() {
         return;
     };
     let pool = common::pool(&url, 3).await;
-    let inbox = inbox(&pool, Duration::from_secs(3600)).await;
-    let id = MessageId::new();
+    let inbox = inbox(&pool).await;
+    let (billing, id) = (billing(), MessageId::new());
 
     let mut tx = pool.begin().await.unwrap();
     assert_eq!(
-        inbox.record_in(&mut tx, "billing", id).await.unwrap(),
+        inbox.record_in(&mut tx, &billing, id).await.unwrap(),
         Dedup::New
     );
     assert_eq!(
-        inbox.record_in(&mut tx, "billing", id).await.unwrap(),
+        inbox.record_in(&mut tx, &billing, id).await.unwrap(),
         Dedup::Duplicate
     );
     tx.rollback().await.unwrap();
     assert!(
-        !inbox.contains("billing", id).await.unwrap(),
+        !inbox.contains(&billing, id).await.unwrap(),
         "rolled back with the handler"
     );
 
     let mut tx = pool.begin().await.unwrap();
     assert_eq!(
-        inbox.record_in(&mut tx, "billing", id).await.unwrap(),
+        inbox.record_in(&mut tx, &billing, id).await.unwrap(),
         Dedup::New
     );
     tx.commit().await.unwrap();
-    assert!(inbox.contains("billing", id).await.unwrap());
-    assert_eq!(inbox.record("billing", id).await.unwrap(), Dedup::Duplicate);
-    assert_eq!(
-        inbox.record("shipping", id).await.unwrap(),
-        Dedup::New,
-        "scoped by consumer"
-    );
-
-    let err = inbox.record("", id).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    assert!(inbox.contains(&billing, id).await.unwrap());
+    assert_eq!(inbox.record(&billing, id).await.unwrap(), Dedup::Duplicate);
 }
 
-#[tokio::test]
-async fn concurrent_records_of_one_id_give_exactly_one_new() {
-    let Some(url) = common::url("inbox concurrency") else {
-        return;
-    };
-    let pool = common::pool(&url, 8).await;
-    let inbox = inbox(&pool, Duration::from_secs(3600)).await;
-    for _ in 0..5 {
-        let id = MessageId::new();
-        let tasks: Vec<_> = (0..8)
-            .map(|_| {
-                let inbox = inbox.clone();
-                tokio::spawn(async move { inbox.record("billing", id).await.unwrap() })
-            })
-            .collect();
-        let mut new = 0;
-        for task in tasks {
-            if task.await.unwrap() == Dedup::New {
-                new += 1;
-            }
-        }
-        assert_eq!(new, 1);
-    }
-}
-
-#[tokio::test]
-async fn expired_records_are_new_again_and_purged_in_bounded_batches() {
-    let Some(url) = common::url("inbox retention") else {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_in_waits_for_an_open_transaction_recording_the_same_id() {
+    let Some(url) = common::url("inbox concurrent transactions") else {
         return;
     };
     let pool = common::pool(&url, 3).await;
-    let inbox = inbox(&pool, Duration::from_secs(3600)).await;
-    let ids: Vec<_> = (0..5).map(|_| MessageId::new()).collect();
-    for id in &ids {
-        assert_eq!(inbox.record("c", *id).await.unwrap(), Dedup::New);
+    let inbox = inbox(&pool).await;
+    for first_commits in [false, true] {
+        let id = MessageId::new();
+        let mut first = pool.begin().await.unwrap();
+        assert_eq!(
+            inbox.record_in(&mut first, &billing(), id).await.unwrap(),
+            Dedup::New
+        );
+        // The first transaction's row exists, uncommitted: this insert conflicts with
+        // it and waits for the first transaction to end.
+        let second = tokio::spawn({
+            let (pool, inbox) = (pool.clone(), inbox.clone());
+            async move {
+                let mut tx = pool.begin().await.unwrap();
+                let seen = inbox.record_in(&mut tx, &billing(), id).await.unwrap();
+                tx.commit().await.unwrap();
+                seen
+            }
+        });
+        if first_commits {
+            first.commit().await.unwrap();
+        } else {
+            first.rollback().await.unwrap();
+        }
+        let expected = if first_commits {
+            Dedup::Duplicate
+        } else {
+            Dedup::New
+        };
+        assert_eq!(
+            tokio::time::timeout(common::DEADLINE, second)
+                .await
+                .expect("the second transaction finishes")
+                .unwrap(),
+            expected,
+            "first transaction committed: {first_commits}"
+        );
+        assert!(inbox.contains(&billing(), id).await.unwrap());
     }
-    let t = format!(
-        "\"{}\".\"{}\"",
-        inbox.config().schema_name(),
-        inbox.config().table_name()
-    );
-    // Age all but the last past the retention period.
-    sqlx::query(&format!(
-        "UPDATE {t} SET processed_at = now() - interval '2 hours' WHERE message_id <> $1"
-    ))
-    .bind(ids[4].as_uuid())
-    .execute(&pool)
-    .await
-    .unwrap();
-
-    assert!(!inbox.contains("c", ids[0]).await.unwrap());
-    assert_eq!(
-        inbox.record("c", ids[0]).await.unwrap(),
-        Dedup::New,
-        "expired is new"
-    );
-    assert_eq!(inbox.purge_expired(2).await.unwrap(), 2, "bounded");
-    assert_eq!(inbox.purge_expired(10).await.unwrap(), 1);
-    assert_eq!(inbox.purge_expired(10).await.unwrap(), 0);
-    assert!(inbox.contains("c", ids[0]).await.unwrap());
-    assert!(inbox.contains("c", ids[4]).await.unwrap());
 }

@@ -1,54 +1,68 @@
-//! Advisory locks: exclusive while held, released by unlock and by dropping the guard.
+//! How `PgDistributedLock` maps onto PostgreSQL: the documented advisory-lock key, and a
+//! dropped guard's session leaving its pool. Exclusion and release are in the shared
+//! suite (`tests/dedup_lock_conformance.rs`).
 
-use outbox_core::DistributedLock;
-use outbox_postgres::PgAdvisoryLock;
+use outbox_core::{DistributedLock, LockName};
+use outbox_postgres::PgDistributedLock;
 
 use crate::common;
 
-#[tokio::test]
-async fn advisory_locks_are_exclusive_and_released() {
-    let Some(url) = common::url("advisory lock") else {
-        return;
-    };
-    let ours = PgAdvisoryLock::new(common::pool(&url, 3).await);
-    let theirs = PgAdvisoryLock::new(common::pool(&url, 3).await);
-    let name = format!("obx-test-{}", uuid::Uuid::new_v4());
-
-    let guard = ours.try_lock(&name).await.unwrap().expect("free lock");
-    assert_eq!(guard.name(), name);
-    assert!(theirs.try_lock(&name).await.unwrap().is_none());
-    assert!(
-        ours.try_lock(&name).await.unwrap().is_none(),
-        "other sessions of one pool too"
-    );
-    let other = theirs.try_lock(&format!("{name}-other")).await.unwrap();
-    assert!(other.is_some(), "other names are independent");
-    other.unwrap().unlock().await.unwrap();
-
-    guard.unlock().await.unwrap();
-    let again = theirs
-        .try_lock(&name)
-        .await
-        .unwrap()
-        .expect("released by unlock");
-    again.unlock().await.unwrap();
+fn unique_name() -> LockName {
+    LockName::new(format!("obx-test-{}", uuid::Uuid::new_v4())).unwrap()
 }
 
 #[tokio::test]
-async fn dropping_a_guard_releases_the_lock_and_never_pools_its_session() {
+async fn the_lock_is_the_documented_advisory_key() {
+    let Some(url) = common::url("advisory lock key") else {
+        return;
+    };
+    let pool = common::pool(&url, 3).await;
+    let lock = PgDistributedLock::new(pool.clone());
+    let name = unique_name();
+    let sql_try = "SELECT pg_try_advisory_lock(hashtextextended($1, 0))";
+
+    // Held by the library: SQL taking the documented key from another session is refused.
+    let guard = lock.try_lock(&name).await.unwrap().expect("free lock");
+    let mut other = pool.acquire().await.unwrap();
+    let taken: bool = sqlx::query_scalar(sql_try)
+        .bind(name.as_str())
+        .fetch_one(&mut *other)
+        .await
+        .unwrap();
+    assert!(
+        !taken,
+        "the library's lock is pg_try_advisory_lock(hashtextextended(name, 0))"
+    );
+    guard.unlock().await.unwrap();
+
+    // Held by SQL: the library is refused.
+    let taken: bool = sqlx::query_scalar(sql_try)
+        .bind(name.as_str())
+        .fetch_one(&mut *other)
+        .await
+        .unwrap();
+    assert!(taken);
+    assert!(lock.try_lock(&name).await.unwrap().is_none());
+    sqlx::query("SELECT pg_advisory_unlock_all()")
+        .execute(&mut *other)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_dropped_guard_frees_its_pool_slot() {
     let Some(url) = common::url("advisory lock drop") else {
         return;
     };
-    // One connection: if the lock-holding session went back to this pool, `ours` would
-    // re-enter the lock on it (advisory locks are re-entrant) and `theirs` never get it.
-    let ours = PgAdvisoryLock::new(common::pool(&url, 1).await);
-    let theirs = PgAdvisoryLock::new(common::pool(&url, 2).await);
-    let name = format!("obx-test-{}", uuid::Uuid::new_v4());
+    // One connection: the dropped guard's session must leave the pool (freeing the slot
+    // for a fresh session) rather than be pooled, where `ours` would re-enter the lock
+    // (advisory locks are re-entrant per session) and `theirs` never get it.
+    let ours = PgDistributedLock::new(common::pool(&url, 1).await);
+    let theirs = PgDistributedLock::new(common::pool(&url, 2).await);
+    let name = unique_name();
 
     let guard = ours.try_lock(&name).await.unwrap().expect("free lock");
-    assert!(theirs.try_lock(&name).await.unwrap().is_none());
     drop(guard);
-
     let taken = common::poll_for("the dropped guard's lock to be released", || {
         let (theirs, name) = (theirs.clone(), name.clone());
         async move { theirs.try_lock(&name).await.unwrap() }

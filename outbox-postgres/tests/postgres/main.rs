@@ -1,6 +1,7 @@
-//! PostgreSQL-specific behaviour beyond the conformance suite: typed bad input, fencing
-//! against a real re-claim, NOTIFY on commit, the listener, relays surviving killed
-//! connections, advisory locks, the inbox table and undecodable rows.
+//! PostgreSQL-specific behaviour beyond the conformance suite: typed bad input,
+//! duplicate ids that leave the caller's transaction usable, fencing against a real
+//! re-claim, poison rows, query plans without statistics, NOTIFY on commit, the
+//! listener, relays surviving killed connections, advisory locks and the inbox table.
 //!
 //! Run: `OUTBOX_PG_URL=postgres://postgres@127.0.0.1:5432/outbox_test cargo test -p outbox-postgres --test postgres`
 //!
@@ -15,6 +16,8 @@ mod input;
 mod lock;
 mod notify;
 mod ordering;
+mod plans;
+mod poison;
 mod relay;
 mod settle;
 mod store;
@@ -25,7 +28,7 @@ use sqlx::PgPool;
 
 /// A fresh outbox in its own schema, installed.
 async fn outbox(pool: &PgPool, config: PgOutboxConfig) -> PgOutbox {
-    let outbox = PgOutbox::new(pool.clone(), config.schema(common::schema_name())).unwrap();
+    let outbox = PgOutbox::new(pool.clone(), config.with_schema(common::schema_name())).unwrap();
     outbox.install().await.unwrap();
     outbox
 }
@@ -46,11 +49,7 @@ fn msg(n: usize) -> NewMessage {
 
 /// `"schema"."table"` of an outbox, for test SQL.
 fn table(outbox: &PgOutbox) -> String {
-    format!(
-        "\"{}\".\"{}\"",
-        outbox.config().schema_name(),
-        outbox.config().table_name()
-    )
+    outbox.qualified_name().to_string()
 }
 
 /// Rows in the outbox table, whatever their state.
@@ -59,22 +58,4 @@ async fn row_count(outbox: &PgOutbox) -> i64 {
         .fetch_one(outbox.pool())
         .await
         .unwrap()
-}
-
-/// `EXPLAIN (ANALYZE)` of the store's real claim statement for `limit` rows. The claim
-/// runs inside a transaction that is rolled back, so nothing stays leased.
-async fn explain_claim(outbox: &PgOutbox, limit: i64) -> String {
-    let mut tx = outbox.pool().begin().await.unwrap();
-    let plan: Vec<String> = sqlx::query_scalar(&format!(
-        "EXPLAIN (ANALYZE, COSTS OFF) {}",
-        outbox.claim_statement()
-    ))
-    .bind(limit)
-    .bind(30_000_000_i64)
-    .bind(uuid::Uuid::new_v4())
-    .fetch_all(&mut *tx)
-    .await
-    .unwrap();
-    tx.rollback().await.unwrap();
-    plan.join("\n")
 }

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{Relay, RelayConfig};
-use outbox_postgres::{spawn_listener, NotifyMode, PgOutboxConfig};
+use outbox_core::{ErrorKind, NewMessage, Relay, RelayConfig};
+use outbox_postgres::{spawn_listener, Notify, PgOutboxConfig};
 use outbox_testkit::RecordingPublisher;
 use sqlx::postgres::PgListener;
 
@@ -26,7 +26,11 @@ async fn notify_is_sent_on_commit_only_and_once_per_transaction() {
         return;
     };
     let pool = common::pool(&url, 3).await;
-    let outbox = outbox(&pool, PgOutboxConfig::default().notify_on_commit()).await;
+    let outbox = outbox(
+        &pool,
+        PgOutboxConfig::default().with_notify(Notify::OnCommit),
+    )
+    .await;
     let channel = outbox.config().notify_channel().unwrap();
     let mut listener = PgListener::connect_with(&pool).await.unwrap();
     listener.listen(&channel).await.unwrap();
@@ -58,6 +62,30 @@ async fn notify_is_sent_on_commit_only_and_once_per_transaction() {
         "after commit",
         "identical notifications in one transaction fold into one"
     );
+
+    // An enqueue that writes nothing (its id is stored) notifies nothing.
+    let again = NewMessage::builder("d")
+        .id(msg_id(&pool, &outbox).await)
+        .build()
+        .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let err = outbox.enqueue(&mut tx, &[again]).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict);
+    tx.commit().await.unwrap();
+    sentinel("after conflict").execute(&pool).await.unwrap();
+    assert_eq!(next_payload(&mut listener).await, "after conflict");
+}
+
+/// Any stored message id.
+async fn msg_id(pool: &sqlx::PgPool, outbox: &outbox_postgres::PgOutbox) -> outbox_core::MessageId {
+    let id: uuid::Uuid = sqlx::query_scalar(&format!(
+        "SELECT id FROM {} LIMIT 1",
+        outbox.qualified_name()
+    ))
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    outbox_core::MessageId::from_uuid(id)
 }
 
 /// By default enqueueing notifies nothing: a commit must not take PostgreSQL's
@@ -69,12 +97,12 @@ async fn enqueue_sends_no_notify_by_default() {
     };
     let pool = common::pool(&url, 3).await;
     let outbox = outbox(&pool, PgOutboxConfig::default()).await;
-    assert_eq!(outbox.config().notify_mode(), NotifyMode::Off);
+    assert_eq!(outbox.config().notify(), &Notify::Off);
     // The channel NOTIFY would use if it were turned on.
     let channel = outbox
         .config()
         .clone()
-        .notify_on_commit()
+        .with_notify(Notify::OnCommit)
         .notify_channel()
         .unwrap();
     let mut listener = PgListener::connect_with(&pool).await.unwrap();
@@ -115,7 +143,11 @@ async fn listener_wakes_an_idle_relay_and_recovers_from_a_killed_connection() {
         return;
     };
     let pool = common::pool(&url, 6).await;
-    let outbox = outbox(&pool, PgOutboxConfig::default().notify_on_commit()).await;
+    let outbox = outbox(
+        &pool,
+        PgOutboxConfig::default().with_notify(Notify::OnCommit),
+    )
+    .await;
     let publisher = RecordingPublisher::new();
     // Polls so rare that only wake-ups can explain a prompt delivery.
     let hour = Duration::from_secs(3600);
@@ -163,5 +195,36 @@ async fn listener_wakes_an_idle_relay_and_recovers_from_a_killed_connection() {
     .await;
 
     running.shutdown().await.unwrap();
+    listener.stop().await;
+}
+
+/// A listener given a shutdown signal stops when the signal fires, like a relay given
+/// `with_shutdown`; its handle's `stop` still works afterwards.
+#[tokio::test]
+async fn listener_stops_on_its_shutdown_signal() {
+    let Some(url) = common::url("listener shutdown signal") else {
+        return;
+    };
+    let pool = common::pool(&url, 2).await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let listener = spawn_listener(
+        pool.clone(),
+        "obx_shutdown_test",
+        outbox_core::Wakeup::new(),
+    )
+    .unwrap()
+    .with_shutdown(shutdown.clone().cancelled_owned());
+    common::wait_until("the listener to connect", || {
+        let connected = listener.connections() >= 1;
+        async move { connected }
+    })
+    .await;
+    assert!(!listener.is_finished());
+    shutdown.cancel();
+    common::wait_until("the listener to stop on the signal", || {
+        let finished = listener.is_finished();
+        async move { finished }
+    })
+    .await;
     listener.stop().await;
 }

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use outbox_core::{
-    ClaimRequest, Disposition, Failure, KeyOrder, NewMessage, OutboxStore, OutboxStoreExt,
+    ClaimRequest, DeadLetterSelection, Disposition, Failure, KeyOrder, NewMessage, OutboxAdmin,
+    OutboxStore, OutboxStoreExt,
 };
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 
@@ -13,7 +14,7 @@ use crate::{common, enqueue, outbox, table};
 const LONG: Duration = Duration::from_secs(300);
 
 fn per_key() -> PgOutboxConfig {
-    PgOutboxConfig::default().ordering(KeyOrder::PerKey)
+    PgOutboxConfig::default().with_ordering(KeyOrder::PerKey)
 }
 
 fn keyed(key: &str, n: usize) -> NewMessage {
@@ -73,12 +74,13 @@ async fn head_check_uses_the_key_index_behind_a_blocked_backlog() {
     };
     let pool = common::pool(&url, 2).await;
     let outbox = outbox(&pool, per_key()).await;
+    let claim = crate::plans::claim_statement(&outbox).await;
     load_blocked_backlog(&outbox, 2_000, 20_000).await;
 
-    let plan = crate::explain_claim(&outbox, 100).await;
+    let plan = crate::plans::explain_claim(&pool, &claim, 100).await;
     // The head check reads the table as `e`; the rest of the plan may use any access
     // path (a hash join over a small table is fine).
-    let name = outbox.config().table_name();
+    let name = outbox.config().table();
     assert!(
         plan.contains(&format!("using {name}_key on {name} e ")),
         "the head check must probe {name}_key:\n{plan}"
@@ -88,7 +90,10 @@ async fn head_check_uses_the_key_index_behind_a_blocked_backlog() {
         "the head check must not scan the table:\n{plan}"
     );
 
-    let claimed = outbox.claim(ClaimRequest::new(100, LONG)).await.unwrap();
+    let claimed = outbox
+        .claim(ClaimRequest::new(100, LONG).unwrap())
+        .await
+        .unwrap();
     let mut keys: Vec<_> = claimed
         .iter()
         .map(|c| c.message.partition_key.clone().unwrap_or_default())
@@ -114,22 +119,32 @@ async fn requeued_dead_head_is_claimable_beside_its_in_flight_successor() {
     let batch: Vec<_> = (0..3).map(|n| keyed("k", n)).collect();
     enqueue(&outbox, &batch).await;
 
-    let head = outbox.claim(ClaimRequest::new(10, LONG)).await.unwrap();
-    assert_eq!(head.len(), 1);
-    outbox
-        .fail_one(Failure {
-            lease: head[0].lease,
-            error: "poison".into(),
-            disposition: Disposition::DeadLetter,
-        })
+    let head = outbox
+        .claim(ClaimRequest::new(10, LONG).unwrap())
         .await
         .unwrap();
-    let second = outbox.claim(ClaimRequest::new(10, LONG)).await.unwrap();
+    assert_eq!(head.len(), 1);
+    outbox
+        .fail_one(Failure::new(
+            head[0].lease,
+            "poison",
+            Disposition::DeadLetter,
+        ))
+        .await
+        .unwrap();
+    let second = outbox
+        .claim(ClaimRequest::new(10, LONG).unwrap())
+        .await
+        .unwrap();
     assert_eq!(second.len(), 1);
     assert_eq!(second[0].message.id, batch[1].id());
 
-    assert_eq!(outbox.requeue_dead(&[batch[0].id()]).await.unwrap(), 1);
-    let requeued = outbox.claim(ClaimRequest::new(10, LONG)).await.unwrap();
+    let requeue = DeadLetterSelection::Ids(vec![batch[0].id()]);
+    assert_eq!(outbox.requeue_dead(&requeue).await.unwrap(), 1);
+    let requeued = outbox
+        .claim(ClaimRequest::new(10, LONG).unwrap())
+        .await
+        .unwrap();
     let ids: Vec<_> = requeued.iter().map(|c| c.message.id).collect();
     assert_eq!(
         ids,

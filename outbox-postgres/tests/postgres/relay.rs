@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{OutboxStore, Relay, RelayConfig, RetryPolicy};
+use outbox_core::{OutboxAdmin, OutboxStore, Relay, RelayConfig, RetryPolicy};
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 use outbox_testkit::RecordingPublisher;
 
@@ -32,7 +32,7 @@ async fn relay_recovers_from_killed_connections_mid_drain() {
     let admin = common::pool(&url, 2).await;
     let application_name = format!("obx-kill-{}", uuid::Uuid::new_v4().simple());
     let relay_pool = common::pool_named(&url, 4, &application_name).await;
-    let config = PgOutboxConfig::default().schema(common::schema_name());
+    let config = PgOutboxConfig::default().with_schema(common::schema_name());
     let outbox = PgOutbox::new(relay_pool, config).unwrap();
     outbox.install().await.unwrap();
     // Enqueue through the admin pool so kills only hit the relay's sessions.
@@ -45,6 +45,8 @@ async fn relay_recovers_from_killed_connections_mid_drain() {
         .batch_size(10)
         .publish(5, 2)
         .lease(Duration::from_secs(2))
+        // The lease must cover a publish: set the timeout rather than the 10 s default.
+        .publish_timeout(Duration::from_millis(500))
         .poll(Duration::from_millis(10), Duration::from_millis(200))
         .retry(
             RetryPolicy::with_max_attempts(20)

@@ -25,11 +25,7 @@ async fn settle(outbox: &PgOutbox, op: Op, leases: Vec<Lease>) -> outbox_core::R
         Op::Fail => {
             let failures: Vec<_> = leases
                 .into_iter()
-                .map(|lease| Failure {
-                    lease,
-                    error: "boom".into(),
-                    disposition: Disposition::Retry { after: LONG },
-                })
+                .map(|lease| Failure::new(lease, "boom", Disposition::Retry { after: LONG }))
                 .collect();
             outbox.fail(&failures).await
         }
@@ -48,7 +44,7 @@ async fn overlapping_batches_in_opposite_orders_do_not_deadlock() {
     let admin = common::pool(&url, 2).await;
     let application_name = format!("obx-settle-{}", uuid::Uuid::new_v4().simple());
     let pool = common::pool_named(&url, 4, &application_name).await;
-    let config = PgOutboxConfig::default().schema(common::schema_name());
+    let config = PgOutboxConfig::default().with_schema(common::schema_name());
     let outbox = PgOutbox::new(pool, config).unwrap();
     outbox.install().await.unwrap();
     let t = table(&outbox);
@@ -68,7 +64,7 @@ async fn overlapping_batches_in_opposite_orders_do_not_deadlock() {
 
     for op in [Op::Complete, Op::Fail, Op::Release] {
         let mut leases: Vec<Lease> = outbox
-            .claim(ClaimRequest::new(BATCH, LONG))
+            .claim(ClaimRequest::new(BATCH, LONG).unwrap())
             .await
             .unwrap()
             .into_iter()

@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use outbox_core::{
-    ClaimRequest, Disposition, ErrorKind, Failure, OutboxStore, OutboxStoreExt, Retention,
+    ClaimRequest, DeadLetterFilter, DeadLetterPage, Disposition, ErrorKind, Failure, OutboxAdmin,
+    OutboxStore, OutboxStoreExt, Retention,
 };
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 use uuid::Uuid;
@@ -22,7 +23,7 @@ async fn completing_with_a_stale_lease_is_rejected_and_changes_nothing() {
     enqueue(&outbox, &[msg(0)]).await;
 
     let first = outbox
-        .claim(ClaimRequest::new(1, Duration::from_millis(200)))
+        .claim(ClaimRequest::new(1, Duration::from_millis(200)).unwrap())
         .await
         .unwrap();
     assert_eq!(first.len(), 1);
@@ -31,7 +32,10 @@ async fn completing_with_a_stale_lease_is_rejected_and_changes_nothing() {
     let second = common::poll_for("the expired lease to be claimed again", || {
         let outbox = outbox.clone();
         async move {
-            let got = outbox.claim(ClaimRequest::new(1, LONG)).await.unwrap();
+            let got = outbox
+                .claim(ClaimRequest::new(1, LONG).unwrap())
+                .await
+                .unwrap();
             (!got.is_empty()).then_some(got)
         }
     })
@@ -43,11 +47,7 @@ async fn completing_with_a_stale_lease_is_rejected_and_changes_nothing() {
     let err = outbox.complete_one(&stale).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LeaseLost);
     assert_eq!(err.ids(), &[stale.id]);
-    let failure = Failure {
-        lease: stale,
-        error: "late".into(),
-        disposition: Disposition::DeadLetter,
-    };
+    let failure = Failure::new(stale, "late", Disposition::DeadLetter);
     assert_eq!(
         outbox.fail_one(failure).await.unwrap_err().kind(),
         ErrorKind::LeaseLost
@@ -93,7 +93,10 @@ async fn undecodable_rows_are_dead_lettered_not_wedging_claims() {
             .unwrap();
     }
 
-    let claimed = outbox.claim(ClaimRequest::new(10, LONG)).await.unwrap();
+    let claimed = outbox
+        .claim(ClaimRequest::new(10, LONG).unwrap())
+        .await
+        .unwrap();
     let ids: Vec<_> = claimed.iter().map(|c| c.message.id).collect();
     assert_eq!(
         ids,
@@ -101,14 +104,15 @@ async fn undecodable_rows_are_dead_lettered_not_wedging_claims() {
         "good rows, in order"
     );
 
-    let dead = outbox.dead_letters(None, 10).await.unwrap();
-    let mut dead_ids: Vec<_> = dead.iter().map(|m| m.id).collect();
+    let page = DeadLetterPage::new(DeadLetterFilter::default(), 10).unwrap();
+    let dead = outbox.dead_letters(&page).await.unwrap();
+    let mut dead_ids: Vec<_> = dead.iter().map(|d| d.message.id).collect();
     dead_ids.sort();
     assert_eq!(dead_ids, vec![batch[1].id(), batch[2].id()]);
-    for m in &dead {
-        let error = m.last_error.as_deref().unwrap_or_default();
+    for d in &dead {
+        let error = d.message.last_error.as_deref().unwrap_or_default();
         assert!(error.contains("undecodable row"), "{error}");
-        assert!(m.headers.is_empty());
+        assert!(d.message.headers.is_empty());
     }
     let stats = outbox.stats().await.unwrap();
     assert_eq!((stats.dead, stats.in_flight, stats.pending), (2, 2, 0));
@@ -121,7 +125,7 @@ async fn undecodable_rows_are_dead_lettered_not_wedging_claims() {
         .into_result()
         .unwrap();
     assert!(outbox
-        .claim(ClaimRequest::new(10, LONG))
+        .claim(ClaimRequest::new(10, LONG).unwrap())
         .await
         .unwrap()
         .is_empty());
@@ -146,7 +150,10 @@ async fn a_claim_that_cannot_be_decoded_gives_its_rows_back() {
     .await
     .unwrap();
 
-    let err = outbox.claim(ClaimRequest::new(10, LONG)).await.unwrap_err();
+    let err = outbox
+        .claim(ClaimRequest::new(10, LONG).unwrap())
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Decode, "{err}");
 
     let (leased, attempted, not_due): (i64, i64, i64) = sqlx::query_as(&format!(
@@ -173,19 +180,20 @@ async fn install_is_idempotent_concurrent_and_versioned() {
         return;
     };
     let pool = common::pool(&url, 6).await;
-    let config = PgOutboxConfig::default().schema(common::schema_name());
-    let installs = (0..4).map(|_| outbox_postgres::install(&pool, &config));
+    let config = PgOutboxConfig::default().with_schema(common::schema_name());
+    let outbox = PgOutbox::new(pool.clone(), config.clone()).unwrap();
+    let installs = (0..4).map(|_| outbox.install());
     for result in futures::future::join_all(installs).await {
         result.unwrap();
     }
-    outbox_postgres::install(&pool, &config).await.unwrap();
+    outbox.install().await.unwrap();
 
-    let versions = format!("\"{}\".outbox_schema_versions", config.schema_name());
+    let versions = format!("\"{}\".outbox_schema_versions", config.schema());
     sqlx::query(&format!("UPDATE {versions} SET version = 99"))
         .execute(&pool)
         .await
         .unwrap();
-    let err = outbox_postgres::install(&pool, &config).await.unwrap_err();
+    let err = outbox.install().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Schema);
     assert!(err.to_string().contains("version 99"), "{err}");
 }
@@ -197,14 +205,17 @@ async fn ddl_text_installs_the_same_table() {
     };
     let pool = common::pool(&url, 2).await;
     let config = PgOutboxConfig::default()
-        .schema(common::schema_name())
-        .retention(Retention::Keep { window: LONG });
+        .with_schema(common::schema_name())
+        .with_retention(Retention::Keep { window: LONG });
     let outbox = PgOutbox::new(pool.clone(), config).unwrap();
     sqlx::raw_sql(&outbox.ddl()).execute(&pool).await.unwrap();
     // The version is recorded, so install finds nothing to do.
     outbox.install().await.unwrap();
     enqueue(&outbox, &[msg(0)]).await;
-    let claimed = outbox.claim(ClaimRequest::new(1, LONG)).await.unwrap();
+    let claimed = outbox
+        .claim(ClaimRequest::new(1, LONG).unwrap())
+        .await
+        .unwrap();
     outbox.complete_one(&claimed[0].lease).await.unwrap();
     assert_eq!(outbox.stats().await.unwrap().dispatched, 1);
 }
@@ -215,9 +226,12 @@ async fn a_missing_table_is_a_schema_error() {
         return;
     };
     let pool = common::pool(&url, 2).await;
-    let config = PgOutboxConfig::default().schema(common::schema_name());
+    let config = PgOutboxConfig::default().with_schema(common::schema_name());
     let outbox = PgOutbox::new(pool, config).unwrap();
-    let err = outbox.claim(ClaimRequest::new(1, LONG)).await.unwrap_err();
+    let err = outbox
+        .claim(ClaimRequest::new(1, LONG).unwrap())
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Schema, "{err}");
     assert!(!err.is_retryable());
 }
@@ -231,11 +245,46 @@ async fn large_batches_are_one_statement_and_keep_their_order() {
     let outbox = outbox(&pool, PgOutboxConfig::default()).await;
     let batch: Vec<_> = (0..2_000).map(msg).collect();
     enqueue(&outbox, &batch).await;
-    let claimed = outbox.claim(ClaimRequest::new(2_000, LONG)).await.unwrap();
+    let claimed = outbox
+        .claim(ClaimRequest::new(2_000, LONG).unwrap())
+        .await
+        .unwrap();
     let ids: Vec<_> = claimed.iter().map(|c| c.message.id).collect();
     let expected: Vec<_> = batch.iter().map(|m| m.id()).collect();
     assert_eq!(ids, expected);
     let leases: Vec<_> = claimed.iter().map(|c| c.lease).collect();
     let settled = outbox.complete(&leases).await.unwrap();
     assert_eq!((settled.applied, settled.lost.len()), (2_000, 0));
+}
+
+/// A retry delay beyond what a timestamp can hold is taken as `MAX_DELAY` (about ten
+/// years) instead of failing the whole `fail` batch.
+#[tokio::test]
+async fn huge_retry_delays_are_capped_at_max_delay() {
+    let Some(url) = common::url("huge retry delay") else {
+        return;
+    };
+    let pool = common::pool(&url, 2).await;
+    let outbox = outbox(&pool, PgOutboxConfig::default()).await;
+    enqueue(&outbox, &[msg(0)]).await;
+    let claimed = outbox
+        .claim(ClaimRequest::new(1, LONG).unwrap())
+        .await
+        .unwrap();
+    let failure = Failure::new(
+        claimed[0].lease,
+        "later",
+        Disposition::Retry {
+            after: Duration::MAX,
+        },
+    );
+    outbox.fail_one(failure).await.unwrap();
+    let years: f64 = sqlx::query_scalar(&format!(
+        "SELECT extract(epoch FROM available_at - now())::float8 / (365 * 86400) FROM {}",
+        table(&outbox)
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!((9.9..10.1).contains(&years), "due in {years} years");
 }
