@@ -1,0 +1,114 @@
+//! A relay worker process for the chaos tests: one [`Relay`] over an installed outbox
+//! schema, publishing into `<schema>.published` with [`TablePublisher`].
+//!
+//! Settings come from the environment (see the `ENV_*` constants of `outbox_chaos`):
+//!
+//! ```sh
+//! OUTBOX_CHAOS_PG_URL=postgres://postgres@127.0.0.1:5432/outbox_test \
+//! OUTBOX_CHAOS_SCHEMA=obx_1700000000_0123456789ab OUTBOX_CHAOS_WORKER=w1 \
+//! OUTBOX_CHAOS_PER_KEY=1 cargo run -p outbox-chaos --bin chaos-worker
+//! ```
+//!
+//! The schema (outbox table and `published`) must already be installed. The worker runs
+//! until its stdin closes, SIGTERM or SIGINT, then shuts the relay down gracefully and
+//! exits 0; SIGKILL is the crash the tests inflict. A panic anywhere (for example in the
+//! relay's task) ends the process at once with status 101, so it cannot linger without
+//! a relay. Logs go to stderr (`RUST_LOG`, default `warn`).
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_chaos::{relay_config, storage_error, TablePublisher, WorkerSettings};
+use outbox_core::{DispatchReport, Relay};
+use outbox_postgres::{PgOutbox, PgOutboxConfig};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::signal::unix::{signal, SignalKind};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default_hook(info);
+        std::process::exit(101);
+    }));
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+
+    let settings = match WorkerSettings::from_env() {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("chaos-worker: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let worker = settings.worker.clone();
+    match run(settings).await {
+        Ok(report) => {
+            println!("chaos-worker {worker} stopped: {report:?}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("chaos-worker {worker} failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(settings: WorkerSettings) -> outbox_core::Result<DispatchReport> {
+    let options: PgConnectOptions = settings
+        .url
+        .parse()
+        .map_err(|e| storage_error("parsing the PostgreSQL URL", e))?;
+    // Lazy, so a worker started while the server is down waits for it like a running
+    // one does.
+    let pool = PgPoolOptions::new()
+        .max_connections(settings.pool_size)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_lazy_with(options.application_name(&format!("outbox-chaos-{}", settings.worker)));
+    let config = PgOutboxConfig::default()
+        .with_schema(settings.schema.as_str())
+        .with_table(settings.table.as_str())
+        .with_ordering(settings.ordering);
+    // Validates the schema name before the publisher formats it into SQL.
+    let outbox = PgOutbox::new(pool.clone(), config)?;
+    let publisher = TablePublisher::new(pool, &settings.schema, settings.worker.as_str());
+    let relay = Relay::new(
+        Arc::new(outbox),
+        Arc::new(publisher),
+        relay_config(&settings.worker),
+    )?;
+    let handle = relay.spawn();
+    println!("chaos-worker {} running: {settings:?}", settings.worker);
+    let why = stop_requested().await;
+    println!("chaos-worker {}: {why}, shutting down", settings.worker);
+    handle.shutdown().await
+}
+
+/// Wait until stdin reaches its end, or SIGTERM or SIGINT arrives; says which.
+async fn stop_requested() -> &'static str {
+    let (closed, stdin_closed) = tokio::sync::oneshot::channel();
+    // A plain thread: a blocked read must not keep the runtime from shutting down.
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+        let _ = closed.send(());
+    });
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(e) => {
+            eprintln!("chaos-worker: cannot watch SIGTERM: {e}");
+            return "no SIGTERM handler";
+        }
+    };
+    tokio::select! {
+        _ = stdin_closed => "stdin closed",
+        _ = term.recv() => "SIGTERM",
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+    }
+}

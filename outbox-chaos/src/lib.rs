@@ -1,0 +1,211 @@
+//! Process-level chaos tests for the PostgreSQL outbox.
+//!
+//! `tests/chaos.rs` drives `chaos-worker` processes (see `src/bin/chaos-worker.rs`),
+//! each running one [`Relay`](outbox_core::Relay) over a schema the test installed, with
+//! a [`TablePublisher`] that records every publish as a row of `<schema>.published`.
+//! The tests SIGKILL workers mid-drain, restart a private PostgreSQL cluster under them
+//! and plant poison rows, then read the outbox and the `published` table with SQL.
+//!
+//! ```sh
+//! eval "$(scripts/services.sh)"
+//! cargo test -p outbox-chaos -- --nocapture   # prints one summary line per test
+//! ```
+//!
+//! This crate is not published; the items below are shared by the worker binary and
+//! the tests.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox_core::{
+    Error, ErrorKind, KeyOrder, Message, PublishOutcome, Publisher, RelayConfig, RetryPolicy,
+};
+use sqlx::PgPool;
+
+/// Environment variable: the PostgreSQL URL the worker connects to (required).
+pub const ENV_URL: &str = "OUTBOX_CHAOS_PG_URL";
+/// Environment variable: the schema holding the outbox and `published` tables (required).
+pub const ENV_SCHEMA: &str = "OUTBOX_CHAOS_SCHEMA";
+/// Environment variable: the outbox table (default `outbox_messages`).
+pub const ENV_TABLE: &str = "OUTBOX_CHAOS_TABLE";
+/// Environment variable: the worker's id, recorded with each publish (default `worker`).
+pub const ENV_WORKER: &str = "OUTBOX_CHAOS_WORKER";
+/// Environment variable: `1` for per-key ordering, anything else for unordered.
+pub const ENV_PER_KEY: &str = "OUTBOX_CHAOS_PER_KEY";
+/// Environment variable: connections in the worker's pool (default 4).
+pub const ENV_POOL_SIZE: &str = "OUTBOX_CHAOS_POOL_SIZE";
+
+/// Messages per claim in every worker: the most leases one worker holds at a time (its
+/// relay loop claims the next batch only after settling the previous one).
+pub const BATCH_SIZE: usize = 10;
+/// The lease each claim takes: how long a killed worker's messages stay blocked.
+pub const LEASE: Duration = Duration::from_secs(2);
+
+/// The longest one publish call (five `INSERT`s) may take before its messages count
+/// as failed.
+pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What a worker runs on, read from the `ENV_*` variables.
+#[derive(Clone)]
+pub struct WorkerSettings {
+    /// PostgreSQL URL.
+    pub url: String,
+    /// Schema of the outbox and `published` tables.
+    pub schema: String,
+    /// Outbox table.
+    pub table: String,
+    /// Worker id, recorded in `published.worker`.
+    pub worker: String,
+    /// Claim ordering.
+    pub ordering: KeyOrder,
+    /// Pool size.
+    pub pool_size: u32,
+}
+
+impl fmt::Debug for WorkerSettings {
+    // The URL may carry a password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkerSettings")
+            .field("schema", &self.schema)
+            .field("table", &self.table)
+            .field("worker", &self.worker)
+            .field("ordering", &self.ordering)
+            .field("pool_size", &self.pool_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WorkerSettings {
+    /// Read the settings from the environment.
+    ///
+    /// # Errors
+    /// A message naming the variable that is missing or malformed.
+    pub fn from_env() -> Result<Self, String> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let required = |name: &str| var(name).ok_or_else(|| format!("{name} is not set"));
+        let pool_size = match var(ENV_POOL_SIZE) {
+            Some(n) => n
+                .parse()
+                .map_err(|_| format!("{ENV_POOL_SIZE}={n:?} is not a number"))?,
+            None => 4,
+        };
+        Ok(WorkerSettings {
+            url: required(ENV_URL)?,
+            schema: required(ENV_SCHEMA)?,
+            table: var(ENV_TABLE).unwrap_or_else(|| "outbox_messages".to_owned()),
+            worker: var(ENV_WORKER).unwrap_or_else(|| "worker".to_owned()),
+            ordering: if var(ENV_PER_KEY).as_deref() == Some("1") {
+                KeyOrder::PerKey
+            } else {
+                KeyOrder::Unordered
+            },
+            pool_size,
+        })
+    }
+}
+
+/// The relay settings of every worker: short leases, small batches, fast polls, so
+/// that kills and restarts cost little time.
+pub fn relay_config(name: &str) -> RelayConfig {
+    RelayConfig::default()
+        .name(name)
+        .batch_size(BATCH_SIZE)
+        .publish(5, 2)
+        .lease(LEASE)
+        // Set explicitly: one wave of publishes must fit in the lease with room to spare.
+        .publish_timeout(PUBLISH_TIMEOUT)
+        .poll(Duration::from_millis(10), Duration::from_millis(100))
+        .retry(
+            RetryPolicy::with_max_attempts(20)
+                .backoff(Duration::from_millis(10), Duration::from_millis(200)),
+        )
+        .shutdown_grace(Duration::from_secs(1))
+}
+
+/// DDL of `<schema>.published`, the record of every publish. `schema` must be a plain
+/// identifier (it is double-quoted, not escaped).
+pub fn published_ddl(schema: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS \"{schema}\".published (\
+         message_id uuid NOT NULL, partition_key text, payload bytea NOT NULL, \
+         worker text NOT NULL, published_at timestamptz NOT NULL DEFAULT clock_timestamp(), \
+         seq bigserial PRIMARY KEY)"
+    )
+}
+
+/// A publisher that stands in for a broker: each publish is one committed `INSERT` into
+/// `<schema>.published`, so what was published survives the worker being killed.
+#[derive(Debug, Clone)]
+pub struct TablePublisher {
+    pool: PgPool,
+    insert: String,
+    worker: String,
+}
+
+impl TablePublisher {
+    /// A publisher writing to `<schema>.published` through `pool`. `schema` must be a
+    /// plain identifier (it is double-quoted, not escaped).
+    pub fn new(pool: PgPool, schema: &str, worker: impl Into<String>) -> Self {
+        TablePublisher {
+            pool,
+            insert: format!(
+                "INSERT INTO \"{schema}\".published (message_id, partition_key, payload, worker) \
+                 VALUES ($1, $2, $3, $4)"
+            ),
+            worker: worker.into(),
+        }
+    }
+}
+
+#[async_trait]
+impl Publisher for TablePublisher {
+    /// One `INSERT` per message, in order. After the first failure the rest of the
+    /// batch is not tried (the database is likely unreachable) and counts as retryable.
+    async fn publish(&self, batch: &[Message]) -> outbox_core::Result<Vec<PublishOutcome>> {
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for message in batch {
+            if let Some(PublishOutcome::Retryable(_)) = outcomes.last() {
+                outcomes.push(PublishOutcome::Retryable(
+                    "not tried after an earlier insert failed".to_owned(),
+                ));
+                continue;
+            }
+            let inserted = sqlx::query(&self.insert)
+                .bind(message.id.as_uuid())
+                .bind(message.partition_key.as_deref())
+                .bind(message.payload.as_slice())
+                .bind(self.worker.as_str())
+                .execute(&self.pool)
+                .await;
+            outcomes.push(match inserted {
+                Ok(_) => PublishOutcome::Published,
+                Err(e) => PublishOutcome::Retryable(format!("insert into published failed: {e}")),
+            });
+        }
+        Ok(outcomes)
+    }
+}
+
+/// A sqlx error as a core storage error.
+pub fn storage_error(what: &str, e: sqlx::Error) -> Error {
+    Error::new(ErrorKind::Storage, what.to_owned()).with_source(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_relay_config_validates() {
+        let config = relay_config("chaos");
+        config.validate().unwrap();
+        assert_eq!(config.batch_size, BATCH_SIZE);
+        assert_eq!(config.publish_waves(), 1);
+    }
+
+    #[test]
+    fn published_ddl_quotes_the_schema() {
+        assert!(published_ddl("obx_1_ab").contains("\"obx_1_ab\".published"));
+    }
+}

@@ -1,0 +1,317 @@
+//! Process-level chaos: `chaos-worker` relay processes SIGKILLed mid-drain, the
+//! PostgreSQL server restarted under them, poison rows planted beside normal messages.
+//! Every publish is a row of `<schema>.published`, which is what the checks read.
+//!
+//! ```sh
+//! eval "$(scripts/services.sh)"
+//! cargo test -p outbox-chaos -- --nocapture   # 10-20 s on 2 cores; one line per test
+//! ```
+//!
+//! Each test uses its own schema and runs alone (see `support::serial`), on a
+//! multi-thread runtime so the workers' output pipes are drained whatever the test's
+//! own task is doing.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use outbox_chaos::BATCH_SIZE;
+use outbox_core::KeyOrder;
+
+use support::cluster::{Cluster, Unavailable};
+use support::poison::{self, Trial};
+use support::{Worker, WorkerSpec, TABLE};
+
+/// Three per-key workers drain 3000 messages over 50 keys while a random one is
+/// SIGKILLed and restarted ten times: nothing is lost or dead-lettered, duplicates stay
+/// within what the kills explain, and first publishes keep per-key order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkilled_workers_lose_nothing() {
+    const MESSAGES: usize = 3000;
+    const KEYS: usize = 50;
+    const WORKERS: usize = 3;
+    const KILLS: usize = 10;
+    let Some(url) = support::url("chaos: SIGKILLed relay workers") else {
+        return;
+    };
+    let _serial = support::serial().await;
+    let started = Instant::now();
+    let pool = support::connect_shared(&url, 4).await;
+    let schema = support::schema_name();
+    let table = support::qualified(&schema, TABLE);
+    let outbox = support::install(&pool, &schema, TABLE, KeyOrder::PerKey).await;
+    let sent = support::enqueue_keyed(&outbox, MESSAGES, KEYS).await;
+    let spec = WorkerSpec {
+        url: url.clone(),
+        schema: schema.clone(),
+        table: TABLE.to_owned(),
+        order: KeyOrder::PerKey,
+        pool_size: 4,
+    };
+    let mut workers: Vec<Worker> = (0..WORKERS)
+        .map(|n| Worker::spawn(&spec, format!("w{n}")))
+        .collect();
+
+    // Kill at progress points spread over the drain, with some jitter.
+    let step = MESSAGES / (KILLS + 2);
+    for kill in 1..=KILLS {
+        let target = i64::try_from(step * kill + fastrand::usize(..step / 2)).unwrap();
+        let (pool, schema) = (&pool, schema.as_str());
+        support::wait_with_workers(
+            &format!("{target} messages published before kill {kill}"),
+            &mut workers,
+            || async move { support::published_distinct(pool, schema).await >= target },
+        )
+        .await;
+        let victim = fastrand::usize(..WORKERS);
+        workers[victim].kill().await;
+        let left = support::undelivered(pool, &table).await;
+        assert!(left > 0, "kill {kill} came after the drain had finished");
+        workers[victim] = Worker::spawn(&spec, format!("w{victim}.{kill}"));
+    }
+    let (p, t) = (&pool, table.as_str());
+    support::wait_with_workers("the outbox to drain", &mut workers, || async move {
+        support::undelivered(p, t).await == 0
+    })
+    .await;
+    for worker in workers {
+        let id = worker.id.clone();
+        let status = worker.stop().await;
+        assert!(status.success(), "worker {id} stopped with {status}");
+    }
+
+    let delivery = support::check_delivery(&pool, &schema, &sent).await;
+    let dead = support::dead(&pool, &table).await;
+    // A worker's relay loop holds at most one claimed batch: it claims the next only
+    // after settling every message of the current one. A SIGKILL can therefore leave at
+    // most BATCH_SIZE messages published but not completed; they are published again
+    // when their leases lapse. Nothing else republishes here: the server stays up and
+    // publishes (one local INSERT each) stay far below the 1 s publish timeout.
+    let bound = i64::try_from(KILLS * BATCH_SIZE).unwrap();
+    println!(
+        "chaos sigkill: messages={MESSAGES} keys={KEYS} workers={WORKERS} kills={KILLS} \
+         lost={} duplicates={} bound={bound} dead={dead} elapsed={:.1?}",
+        delivery.lost,
+        delivery.duplicates,
+        started.elapsed()
+    );
+    assert_eq!(delivery.lost, 0, "messages lost: {delivery:?}");
+    assert_eq!(delivery.unexpected, 0, "{delivery:?}");
+    assert_eq!(dead, 0, "no message should be dead-lettered");
+    assert!(
+        delivery.duplicates <= bound,
+        "{} duplicates exceed the bound of {bound}",
+        delivery.duplicates
+    );
+    assert!(
+        delivery.order_violations.is_empty(),
+        "per-key order broken: {:#?}",
+        &delivery.order_violations[..delivery.order_violations.len().min(10)]
+    );
+    support::drop_schema(&pool, &schema).await;
+}
+
+/// Two per-key workers drain a private PostgreSQL cluster that is restarted twice
+/// mid-drain: they resume on their own and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_resume_after_postgres_restarts() {
+    const MESSAGES: usize = 1500;
+    const KEYS: usize = 30;
+    const WORKERS: usize = 2;
+    const RESTARTS: usize = 2;
+    if support::url("chaos: PostgreSQL restarts").is_none() {
+        return;
+    }
+    let _serial = support::serial().await;
+    let started = Instant::now();
+    let cluster = match Cluster::start() {
+        Ok(cluster) => cluster,
+        Err(Unavailable(why)) if outbox_testkit::integration_required() => {
+            panic!(
+                "cannot start a private PostgreSQL cluster but OUTBOX_REQUIRE_INTEGRATION=1: {why}"
+            )
+        }
+        Err(Unavailable(why)) => {
+            eprintln!("SKIPPED: chaos: PostgreSQL restarts: {why}");
+            return;
+        }
+    };
+    let url = cluster.url();
+    let pool = support::connect(&url, 3).await;
+    let schema = support::schema_name();
+    let table = support::qualified(&schema, TABLE);
+    let outbox = support::install(&pool, &schema, TABLE, KeyOrder::PerKey).await;
+    let sent = support::enqueue_keyed(&outbox, MESSAGES, KEYS).await;
+    let spec = WorkerSpec {
+        url: url.clone(),
+        schema: schema.clone(),
+        table: TABLE.to_owned(),
+        order: KeyOrder::PerKey,
+        pool_size: 4,
+    };
+    let mut workers: Vec<Worker> = (0..WORKERS)
+        .map(|n| Worker::spawn(&spec, format!("w{n}")))
+        .collect();
+
+    let mut downtime = Duration::ZERO;
+    for restart in 1..=RESTARTS {
+        let target = i64::try_from(MESSAGES * restart / (RESTARTS + 1)).unwrap();
+        let (pool, schema) = (&pool, schema.as_str());
+        support::wait_with_workers(
+            &format!("{target} messages published before restart {restart}"),
+            &mut workers,
+            || async move { support::published_distinct(pool, schema).await >= target },
+        )
+        .await;
+        let restarting = Instant::now();
+        cluster.restart().await;
+        downtime += restarting.elapsed();
+        let left = support::undelivered(pool, &table).await;
+        assert!(
+            left > 0,
+            "restart {restart} came after the drain had finished"
+        );
+    }
+    let (p, t) = (&pool, table.as_str());
+    support::wait_with_workers(
+        "the outbox to drain after the restarts",
+        &mut workers,
+        || async move { support::undelivered(p, t).await == 0 },
+    )
+    .await;
+    // Evidence that the restarts were felt (failed claims, publishes, settles); the
+    // log keeps each worker's last 200 lines only.
+    let warnings: usize = workers.iter().map(Worker::warnings).sum();
+    for worker in workers {
+        let id = worker.id.clone();
+        let status = worker.stop().await;
+        assert!(status.success(), "worker {id} stopped with {status}");
+    }
+
+    let delivery = support::check_delivery(&pool, &schema, &sent).await;
+    let dead = support::dead(&pool, &table).await;
+    // A restart ends every session, so each worker may lose the settle of the one batch
+    // it holds (see the SIGKILL test): at most BATCH_SIZE republishes per worker per
+    // restart.
+    let bound = i64::try_from(RESTARTS * WORKERS * BATCH_SIZE).unwrap();
+    println!(
+        "chaos pg-restart: messages={MESSAGES} keys={KEYS} workers={WORKERS} \
+         restarts={RESTARTS} lost={} duplicates={} bound={bound} dead={dead} \
+         worker_warnings={warnings} restart_time={downtime:.1?} elapsed={:.1?}",
+        delivery.lost,
+        delivery.duplicates,
+        started.elapsed()
+    );
+    assert_eq!(delivery.lost, 0, "messages lost: {delivery:?}");
+    assert_eq!(delivery.unexpected, 0, "{delivery:?}");
+    assert_eq!(dead, 0, "no message should be dead-lettered");
+    assert!(
+        delivery.duplicates <= bound,
+        "{} duplicates exceed the bound of {bound}",
+        delivery.duplicates
+    );
+    assert!(
+        delivery.order_violations.is_empty(),
+        "per-key order broken: {:#?}",
+        &delivery.order_violations[..delivery.order_violations.len().min(10)]
+    );
+    // The cluster, schema included, is deleted when `cluster` drops.
+    pool.close().await;
+}
+
+/// Rows no enqueue would write, planted with SQL under running workers (unordered and
+/// per key), are dead-lettered with a readable error, and the normal messages around
+/// them are delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_rows_do_not_stop_delivery() {
+    /// Normal messages per trial, over two keys: the poison heads the first.
+    const NORMALS: usize = 6;
+    /// Trials that pass settle in well under a second; a failing one waits this long.
+    const TRIAL_DEADLINE: Duration = Duration::from_secs(10);
+    let Some(url) = support::url("chaos: poison rows") else {
+        return;
+    };
+    let _serial = support::serial().await;
+    let started = Instant::now();
+    let pool = support::connect_shared(&url, 4).await;
+    let schema = support::schema_name();
+
+    // One table and one worker per (ordering, poison kind), so one poison that stops a
+    // relay cannot hide what the others do.
+    let mut trials = Vec::new();
+    for order in [KeyOrder::Unordered, KeyOrder::PerKey] {
+        for poison in poison::kinds() {
+            let prefix = if order == KeyOrder::PerKey { "k" } else { "u" };
+            let table = format!("{prefix}_{}", poison.name);
+            let outbox = support::install(&pool, &schema, &table, order).await;
+            let spec = WorkerSpec {
+                url: url.clone(),
+                schema: schema.clone(),
+                table: table.clone(),
+                order,
+                pool_size: 2,
+            };
+            let worker = Worker::spawn(&spec, format!("{prefix}-{}", poison.name));
+            trials.push((outbox, table, poison, order, worker));
+        }
+    }
+    let mut planted = Vec::new();
+    for (outbox, table, poison, order, worker) in trials {
+        let qualified = support::qualified(&schema, &table);
+        let poison_id = poison::plant(&pool, &qualified, &poison).await;
+        planted.push((outbox, qualified, poison, order, worker, poison_id));
+    }
+    let mut trials = Vec::new();
+    for (outbox, table, poison, order, worker, poison_id) in planted {
+        let normals = support::enqueue_keyed(&outbox, NORMALS, 2).await;
+        trials.push(Trial {
+            poison,
+            order,
+            schema: schema.clone(),
+            table,
+            worker,
+            poison_id,
+            normals,
+        });
+    }
+
+    let waiting = Instant::now();
+    loop {
+        let mut settled = true;
+        for trial in &mut trials {
+            settled &= trial.settled(&pool).await;
+        }
+        if settled || waiting.elapsed() > TRIAL_DEADLINE {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let mut failed = Vec::new();
+    for trial in &mut trials {
+        let order = format!("{:?}", trial.order);
+        match trial.verdict(&pool).await {
+            Ok(what) => println!("poison ok   {order:<9} {:<20} {what}", trial.poison.name),
+            Err(why) => {
+                println!("poison FAIL {order:<9} {:<20} {why}", trial.poison.name);
+                failed.push(format!("{order} {}: {why}", trial.poison.name));
+            }
+        }
+    }
+    let total = trials.len();
+    for trial in trials {
+        let _ = trial.worker.stop().await;
+    }
+    println!(
+        "chaos poison: trials={total} failed={} elapsed={:.1?}",
+        failed.len(),
+        started.elapsed()
+    );
+    assert!(
+        failed.is_empty(),
+        "{} of {total} poison trials failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+    support::drop_schema(&pool, &schema).await;
+}
