@@ -225,8 +225,10 @@ impl Failure {
     }
 }
 
-/// `text` cut to at most [`MAX_ERROR_LEN`] bytes on a character boundary.
-fn bounded_error(mut text: String) -> String {
+/// `text` cut to at most [`MAX_ERROR_LEN`] bytes on a character boundary: the bound
+/// every [`Failure`] applies, for backends that record reasons of their own (a
+/// dead-lettered poison row's, say).
+pub fn bounded_error(mut text: String) -> String {
     if text.len() > MAX_ERROR_LEN {
         let mut cut = MAX_ERROR_LEN;
         while !text.is_char_boundary(cut) {

@@ -11,7 +11,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use outbox_core::message::MAX_DELAY;
-use outbox_core::store::{in_id_order, MAX_ERROR_LEN};
+use outbox_core::store::{bounded_error, in_id_order};
 use outbox_core::{
     ClaimIds, ClaimRequest, ClaimedMessage, Disposition, Error, Failure, Lease, LeaseToken,
     MessageId, NewMessage, OutboxStore, Result, Settled, StoreCapabilities,
@@ -369,7 +369,7 @@ impl PgOutbox {
         rows.sort_by_key(|(id, _)| *id);
         let (ids, reasons): (Vec<Uuid>, Vec<String>) = rows
             .into_iter()
-            .map(|(id, reason)| (id, storable(bounded(reason))))
+            .map(|(id, reason)| (id, storable(bounded_error(reason))))
             .unzip();
         tracing::warn!(
             ?ids,
@@ -435,19 +435,6 @@ fn storable(text: String) -> String {
     } else {
         text
     }
-}
-
-/// A reason this crate wrote (it may quote a large value), cut to [`MAX_ERROR_LEN`]
-/// bytes like every [`Failure`]'s error.
-fn bounded(mut text: String) -> String {
-    if text.len() > MAX_ERROR_LEN {
-        let mut cut = MAX_ERROR_LEN;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
-    }
-    text
 }
 
 #[async_trait]
@@ -523,14 +510,15 @@ impl OutboxStore for PgOutbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use outbox_core::store::MAX_ERROR_LEN;
 
     #[test]
     fn stored_text_has_no_nul_and_reasons_are_bounded() {
         assert_eq!(storable("a\0b".to_owned()), "a\u{fffd}b");
         assert_eq!(storable("plain".to_owned()), "plain");
-        let cut = bounded("é".repeat(MAX_ERROR_LEN));
+        let cut = bounded_error("é".repeat(MAX_ERROR_LEN));
         assert!(cut.len() <= MAX_ERROR_LEN && cut.len() > MAX_ERROR_LEN - 2);
         assert!(cut.chars().all(|c| c == 'é'));
-        assert_eq!(bounded("short".to_owned()), "short");
+        assert_eq!(bounded_error("short".to_owned()), "short");
     }
 }

@@ -3,8 +3,12 @@
 //! What every outbox backend is proven with:
 //!
 //! - [`suite`]: the conformance suite, one `pub async fn` per behaviour of the
-//!   [`OutboxStore`](outbox_core::OutboxStore) contract and the relay engine, and
-//!   [`conformance_suite!`] to turn it into one `#[tokio::test]` per case;
+//!   [`OutboxStore`](outbox_core::OutboxStore) and
+//!   [`OutboxAdmin`](outbox_core::OutboxAdmin) contracts and the relay engine, and
+//!   [`conformance_suite!`] to turn it into one `#[tokio::test]` per case; the
+//!   [`DedupStore`](outbox_core::DedupStore) and
+//!   [`DistributedLock`](outbox_core::DistributedLock) suites run the same way with
+//!   [`dedup_suite!`] over a [`DedupHarness`] and [`lock_suite!`] over a [`LockHarness`];
 //! - [`Harness`] / [`Fixture`]: what a backend implements so the suite can make
 //!   isolated stores and reach its transactions (atomic enqueue, row locks);
 //! - [`MemoryStore`]: an in-memory reference store honouring the whole contract, also
