@@ -399,3 +399,87 @@ async fn an_aborted_loop_reports_so_on_shutdown() {
 async fn first_id(memory: &MemoryStore) -> outbox_core::MessageId {
     memory.pending_ids()[0]
 }
+
+/// Steals each message's lease (as another relay after a lapse would) and then reports
+/// a retryable failure, so the relay's `fail` is fenced out.
+#[derive(Debug)]
+struct StealsThenFails(MemoryStore);
+
+#[async_trait]
+impl Publisher for StealsThenFails {
+    async fn publish(&self, batch: &[Message]) -> Result<Vec<PublishOutcome>> {
+        let ids: Vec<_> = batch.iter().map(|m| m.id).collect();
+        for id in &ids {
+            self.0.expire_lease(*id);
+        }
+        let request = outbox_core::ClaimIds::new(&ids, Duration::from_secs(600))?;
+        self.0.claim_ids(&request).await?;
+        Ok(vec![PublishOutcome::Retryable("nope".into()); batch.len()])
+    }
+}
+
+#[tokio::test]
+async fn lost_leases_on_fail_are_counted() {
+    let memory = memory_with(3);
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    let relay = relay(&store, Arc::new(StealsThenFails(memory.clone())), config());
+    let report = relay.dispatch_ids(&memory.pending_ids()).await.unwrap();
+    assert_eq!((report.retried, report.leases_lost), (0, 3), "{report:?}");
+}
+
+#[tokio::test]
+async fn a_failing_fail_is_counted_as_a_store_error() {
+    let memory = memory_with(2);
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    store.inject(Op::Fail, Fault::Error(ErrorStatus::Permanent), 1);
+    let relay = relay(
+        &store,
+        Arc::new(RecordingPublisher::failing_first(1)),
+        config(),
+    );
+    let report = relay.dispatch_ids(&memory.pending_ids()).await.unwrap();
+    assert_eq!((report.retried, report.store_errors), (0, 1), "{report:?}");
+}
+
+#[tokio::test]
+async fn a_failing_release_is_counted_as_a_store_error() {
+    let memory = memory_with(2);
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    // As in the lease-rule case above: the second wave has too little lease left.
+    store.delay_claims(Duration::from_millis(200));
+    store.inject(Op::Release, Fault::Error(ErrorStatus::Permanent), 1);
+    let publisher = RecordingPublisher::new().with_delay(Duration::from_millis(390));
+    let config = config()
+        .batch_size(2)
+        .publish(1, 1)
+        .lease(Duration::from_secs(1))
+        .publish_timeout(Duration::from_millis(400));
+    let relay = relay(&store, Arc::new(publisher), config);
+    let report = relay.dispatch_ids(&memory.pending_ids()).await.unwrap();
+    assert_eq!(
+        (report.dispatched, report.released, report.store_errors),
+        (1, 0, 1),
+        "{report:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_abandoned_batch_whose_fail_errs_counts_a_store_error() {
+    let memory = memory_with(2);
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    store.inject(Op::Fail, Fault::Error(ErrorStatus::Permanent), 1);
+    let (publisher, _never_opened) = RecordingPublisher::new().hold_destination("t0");
+    let config = config()
+        .batch_size(2)
+        .publish(1, 1)
+        .shutdown_grace(Duration::from_millis(50));
+    let relay = relay(&store, Arc::new(publisher.clone()), config);
+    let handle = relay.spawn();
+    publisher.wait_for_calls(1, DEADLINE).await.unwrap();
+    let report = handle.shutdown().await.unwrap();
+    assert_eq!(
+        (report.retried, report.released, report.store_errors),
+        (0, 1, 1),
+        "the started publish's fail erred; the other was released: {report:?}"
+    );
+}
