@@ -126,13 +126,22 @@ impl RelayConfig {
         self.lease / 10
     }
 
-    /// The one rule that decides whether a publish may start `elapsed` after its batch
-    /// was claimed: `elapsed + publish_timeout + lease_margin() <= lease`.
+    /// The time [`validate`](Self::validate) leaves for the claim round trip itself, a
+    /// twentieth of the lease: the relay counts a batch's time from the moment it sent
+    /// the claim (the lease may start as soon as the storage runs it), so a claim is
+    /// never free.
+    pub fn claim_allowance(&self) -> Duration {
+        self.lease / 20
+    }
+
+    /// The one rule that decides whether a publish may start `elapsed` after its batch's
+    /// claim was sent: `elapsed + publish_timeout + lease_margin() <= lease`.
     ///
     /// The relay releases a chunk (unpublished, attempt given back) when this is false
     /// at the moment its publish would start, and [`validate`](Self::validate) refuses
-    /// a config under which it is false for the last wave of a batch even when the
-    /// claim took no time, so a config that validates can publish.
+    /// a config under which it is false for the last wave of a batch whose claim took
+    /// [`claim_allowance`](Self::claim_allowance), so a config that validates publishes
+    /// whenever its claims answer within that allowance.
     pub fn lease_allows_publish(&self, elapsed: Duration) -> bool {
         elapsed
             .saturating_add(self.publish_timeout)
@@ -142,8 +151,8 @@ impl RelayConfig {
 
     /// Check the values. Besides each value's own bounds, the lease must cover every
     /// publish wave of a batch: [`lease_allows_publish`](Self::lease_allows_publish)
-    /// must hold when the last wave starts, `(publish_waves() - 1) × publish_timeout`
-    /// after the claim.
+    /// must hold when the last wave starts, `claim_allowance() + (publish_waves() - 1) ×
+    /// publish_timeout` after the claim was sent.
     ///
     /// # Errors
     /// [`ErrorKind::Config`](crate::ErrorKind::Config) naming the first bad value.
@@ -163,14 +172,15 @@ impl RelayConfig {
         if self.publish_timeout.is_zero() {
             return Err(Error::config("publish_timeout must be above zero"));
         }
-        let last_wave_starts = self
-            .publish_timeout
-            .saturating_mul(self.publish_waves().saturating_sub(1));
+        let last_wave_starts = self.claim_allowance().saturating_add(
+            self.publish_timeout
+                .saturating_mul(self.publish_waves().saturating_sub(1)),
+        );
         if !self.lease_allows_publish(last_wave_starts) {
             return Err(Error::config(format!(
                 "a batch of {} in publish calls of {} with {} in flight takes {} waves of up to \
-                 {:?}; with a tenth of the lease kept in reserve, the lease of {:?} does not \
-                 cover them; raise the lease or publish_concurrency, or lower batch_size or \
+                 {:?}; with a twentieth of the lease left for the claim and a tenth kept in \
+                 reserve, the lease of {:?} does not cover them; raise the lease or publish_concurrency, or lower batch_size or \
                  publish_timeout",
                 self.batch_size,
                 self.publish_batch_size,
@@ -223,16 +233,24 @@ mod tests {
         let lease = Duration::from_secs(10);
         let c = RelayConfig::default()
             .lease(lease)
-            .publish_timeout(Duration::from_secs(9));
-        // 9 s + 1 s margin = 10 s: exactly allowed at once, not a nanosecond later.
-        assert!(c.lease_allows_publish(Duration::ZERO));
-        assert!(!c.lease_allows_publish(Duration::from_nanos(1)));
+            .publish_timeout(Duration::from_millis(8500));
+        assert_eq!(c.claim_allowance(), Duration::from_millis(500));
+        // 0.5 s claim + 8.5 s + 1 s margin = 10 s: the config validates, and a batch
+        // whose claim answered within the allowance publishes; a later one is released.
         c.validate().unwrap();
+        assert!(c.lease_allows_publish(Duration::ZERO));
+        assert!(c.lease_allows_publish(c.claim_allowance()));
+        assert!(!c.lease_allows_publish(c.claim_allowance() + Duration::from_nanos(1)));
         let over = c
             .clone()
-            .publish_timeout(Duration::from_secs(9) + Duration::from_nanos(1));
-        assert!(!over.lease_allows_publish(Duration::ZERO));
+            .publish_timeout(Duration::from_millis(8500) + Duration::from_nanos(1));
+        assert!(!over.lease_allows_publish(over.claim_allowance()));
         assert_eq!(kind(&over), Some(crate::ErrorKind::Config));
+        // The bug this rule replaced: 9 s + 1 s margin fits only a claim that took no
+        // time, so every real batch would be released unpublished.
+        let never = c.clone().publish_timeout(Duration::from_secs(9));
+        assert!(!never.lease_allows_publish(Duration::from_micros(1)));
+        assert_eq!(kind(&never), Some(crate::ErrorKind::Config));
         assert!(
             !c.lease_allows_publish(Duration::MAX),
             "saturates, never overflows"
@@ -247,17 +265,17 @@ mod tests {
             .publish(25, 2)
             .lease(Duration::from_secs(10));
         assert_eq!(base.publish_waves(), 2);
-        // 4 s + 4 s + 1 s margin <= 10 s.
+        // 0.5 s claim + 4 s + 4 s + 1 s margin <= 10 s.
         base.clone()
             .publish_timeout(Duration::from_secs(4))
             .validate()
             .unwrap();
-        // 4.5 s + 4.5 s + 1 s = 10 s: still fits exactly.
+        // 0.5 s + 4.25 s + 4.25 s + 1 s = 10 s: still fits exactly.
         base.clone()
-            .publish_timeout(Duration::from_millis(4500))
+            .publish_timeout(Duration::from_millis(4250))
             .validate()
             .unwrap();
-        let late = base.clone().publish_timeout(Duration::from_millis(4501));
+        let late = base.clone().publish_timeout(Duration::from_millis(4251));
         assert_eq!(kind(&late), Some(crate::ErrorKind::Config));
         // 1000 / 10 / 4 = 25 waves of 10 s against a 30 s lease.
         let wide = RelayConfig::default().batch_size(1000).publish(10, 4);

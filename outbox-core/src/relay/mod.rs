@@ -40,7 +40,8 @@
 //!   One rule, [`RelayConfig::lease_allows_publish`], decides both: a chunk whose
 //!   remaining lease is shorter than a publish plus a tenth of the lease is released
 //!   instead of published, and [`RelayConfig::validate`] refuses a config under which
-//!   the last wave could never start.
+//!   the last wave could not start after a claim that took a twentieth of the lease
+//!   ([`RelayConfig::claim_allowance`]).
 //! - Settles that hit retryable storage errors are retried with backoff until the
 //!   batch's lease lapses; then the leases are left to lapse and the messages publish
 //!   again.
