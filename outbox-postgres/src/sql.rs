@@ -340,22 +340,35 @@ fn claim(t: &QualifiedName, per_key: bool, by_ids: bool) -> String {
     } else {
         String::new()
     };
+    // Rows are taken from two ranges of the due index: the due ones, and (the
+    // `stranded` branch, one index probe that finds nothing in a healthy table) rows
+    // whose `available_at` another tool set past MAX_TIME (`infinity`, a year chrono
+    // cannot hold). Those would otherwise never come due, and under per-key order would
+    // block their key forever; claimed, they are dead-lettered with the reason.
+    let branch = |name: &str, when: &str| {
+        format!(
+            "{name} AS (SELECT c.ctid, c.available_at, c.seq FROM {t} AS c \
+             WHERE {due} AND {when} {ids} {key_order} \
+             ORDER BY c.available_at, c.seq LIMIT $1 FOR UPDATE OF c SKIP LOCKED)",
+            due = qualified(UNDELIVERED, "c"),
+        )
+    };
     // The update finds the locked rows by `ctid` (a TID scan): joining on `id` let the
     // planner hash-join a sequential scan of the whole table for large batches. The
-    // row lock taken in `due` keeps each `ctid` valid until this statement updates it.
-    // Attempts saturate at MAX_ATTEMPTS (the row is then dead-lettered) instead of
-    // overflowing `integer` and failing every claim.
+    // row lock taken in `ready` / `stranded` keeps each `ctid` valid until this
+    // statement updates it. Attempts saturate at MAX_ATTEMPTS (the row is then
+    // dead-lettered) instead of overflowing `integer` and failing every claim.
     format!(
-        "WITH due AS (SELECT c.ctid, c.available_at, c.seq FROM {t} AS c \
-         WHERE {due} AND c.available_at <= now() {ids} {key_order} \
-         ORDER BY c.available_at, c.seq LIMIT $1 FOR UPDATE OF c SKIP LOCKED) \
+        "WITH {ready}, {stranded}, \
+         due AS (SELECT * FROM ready UNION ALL SELECT * FROM stranded) \
          UPDATE {t} AS m SET available_at = now() + $2 * interval '1 microsecond', \
              lease_token = $3, attempts = least(m.attempts, {before_max}) + 1 \
          FROM due WHERE m.ctid = due.ctid \
          RETURNING m.id, m.destination, m.partition_key, m.payload, m.content_type, \
              m.headers, {created}, m.attempts, m.last_error, \
              m.available_at AS lease_expires_at, {due_at}, due.seq",
-        due = qualified(UNDELIVERED, "c"),
+        ready = branch("ready", "c.available_at <= now()"),
+        stranded = branch("stranded", &format!("c.available_at > {MAX_TIME}")),
         before_max = i64::from(MAX_ATTEMPTS) - 1,
         created = checked_time("m.created_at", "created_at"),
         due_at = checked_time("due.available_at", "due_at"),
@@ -394,6 +407,11 @@ mod tests {
         let s = statements(&config());
         assert!(s.claim.contains("FOR UPDATE OF c SKIP LOCKED"));
         assert!(s.claim.contains("ORDER BY c.available_at, c.seq LIMIT $1"));
+        assert!(
+            s.claim
+                .contains(&format!("AND c.available_at > {MAX_TIME}")),
+            "rows stranded past the decodable range are claimed to be dead-lettered"
+        );
         assert!(
             s.claim
                 .contains("WHERE c.dispatched_at IS NULL AND c.dead_at IS NULL AND"),

@@ -88,10 +88,10 @@ use crate::sql::{limit_param, micros, Statements, SETTLE};
 ///   whose head is in flight or backing off; see
 ///   [Per-key order behind a stuck key](crate#per-key-order-behind-a-stuck-key) for the
 ///   figures and what to do.
-/// - A row whose `available_at` another tool set to `infinity` or centuries ahead is
-///   never due, so no claim meets it and it is not dead-lettered; under per-key order it
-///   holds its key back like any far-scheduled message. Find such rows with
-///   `SELECT id FROM <table> WHERE available_at > now() + interval '3660 days'`.
+/// - A row whose `available_at` another tool set centuries ahead, but inside the
+///   decodable range, is a delayed message like any other: it is not due, and under
+///   per-key order it holds its key back until it is. (Past the range, `infinity`
+///   included, it is claimed at once and dead-lettered as above.)
 #[derive(Clone)]
 pub struct PgOutbox {
     pool: PgPool,

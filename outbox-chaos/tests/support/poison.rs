@@ -64,11 +64,14 @@ pub(crate) fn kinds() -> Vec<Poison> {
             created_at: far,
             ..Poison::new("created_294000")
         },
-        // Not planted: `available_at` = 'infinity' or a year past 262143. Such a row is
-        // never due, so no claim meets it; under per-key order it holds its key back
-        // like any far-scheduled message would. Treating it as poison needs a sweep
-        // for availability beyond MAX_DELAY + MAX_LEASE: a known limitation, noted in
-        // the outbox-postgres README.
+        Poison {
+            available_at: "infinity",
+            ..Poison::new("available_inf")
+        },
+        Poison {
+            available_at: far,
+            ..Poison::new("available_294000")
+        },
         Poison {
             available_at: "-infinity",
             ..Poison::new("available_neg_inf")

@@ -126,6 +126,17 @@ async fn out_of_range_timestamps_are_dead_lettered() {
                 "available_at = '-infinity'",
                 "available_at -infinity is outside",
             ),
+            // Never due: claimed only because it lies past the decodable range.
+            poison(
+                "available_at infinity",
+                "available_at = 'infinity'",
+                "available_at infinity is outside",
+            ),
+            poison(
+                "available_at in year 294000",
+                "available_at = '294000-01-01 00:00:00+00'",
+                "available_at 294000-01-01",
+            ),
         ],
     )
     .await;
