@@ -18,7 +18,8 @@
 //!   cue, for testing how relays cope;
 //! - [`service_url`]: gating integration tests on a service URL, with a visible skip
 //!   (or a failure under `OUTBOX_REQUIRE_INTEGRATION=1`);
-//! - [`wait_until`] / [`poll_for`]: waiting on a condition with a deadline.
+//! - [`wait_until`] / [`poll_for`] / [`within`]: waiting on a condition or a future with a
+//!   deadline.
 //!
 //! ## Adding a backend
 //!
@@ -94,4 +95,4 @@ pub use harness::{Features, Fixture, Harness, RowLock};
 pub use memory::{MemoryStore, MemoryTx};
 pub use memory_harness::MemoryHarness;
 pub use publishers::{Gate, RecordingPublisher};
-pub use wait::{poll_for, wait_until};
+pub use wait::{poll_for, wait_until, within};

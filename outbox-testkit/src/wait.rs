@@ -45,3 +45,15 @@ where
     })
     .await;
 }
+
+/// Await `future`, failing the test instead of hanging when it has not finished
+/// within [`DEADLINE`]: a hang is not a verdict.
+///
+/// # Panics
+/// After [`DEADLINE`], naming `what` was awaited.
+pub async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(DEADLINE, future).await {
+        Ok(value) => value,
+        Err(_) => panic!("{what} did not finish within {DEADLINE:?}"),
+    }
+}

@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use outbox_core::{
-    DispatchReport, ErrorKind, ErrorStatus, Message, NewMessage, OutboxAdmin, OutboxStore,
-    PublishOutcome, Publisher, Relay, RelayConfig, Result, RetryPolicy,
+    ClaimIds, ClaimRequest, ClaimedMessage, DispatchReport, ErrorKind, ErrorStatus, Failure, Lease,
+    Message, NewMessage, OutboxAdmin, OutboxStore, PublishOutcome, Publisher, Relay, RelayConfig,
+    Result, RetryPolicy, Settled, StoreCapabilities,
 };
-use outbox_testkit::{Fault, FaultyStore, MemoryStore, Op, RecordingPublisher};
+use outbox_testkit::{within, Fault, FaultyStore, MemoryStore, Op, RecordingPublisher};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
@@ -41,7 +42,7 @@ fn relay(store: &FaultyStore, publisher: Arc<dyn Publisher>, config: RelayConfig
 async fn drain(relay: &Relay) -> DispatchReport {
     let handle = relay.spawn();
     relay.wait_idle(DEADLINE).await.unwrap();
-    handle.shutdown().await.unwrap()
+    within("shutdown", handle.shutdown()).await.unwrap()
 }
 
 #[tokio::test]
@@ -96,10 +97,12 @@ async fn settles_give_up_when_the_lease_lapses() {
         .publish_timeout(Duration::from_millis(100));
     let relay = relay(&store, Arc::new(RecordingPublisher::new()), config);
     let started = Instant::now();
-    let report = relay
-        .dispatch_ids(&[first_id(&memory).await])
-        .await
-        .unwrap();
+    let report = within(
+        "dispatch_ids",
+        relay.dispatch_ids(&[first_id(&memory).await]),
+    )
+    .await
+    .unwrap();
     let took = started.elapsed();
     assert_eq!((report.dispatched, report.store_errors), (0, 1));
     assert!(
@@ -181,7 +184,7 @@ async fn claim_errors_are_counted_and_the_loop_carries_on() {
     let handle = relay.spawn();
     publisher.wait_for_unique(2, DEADLINE).await.unwrap();
     relay.wait_idle(DEADLINE).await.unwrap();
-    let report = handle.shutdown().await.unwrap();
+    let report = within("shutdown", handle.shutdown()).await.unwrap();
     assert_eq!((report.store_errors, report.dispatched), (2, 2));
 }
 
@@ -195,7 +198,7 @@ async fn a_panicking_claim_is_caught_counted_and_the_loop_carries_on() {
     let handle = relay.spawn();
     publisher.wait_for_unique(2, DEADLINE).await.unwrap();
     assert!(handle.is_running(), "the loop survived the panic");
-    let report = handle.shutdown().await.unwrap();
+    let report = within("shutdown", handle.shutdown()).await.unwrap();
     assert_eq!((report.panics, report.dispatched), (1, 2));
 }
 
@@ -261,7 +264,9 @@ async fn a_chunk_with_too_little_lease_left_is_released_unpublished() {
         .publish_timeout(Duration::from_millis(400));
     let relay = relay(&store, Arc::new(publisher.clone()), config);
     let ids = memory.pending_ids();
-    let report = relay.dispatch_ids(&ids).await.unwrap();
+    let report = within("dispatch_ids", relay.dispatch_ids(&ids))
+        .await
+        .unwrap();
     assert_eq!((report.dispatched, report.released), (1, 1), "{report:?}");
     assert_eq!(publisher.calls(), 1);
     let stats = memory.stats().await.unwrap();
@@ -282,10 +287,12 @@ async fn totals_add_up_across_batches_and_dispatch_calls() {
         Arc::new(publisher.clone()),
         config().batch_size(2).publish(1, 2),
     );
-    let explicit = relay
-        .dispatch_ids(&[first_id(&memory).await])
-        .await
-        .unwrap();
+    let explicit = within(
+        "dispatch_ids",
+        relay.dispatch_ids(&[first_id(&memory).await]),
+    )
+    .await
+    .unwrap();
     assert_eq!((explicit.claimed, explicit.dispatched), (1, 1));
     let looped = drain(&relay).await;
     assert_eq!(
@@ -302,10 +309,12 @@ async fn dispatch_after_shutdown_claims_nothing() {
     let memory = memory_with(1);
     let store = FaultyStore::new(Arc::new(memory.clone()));
     let relay = relay(&store, Arc::new(RecordingPublisher::new()), config());
-    relay.spawn().shutdown().await.unwrap();
+    within("shutdown", relay.spawn().shutdown()).await.unwrap();
     let id = first_id(&memory).await;
     assert_eq!(
-        relay.dispatch_ids(&[id]).await.unwrap(),
+        within("dispatch_ids", relay.dispatch_ids(&[id]))
+            .await
+            .unwrap(),
         DispatchReport::default()
     );
     assert_eq!(store.calls(Op::ClaimIds), 0);
@@ -320,7 +329,9 @@ async fn too_many_ids_are_refused_before_claiming() {
     let ids: Vec<_> = (0..=outbox_core::store::MAX_CLAIM_BATCH)
         .map(|_| outbox_core::MessageId::new())
         .collect();
-    let err = relay.dispatch_ids(&ids).await.unwrap_err();
+    let err = within("dispatch_ids", relay.dispatch_ids(&ids))
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
     assert_eq!(store.calls(Op::ClaimIds), 0);
 }
@@ -341,7 +352,7 @@ async fn the_handle_wakes_an_idle_loop() {
     handle.wake();
     publisher.wait_for_unique(1, DEADLINE).await.unwrap();
     assert!(store.calls(Op::Claim) > claims);
-    handle.shutdown().await.unwrap();
+    within("shutdown", handle.shutdown()).await.unwrap();
 }
 
 #[tokio::test]
@@ -371,7 +382,7 @@ async fn a_wake_that_a_claim_covered_causes_no_extra_claim() {
         2,
         "the claim after the wake covered it; polling is an hour away"
     );
-    handle.shutdown().await.unwrap();
+    within("shutdown", handle.shutdown()).await.unwrap();
 }
 
 #[tokio::test]
@@ -393,7 +404,7 @@ async fn an_aborted_loop_reports_so_on_shutdown() {
         stopping.is_stopping() && !handle.is_running()
     })
     .await;
-    handle.shutdown().await.unwrap();
+    within("shutdown", handle.shutdown()).await.unwrap();
 }
 
 async fn first_id(memory: &MemoryStore) -> outbox_core::MessageId {
@@ -423,7 +434,9 @@ async fn lost_leases_on_fail_are_counted() {
     let memory = memory_with(3);
     let store = FaultyStore::new(Arc::new(memory.clone()));
     let relay = relay(&store, Arc::new(StealsThenFails(memory.clone())), config());
-    let report = relay.dispatch_ids(&memory.pending_ids()).await.unwrap();
+    let report = within("dispatch_ids", relay.dispatch_ids(&memory.pending_ids()))
+        .await
+        .unwrap();
     assert_eq!((report.retried, report.leases_lost), (0, 3), "{report:?}");
 }
 
@@ -437,7 +450,9 @@ async fn a_failing_fail_is_counted_as_a_store_error() {
         Arc::new(RecordingPublisher::failing_first(1)),
         config(),
     );
-    let report = relay.dispatch_ids(&memory.pending_ids()).await.unwrap();
+    let report = within("dispatch_ids", relay.dispatch_ids(&memory.pending_ids()))
+        .await
+        .unwrap();
     assert_eq!((report.retried, report.store_errors), (0, 1), "{report:?}");
 }
 
@@ -455,7 +470,9 @@ async fn a_failing_release_is_counted_as_a_store_error() {
         .lease(Duration::from_secs(1))
         .publish_timeout(Duration::from_millis(400));
     let relay = relay(&store, Arc::new(publisher), config);
-    let report = relay.dispatch_ids(&memory.pending_ids()).await.unwrap();
+    let report = within("dispatch_ids", relay.dispatch_ids(&memory.pending_ids()))
+        .await
+        .unwrap();
     assert_eq!(
         (report.dispatched, report.released, report.store_errors),
         (1, 0, 1),
@@ -476,10 +493,111 @@ async fn an_abandoned_batch_whose_fail_errs_counts_a_store_error() {
     let relay = relay(&store, Arc::new(publisher.clone()), config);
     let handle = relay.spawn();
     publisher.wait_for_calls(1, DEADLINE).await.unwrap();
-    let report = handle.shutdown().await.unwrap();
+    let report = within("shutdown", handle.shutdown()).await.unwrap();
     assert_eq!(
         (report.retried, report.released, report.store_errors),
         (0, 1, 1),
         "the started publish's fail erred; the other was released: {report:?}"
     );
+}
+
+/// A store that notes the (Tokio) instant of every claim.
+#[derive(Debug, Clone)]
+struct ClaimClock {
+    inner: MemoryStore,
+    claims: Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
+}
+
+impl ClaimClock {
+    /// Gaps between successive claims, in whole milliseconds.
+    fn gaps(&self) -> Vec<u128> {
+        let at = self.claims.lock().unwrap();
+        at.windows(2).map(|w| (w[1] - w[0]).as_millis()).collect()
+    }
+}
+
+#[async_trait]
+impl OutboxStore for ClaimClock {
+    fn capabilities(&self) -> StoreCapabilities {
+        self.inner.capabilities()
+    }
+    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedMessage>> {
+        self.claims
+            .lock()
+            .unwrap()
+            .push(tokio::time::Instant::now());
+        self.inner.claim(request).await
+    }
+    async fn claim_ids(&self, request: &ClaimIds) -> Result<Vec<ClaimedMessage>> {
+        self.inner.claim_ids(request).await
+    }
+    async fn complete(&self, leases: &[Lease]) -> Result<Settled> {
+        self.inner.complete(leases).await
+    }
+    async fn fail(&self, failures: &[Failure]) -> Result<Settled> {
+        self.inner.fail(failures).await
+    }
+    async fn release(&self, leases: &[Lease]) -> Result<Settled> {
+        self.inner.release(leases).await
+    }
+}
+
+/// Whether `gap` is a wait of `base` ms shortened by the relay's jitter (up to a
+/// fifth).
+fn jittered(gap: u128, base: u128) -> bool {
+    (base * 4 / 5..=base).contains(&gap)
+}
+
+/// The idle poll doubles from `poll_interval` to `max_poll_interval`, and starts over
+/// after a claim that found work and after a wake-up. Tokio's clock is paused, so the
+/// gaps between claims are read off virtual time exactly; the sleeps below advance that
+/// clock, they do not wait for anything to happen.
+#[tokio::test(start_paused = true)]
+async fn the_idle_poll_doubles_to_its_cap_and_starts_over() {
+    let store = ClaimClock {
+        inner: MemoryStore::new(),
+        claims: Arc::default(),
+    };
+    let config = config().poll(Duration::from_millis(100), Duration::from_millis(800));
+    let relay = Relay::new(
+        Arc::new(store.clone()),
+        Arc::new(RecordingPublisher::new()),
+        config,
+    )
+    .unwrap();
+    let handle = relay.spawn();
+    // Idle from the start: 100, 200, 400, 800, then capped at 800.
+    tokio::time::sleep(Duration::from_millis(4000)).await;
+    let idle = store.gaps();
+    assert!(idle.len() >= 6, "{idle:?}");
+    for (gap, base) in idle.iter().zip([100, 200, 400, 800, 800, 800]) {
+        assert!(jittered(*gap, base), "expected about {base} ms: {idle:?}");
+    }
+    // Work found: the next claim follows at once, then the schedule starts over.
+    let before = idle.len();
+    store
+        .inner
+        .enqueue(&[NewMessage::builder("t").build().unwrap()])
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let gaps = store.gaps();
+    let after_work = &gaps[before..];
+    assert!(after_work.len() >= 3, "{gaps:?}");
+    assert!(after_work[0] <= 800, "the claim that found work: {gaps:?}");
+    assert_eq!(after_work[1], 0, "the claim right after the work: {gaps:?}");
+    assert!(jittered(after_work[2], 100), "then 100 ms: {gaps:?}");
+    // A wake-up ends the wait at once and starts the schedule over.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let before = store.gaps().len();
+    let woken = tokio::time::Instant::now();
+    relay.wakeup().wake();
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let gaps = store.gaps();
+    let at = store.claims.lock().unwrap()[before + 1];
+    assert_eq!(at, woken, "claimed at the wake-up: {gaps:?}");
+    let after_wake = &gaps[before + 1..];
+    assert!(after_wake.len() >= 2, "{gaps:?}");
+    assert!(jittered(after_wake[0], 100), "then 100 ms: {gaps:?}");
+    assert!(jittered(after_wake[1], 200), "then 200 ms: {gaps:?}");
+    within("shutdown", handle.shutdown()).await.unwrap();
 }
