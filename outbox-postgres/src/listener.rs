@@ -116,12 +116,15 @@ impl ListenerHandle {
     }
 
     /// How many times the listener has started listening (1 after the first connect,
-    /// +1 per reconnection).
+    /// +1 per reconnection): for a service's health check, where 0 means wake-ups are
+    /// not arriving yet and a count that keeps rising means the connection keeps
+    /// dropping (relays still find messages by polling meanwhile).
     pub fn connections(&self) -> u64 {
         self.counters.connections.load(AtomicOrdering::SeqCst)
     }
 
-    /// How many notifications it has received.
+    /// How many notifications it has received: for a health check or a dashboard, to
+    /// confirm that producers' `NOTIFY` reaches this process.
     pub fn notifications(&self) -> u64 {
         self.counters.notifications.load(AtomicOrdering::SeqCst)
     }

@@ -481,7 +481,9 @@ impl RelayHandle {
     }
 
     /// Kill the loop without any cleanup, as a crash would, and wait until its task is
-    /// gone: leases it holds lapse at their expiry. For tests of crash recovery.
+    /// gone: leases it holds are not released and lapse at their expiry, when another
+    /// relay publishes their messages again. For a supervisor that cannot wait for
+    /// [`shutdown`](Self::shutdown)'s grace period, and for tests of crash recovery.
     pub async fn abort(self) {
         self.task.abort();
         let _ = self.task.await;
