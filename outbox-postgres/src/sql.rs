@@ -78,7 +78,8 @@ pub(crate) struct Statements {
     /// `$1` ids, `$2` reasons, `$3` token: dead-letter claimed rows that cannot be
     /// delivered (a settle).
     pub(crate) dead_letter_claimed: String,
-    /// `$1` token: undo a whole claim (lease, attempt) after it could not be returned.
+    /// `$1` token, `$2` ids: undo a whole claim (lease, attempt) after it could not be
+    /// returned (a settle).
     pub(crate) release_claim: String,
     /// `$1` ids, `$2` tokens.
     pub(crate) complete: String,
@@ -127,14 +128,12 @@ impl Statements {
                  WHERE {by_key} AND m.lease_token = $3::uuid",
                 by_key = by_primary_key("m", "l"),
             ),
-            // Runs only when a claim could not be returned. No index leads with
-            // lease_token, so this may read every undelivered row (never the history:
-            // the partial due index covers all it can match).
             release_claim: format!(
                 "UPDATE {t} AS m SET available_at = now(), lease_token = NULL, \
                  attempts = greatest(m.attempts - 1, 0) \
-                 WHERE m.lease_token = $1 AND {}",
-                qualified(UNDELIVERED, "m"),
+                 FROM unnest($2::uuid[]) AS l(id) \
+                 WHERE {by_key} AND m.lease_token = $1",
+                by_key = by_primary_key("m", "l"),
             ),
             complete: match config.retention() {
                 Retention::Delete => format!(
@@ -453,13 +452,17 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_claim_is_undone_by_its_token_only() {
+    fn a_failed_claim_is_undone_by_primary_key_and_token() {
         let s = statements(&config());
-        assert!(s.release_claim.contains(
-            "attempts = greatest(m.attempts - 1, 0) WHERE m.lease_token = $1 \
-             AND m.dispatched_at IS NULL AND m.dead_at IS NULL"
-        ));
-        assert!(!s.release_claim.contains("$2"));
+        assert!(
+            s.release_claim.contains(
+                "attempts = greatest(m.attempts - 1, 0) FROM unnest($2::uuid[]) AS l(id) \
+                 WHERE m.id = l.id AND coalesce(m.dispatched_at, m.dead_at) IS NULL \
+                 AND m.lease_token = $1"
+            ),
+            "{}",
+            s.release_claim
+        );
     }
 
     #[test]
@@ -475,6 +478,7 @@ mod tests {
             &s.fail,
             &s.release,
             &s.dead_letter_claimed,
+            &s.release_claim,
         ] {
             assert!(
                 sql.contains("m.id = l.id AND coalesce(m.dispatched_at, m.dead_at) IS NULL"),

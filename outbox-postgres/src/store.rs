@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
@@ -20,7 +21,7 @@ use outbox_core::{
 use crate::config::PgOutboxConfig;
 use crate::error::{already_stored, from_sqlx, repeated_in_batch};
 use crate::ident::QualifiedName;
-use crate::row::{decode_claimed, DecodedClaim};
+use crate::row::{decode_claimed, get, DecodedClaim};
 use crate::schema;
 use crate::sql::{limit_param, micros, Statements, SETTLE};
 
@@ -332,31 +333,45 @@ impl PgOutbox {
                 Ok(claimed)
             }
             Err(err) => {
-                self.release_claim(token, rows.len(), &err).await;
+                self.release_claim(token, &rows, &err).await;
                 Err(err)
             }
         }
     }
 
     /// Undo a claim whose rows could not be returned (a column of the wrong type, say):
-    /// every row holding `token` is released with its attempt given back, so the
-    /// messages are due again at once instead of leased to nobody until the lease
-    /// expires. A failure is logged, not returned: the leases then expire as after a
-    /// crash.
-    async fn release_claim(&self, token: LeaseToken, rows: usize, cause: &Error) {
+    /// its rows are released with their attempt given back, found by primary key and
+    /// fenced by `token`, so the messages are due again at once instead of leased to
+    /// nobody until the lease expires. A failure, or ids that do not decode either, is
+    /// logged, not returned: the leases then expire as after a crash.
+    async fn release_claim(&self, token: LeaseToken, rows: &[PgRow], cause: &Error) {
+        let rows_n = rows.len();
         tracing::error!(
-            rows, error = %cause.report(),
+            rows = rows_n, error = %cause.report(),
             "claimed outbox rows could not be decoded; releasing the claim"
         );
+        let ids: Result<Vec<Uuid>> = rows.iter().map(|row| get(row, "id")).collect();
+        let mut ids = match ids {
+            Ok(ids) => ids,
+            Err(err) => {
+                tracing::error!(
+                    rows = rows_n, error = %err.report(),
+                    "claimed ids do not decode either; the leases expire instead"
+                );
+                return;
+            }
+        };
+        ids.sort_unstable();
         let result = sqlx::query(&self.inner.sql.release_claim)
             .persistent(SETTLE.persistent())
             .bind(token.as_uuid())
+            .bind(ids)
             .execute(&self.pool)
             .await;
         if let Err(e) = result {
             let err = from_sqlx("releasing an undecodable claim", e);
             tracing::error!(
-                rows, error = %err.report(),
+                rows = rows_n, error = %err.report(),
                 "could not release the claim; its leases expire instead"
             );
         }

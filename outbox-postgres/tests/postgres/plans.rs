@@ -287,6 +287,10 @@ async fn settle_statements(outbox: &PgOutbox) -> Vec<(&'static str, Statement)> 
         .await;
         assert!(poison.text.contains("dead_at = now()"), "{}", poison.text);
         out.push(("dead-letter claimed rows", poison));
+        out.push((
+            "release an undecodable claim",
+            undecodable_claim(outbox).await,
+        ));
         for (what, requeue) in [("requeue ids", true), ("discard ids", false)] {
             let statement = prepared_one(&twin, what, || async {
                 let ids = DeadLetterSelection::Ids(vec![MessageId::new()]);
@@ -303,6 +307,47 @@ async fn settle_statements(outbox: &PgOutbox) -> Vec<(&'static str, Statement)> 
     }
     twin.pool().close().await;
     out
+}
+
+/// The statement that gives back a claim whose rows do not decode, captured by
+/// claiming a row while `attempts` has a type the crate does not read (then restored).
+async fn undecodable_claim(outbox: &PgOutbox) -> Statement {
+    let t = table(outbox);
+    for sql in [
+        format!(
+            "INSERT INTO {t} (id, destination, payload, available_at) \
+             VALUES (gen_random_uuid(), 'd', '\\x00', now())"
+        ),
+        format!("ALTER TABLE {t} ALTER COLUMN attempts TYPE bigint"),
+    ] {
+        sqlx::raw_sql(&sql).execute(outbox.pool()).await.unwrap();
+    }
+    // A twin of its own: one that prepared the claim before the change would fail on
+    // its cached plan instead of decoding the rows.
+    let fresh = twin(outbox).await;
+    let statement = last_run_by(&fresh, || async {
+        let err = fresh
+            .claim(ClaimRequest::new(10, LONG).unwrap())
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), outbox_core::ErrorKind::Decode, "{err}");
+    })
+    .await;
+    fresh.pool().close().await;
+    sqlx::raw_sql(&format!(
+        "ALTER TABLE {t} ALTER COLUMN attempts TYPE integer; DELETE FROM {t}"
+    ))
+    .execute(outbox.pool())
+    .await
+    .unwrap();
+    assert!(
+        statement
+            .text
+            .contains("attempts = greatest(m.attempts - 1, 0)"),
+        "{}",
+        statement.text
+    );
+    statement
 }
 
 /// The requeue and discard statements for filtered selections.
