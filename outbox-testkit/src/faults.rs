@@ -91,7 +91,8 @@ impl FaultyStore {
         self.plan().claim_delay = delay;
     }
 
-    /// How many calls of `op` were made, faulty or not.
+    /// How many calls of `op` were made, faulty or not (a delayed claim counts from
+    /// the moment it is made).
     pub fn calls(&self, op: Op) -> usize {
         self.plan().calls.get(&op).copied().unwrap_or(0)
     }
@@ -126,6 +127,26 @@ impl FaultyStore {
         F: std::future::Future<Output = Result<T>>,
     {
         let fault = self.next_fault(op);
+        Self::apply(op, fault, call).await
+    }
+
+    /// A claim: counted (and its fault taken) when it is made, then delayed.
+    async fn run_claim<T, F>(&self, op: Op, call: F) -> Result<T>
+    where
+        F: std::future::Future<Output = Result<T>>,
+    {
+        let fault = self.next_fault(op);
+        let delay = self.plan().claim_delay;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        Self::apply(op, fault, call).await
+    }
+
+    async fn apply<T, F>(op: Op, fault: Option<Fault>, call: F) -> Result<T>
+    where
+        F: std::future::Future<Output = Result<T>>,
+    {
         match fault {
             None => call.await,
             Some(Fault::Error(status)) => Err(injected(op, status)),
@@ -134,13 +155,6 @@ impl FaultyStore {
                 Err(injected(op, ErrorStatus::Temporary))
             }
             Some(Fault::Panic) => panic!("injected panic in {op:?}"),
-        }
-    }
-
-    async fn claim_delay(&self) {
-        let delay = self.plan().claim_delay;
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
         }
     }
 }
@@ -156,13 +170,12 @@ impl OutboxStore for FaultyStore {
     }
 
     async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedMessage>> {
-        self.claim_delay().await;
-        self.run(Op::Claim, self.inner.claim(request)).await
+        self.run_claim(Op::Claim, self.inner.claim(request)).await
     }
 
     async fn claim_ids(&self, request: &ClaimIds) -> Result<Vec<ClaimedMessage>> {
-        self.claim_delay().await;
-        self.run(Op::ClaimIds, self.inner.claim_ids(request)).await
+        self.run_claim(Op::ClaimIds, self.inner.claim_ids(request))
+            .await
     }
 
     async fn complete(&self, leases: &[Lease]) -> Result<Settled> {

@@ -407,6 +407,27 @@ async fn an_aborted_loop_reports_so_on_shutdown() {
     within("shutdown", handle.shutdown()).await.unwrap();
 }
 
+/// `wait_idle` returns as soon as the loop it waits on ends, instead of waiting out
+/// its timeout: here the loop is stuck in a claim and then killed.
+#[tokio::test]
+async fn wait_idle_reports_a_loop_that_ended_before_it_got_idle() {
+    let store = FaultyStore::new(Arc::new(memory_with(1)));
+    store.delay_claims(Duration::from_secs(3600));
+    let relay = relay(&store, Arc::new(RecordingPublisher::new()), config());
+    let handle = relay.spawn();
+    outbox_testkit::wait_until("the loop to start its claim", || async {
+        store.calls(Op::Claim) >= 1
+    })
+    .await;
+    // `join!` polls `wait_idle` first, so it is waiting before the abort.
+    let (idle, ()) = within("wait_idle and abort", async {
+        tokio::join!(relay.wait_idle(Duration::from_secs(3600)), handle.abort())
+    })
+    .await;
+    let err = idle.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+}
+
 async fn first_id(memory: &MemoryStore) -> outbox_core::MessageId {
     memory.pending_ids()[0]
 }

@@ -158,6 +158,9 @@ struct Inner {
     idle: watch::Sender<u64>,
     /// Whether a loop is running: one loop per engine.
     running: AtomicBool,
+    /// Loops that have ended (however: shutdown, panic, abort); each end also wakes
+    /// the watchers of `idle`.
+    loops_ended: AtomicU64,
     tally: Tally,
     metrics: metrics::Handles,
 }
@@ -211,6 +214,7 @@ impl Relay {
                 polls: AtomicU64::new(0),
                 idle: watch::Sender::new(0),
                 running: AtomicBool::new(false),
+                loops_ended: AtomicU64::new(0),
                 tally: Tally {
                     totals: std::sync::Mutex::default(),
                     metrics: metrics.clone(),
@@ -282,7 +286,7 @@ impl Relay {
             return self.report();
         }
         // Cleared however the loop ends, including when its task is aborted.
-        let _running = RunningGuard(&inner.running);
+        let _running = RunningGuard(inner);
         let config = &inner.config;
         let mut woken = inner.wakeup.subscribe();
         let mut idle = Backoff::new(config.poll_interval, config.max_poll_interval);
@@ -384,19 +388,38 @@ impl Relay {
     /// backoff, delays) do not keep the relay busy.
     ///
     /// # Errors
-    /// [`ErrorKind::Timeout`] when that does not happen within `timeout` (for example
-    /// because the loop is not running).
+    /// - [`ErrorKind::Unavailable`] as soon as the loop ends (shut down, panicked,
+    ///   aborted) before it became idle.
+    /// - [`ErrorKind::Timeout`] when it does not become idle within `timeout` (for
+    ///   example because no loop is running).
     pub async fn wait_idle(&self, timeout: Duration) -> Result<()> {
-        let target = self.inner.polls.load(AtomicOrdering::SeqCst) + 1;
-        let mut idle = self.inner.idle.subscribe();
-        self.inner.wakeup.wake();
+        let inner = &self.inner;
+        let target = inner.polls.load(AtomicOrdering::SeqCst) + 1;
+        let ended = inner.loops_ended.load(AtomicOrdering::SeqCst);
+        let mut idle = inner.idle.subscribe();
+        inner.wakeup.wake();
         let reached = tokio::time::timeout(timeout, async {
-            idle.wait_for(|seen| *seen >= target).await.is_ok()
+            let mut outcome = None;
+            let _ = idle
+                .wait_for(|seen| {
+                    if *seen >= target {
+                        outcome = Some(true);
+                    } else if inner.loops_ended.load(AtomicOrdering::SeqCst) != ended {
+                        outcome = Some(false);
+                    }
+                    outcome.is_some()
+                })
+                .await;
+            outcome
         })
         .await;
         match reached {
-            Ok(true) => Ok(()),
-            Ok(false) | Err(_) => Err(Error::new(
+            Ok(Some(true)) => Ok(()),
+            Ok(Some(false)) => Err(Error::new(
+                ErrorKind::Unavailable,
+                "the relay loop ended before it became idle",
+            )),
+            Ok(None) | Err(_) => Err(Error::new(
                 ErrorKind::Timeout,
                 format!("relay did not become idle within {timeout:?}"),
             )),
@@ -425,11 +448,14 @@ impl Relay {
 }
 
 /// Marks a relay's loop as stopped when dropped.
-struct RunningGuard<'a>(&'a AtomicBool);
+struct RunningGuard<'a>(&'a Inner);
 
 impl Drop for RunningGuard<'_> {
     fn drop(&mut self) {
-        self.0.store(false, AtomicOrdering::SeqCst);
+        self.0.running.store(false, AtomicOrdering::SeqCst);
+        self.0.loops_ended.fetch_add(1, AtomicOrdering::SeqCst);
+        // Wake `wait_idle` callers: the loop they wait on will not get idle.
+        self.0.idle.send_modify(|_| {});
     }
 }
 
