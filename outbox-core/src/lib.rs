@@ -60,6 +60,7 @@
 
 pub mod admin;
 pub mod backoff;
+pub mod consumer;
 pub mod dedup;
 pub mod error;
 mod headers;
@@ -85,7 +86,7 @@ pub use message::{
     Headers, Message, MessageId, MessageLimits, MessageParts, NewMessage, NewMessageBuilder,
 };
 pub use monitor::StatsReporter;
-pub use names::{ConsumerName, LockName};
+pub use names::{ConsumerName, EntityKey, LockName};
 pub use publisher::{PublishOutcome, Publisher};
 pub use purge::{PurgeRun, Purger};
 pub use relay::{DispatchReport, Relay, RelayConfig, RelayHandle, Wakeup};

@@ -1,5 +1,5 @@
 //! Validated names: the one home of the rules every backend applies to consumer names,
-//! lock names and SQL identifiers.
+//! lock names, entity keys and SQL identifiers.
 //!
 //! Each type checks its rule once, when it is made; a backend that takes the type never
 //! re-checks it, so no two backends can disagree on what a valid name is.
@@ -8,7 +8,7 @@ use std::fmt;
 
 use crate::error::{Error, Result};
 
-/// Longest [`ConsumerName`] or [`LockName`], in bytes.
+/// Longest [`ConsumerName`], [`LockName`] or [`EntityKey`], in bytes.
 pub const MAX_NAME_LEN: usize = 255;
 
 fn check_name(what: &str, name: &str) -> Result<()> {
@@ -103,6 +103,14 @@ name_type!(
     "lock name"
 );
 
+name_type!(
+    /// The key of an entity in an [`EntityStore`](crate::consumer::EntityStore): the
+    /// correlation id that routes messages to one aggregate (an order id, an account
+    /// id).
+    EntityKey,
+    "entity key"
+);
+
 /// Check a SQL identifier (schema, table, channel) against the portable rule
 /// `^[a-z_][a-z0-9_]*$`, at most `max_len` bytes (63 on PostgreSQL, 128 on SQL Server).
 ///
@@ -142,6 +150,7 @@ mod tests {
         ] {
             assert_eq!(ConsumerName::new(ok).unwrap().as_str(), ok);
             assert_eq!(LockName::new(ok).unwrap().to_string(), ok);
+            assert_eq!(EntityKey::new(ok).unwrap().as_str(), ok);
         }
         for bad in [
             "",
@@ -158,6 +167,10 @@ mod tests {
             );
             assert_eq!(
                 bad.parse::<LockName>().unwrap_err().kind(),
+                ErrorKind::InvalidInput
+            );
+            assert_eq!(
+                EntityKey::new(bad).unwrap_err().kind(),
                 ErrorKind::InvalidInput
             );
         }

@@ -1,4 +1,4 @@
-//! The macros that turn the dedup and lock suites into tests.
+//! The macros that turn the dedup, lock and consumer suites into tests.
 
 /// Expands to one `#[tokio::test]` per [`DedupStore`](outbox_core::DedupStore)
 /// conformance case.
@@ -71,6 +71,49 @@ macro_rules! lock_suite {
             lock_dropped_guard_is_released,
             lock_severed_session_releases_the_lock,
             lock_names_follow_the_one_rule,
+        );
+    };
+    (@cases $make:path; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let Some(harness) = $make().await else { return };
+                $crate::suite::$case(&harness).await;
+            }
+        )*
+    };
+}
+
+/// Expands to one `#[tokio::test]` per idempotent-consumer conformance case (the
+/// decoupled algorithm over the harness's entity and dedup stores).
+///
+/// `$make` names an `async fn() -> Option<H>` where
+/// `H:`[`ConsumerHarness`](crate::ConsumerHarness); returning `None` skips the case.
+/// The calling crate needs `tokio` with the `macros` and `rt-multi-thread` features as
+/// a dev-dependency.
+///
+/// ```no_run
+/// use outbox_testkit::MemoryConsumerHarness;
+///
+/// async fn harness() -> Option<MemoryConsumerHarness> {
+///     Some(MemoryConsumerHarness)
+/// }
+///
+/// outbox_testkit::consumer_suite!(harness);
+/// # fn main() {}
+/// ```
+#[macro_export]
+macro_rules! consumer_suite {
+    ($make:path) => {
+        $crate::consumer_suite!(@cases $make;
+            consumer_concurrent_copies_apply_once,
+            consumer_check_after_load_closes_the_article_race,
+            consumer_crash_before_dispatch_redispatches_the_same_ids,
+            consumer_crash_before_the_record_redispatches_the_same_ids,
+            consumer_crash_before_cleanup_ends_with_the_state_removed,
+            consumer_duplicates_are_detected_until_the_record_expires,
+            consumer_an_eventually_consistent_store_is_refused,
+            consumer_entity_store_checks_versions,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {

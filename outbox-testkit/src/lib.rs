@@ -73,9 +73,12 @@
 //! Each case makes its own fixture, so cases run in parallel. Cases for features a
 //! backend does not declare in [`Features`] print a `SKIPPED` line and pass.
 
+mod consumer_faults;
+mod consumer_harness;
 mod dedup;
 mod dedup_harness;
 mod dedup_macros;
+mod entity;
 pub mod env;
 mod faults;
 pub mod harness;
@@ -86,9 +89,12 @@ mod publishers;
 pub mod suite;
 pub mod wait;
 
+pub use consumer_faults::{Crash, EventuallyConsistent, PauseAfterFirstCall, Step};
+pub use consumer_harness::{ConsumerHarness, MemoryConsumerHarness};
 pub use dedup::{MemoryDedupStore, MemoryLock};
 pub use dedup_harness::{DedupFeatures, DedupHarness, MemoryDedupHarness};
 pub use dedup_harness::{LockFeatures, LockHarness, MemoryLockHarness};
+pub use entity::MemoryEntityStore;
 pub use env::{integration_required, service_url};
 pub use faults::{Fault, FaultyStore, Op};
 pub use harness::{Features, Fixture, Harness, RowLock};

@@ -7,6 +7,7 @@
 
 mod backend;
 mod claim;
+mod consumer;
 mod dedup;
 mod fencing;
 mod lock;
@@ -17,6 +18,7 @@ mod retry;
 
 pub use backend::*;
 pub use claim::*;
+pub use consumer::*;
 pub use dedup::*;
 pub use fencing::*;
 pub use lock::*;

@@ -1,0 +1,301 @@
+//! [`DecoupledConsumer`]: the decoupled dedup-store algorithm.
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::entity::{EntityRecord, EntityStore, Loaded, OutgoingMessage, Persisted, Version};
+use crate::dedup::{Consistency, DedupStore};
+use crate::error::{Error, ErrorKind, ErrorStatus, Result};
+use crate::message::{MessageId, NewMessage};
+use crate::names::{ConsumerName, EntityKey};
+use crate::publisher::{PublishOutcome, Publisher};
+
+/// How many times removing the outbox state is retried when other messages of the
+/// same entity keep changing it; past that, the next message of the entity or the
+/// next copy of this one removes it (step 2 of the protocol).
+const CLEANUP_TRIES: usize = 16;
+
+/// What [`DecoupledConsumer::handle`] did with a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Handled {
+    /// First time: the handler ran, its state was stored and its messages dispatched.
+    Applied {
+        /// Outgoing messages published.
+        dispatched: usize,
+    },
+    /// The handler had run before but its messages were not known to be dispatched
+    /// (a crash, a failed publish): they were published again with the same ids and
+    /// the handler did not run.
+    Redispatched {
+        /// Outgoing messages published.
+        dispatched: usize,
+    },
+    /// The id is in the dedup store: nothing ran and nothing was published.
+    Duplicate,
+}
+
+/// The decoupled idempotent-consumer algorithm: an entity store holding business state
+/// and pending outgoing messages, a strongly consistent [`DedupStore`] holding the ids
+/// of processed messages, and a [`Publisher`] for the outgoing messages. Outbox state
+/// leaves the entity as soon as a message is done, so entities stay small however many
+/// messages they have seen.
+///
+/// `S` is the consumer's state type, stored as JSON; a new entity starts at
+/// `S::default()`.
+///
+/// See the [module docs](super) for the protocol, step by step, and its limitations.
+pub struct DecoupledConsumer<S> {
+    consumer: ConsumerName,
+    entities: Arc<dyn EntityStore>,
+    dedup: Arc<dyn DedupStore>,
+    publisher: Arc<dyn Publisher>,
+    state: PhantomData<fn() -> S>,
+}
+
+impl<S> fmt::Debug for DecoupledConsumer<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DecoupledConsumer")
+            .field("consumer", &self.consumer)
+            .field("entities", &self.entities)
+            .field("dedup", &self.dedup)
+            .field("publisher", &self.publisher)
+            .finish()
+    }
+}
+
+impl<S> Clone for DecoupledConsumer<S> {
+    fn clone(&self) -> Self {
+        DecoupledConsumer {
+            consumer: self.consumer.clone(),
+            entities: Arc::clone(&self.entities),
+            dedup: Arc::clone(&self.dedup),
+            publisher: Arc::clone(&self.publisher),
+            state: PhantomData,
+        }
+    }
+}
+
+impl<S> DecoupledConsumer<S>
+where
+    S: Serialize + DeserializeOwned + Default + Send,
+{
+    /// The algorithm for `consumer` over the three stores.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] when `dedup` declares [`Consistency::Eventual`]: the
+    /// algorithm deletes a message's outbox state from the entity as soon as the id is
+    /// recorded, so a later check that misses the record (a stale replica, a cache, an
+    /// object store that serves an older read after a write) would run the handler
+    /// again and apply the message twice.
+    pub fn new(
+        consumer: ConsumerName,
+        entities: Arc<dyn EntityStore>,
+        dedup: Arc<dyn DedupStore>,
+        publisher: Arc<dyn Publisher>,
+    ) -> Result<Self> {
+        if dedup.consistency() != Consistency::Strong {
+            return Err(Error::config(format!(
+                "the decoupled consumer needs a strongly consistent dedup store, and {dedup:?} \
+                 declares eventual consistency: it removes a message's outbox state from the \
+                 entity once the id is recorded, so a check that misses a recent record would \
+                 apply the message again. Use a store with read-your-writes from every client \
+                 (a primary database, DynamoDB with consistent reads), not a replica, cache or \
+                 eventually consistent object store"
+            )));
+        }
+        Ok(DecoupledConsumer {
+            consumer,
+            entities,
+            dedup,
+            publisher,
+            state: PhantomData,
+        })
+    }
+
+    /// The consumer name ids are recorded under.
+    pub fn consumer(&self) -> &ConsumerName {
+        &self.consumer
+    }
+
+    /// Process incoming message `message` for the entity `entity`, running `handler`
+    /// at most once per message id while its dedup record lives.
+    ///
+    /// `handler` gets the entity's state and returns the new state and the messages to
+    /// send; they are stored before anything is published, with their ids, so a
+    /// re-dispatch repeats the same ids. It must only compute: anything else it does
+    /// (a call to another service) happens again whenever the algorithm runs it again,
+    /// which is when its result was never stored (see the module's limitations).
+    ///
+    /// # Errors
+    /// - [`ErrorKind::Conflict`] when the entity changed between load and persist (a
+    ///   concurrent copy of this message, or another message of the entity): nothing of
+    ///   this run was stored; deliver the message again.
+    /// - The handler's error, unchanged: nothing was stored.
+    /// - A publish that did not succeed for every message ([`ErrorKind::Publish`],
+    ///   retryable unless the publisher called an outcome permanent), and errors of the
+    ///   stores: the state is kept, and the next delivery of the message dispatches the
+    ///   stored messages again without running the handler.
+    pub async fn handle<F, Fut>(
+        &self,
+        entity: &EntityKey,
+        message: MessageId,
+        handler: F,
+    ) -> Result<Handled>
+    where
+        F: FnOnce(S) -> Fut + Send,
+        Fut: Future<Output = Result<(S, Vec<NewMessage>)>> + Send,
+    {
+        // 1. Load the entity first: the dedup check must come after it.
+        let (mut record, mut version) = split(self.entities.load(entity).await?);
+        // 2. A recorded id means the message is done (its messages were dispatched
+        //    before the record was written). Finish a removal a crash interrupted.
+        if self.dedup.contains(&self.consumer, message).await? {
+            if record.outbox.contains_key(&message) {
+                self.remove_outbox_state(entity, message, record, version)
+                    .await?;
+            }
+            return Ok(Handled::Duplicate);
+        }
+        // 3. Run the handler unless its result is already stored, and store the new
+        //    state with the outgoing messages under the optimistic check.
+        let (outgoing, applied) = match record.outbox.get(&message) {
+            Some(stored) => (stored.clone(), false),
+            None => {
+                let state = decode_state::<S>(&record.state)?;
+                let (state, messages) = handler(state).await?;
+                let now = SystemTime::now();
+                let outgoing = messages
+                    .iter()
+                    .map(|m| OutgoingMessage::from_new(m, now))
+                    .collect::<Result<Vec<_>>>()?;
+                record.state = serde_json::to_value(&state).map_err(|e| {
+                    Error::invalid_input("the consumer state does not serialize to JSON")
+                        .with_source(e)
+                })?;
+                record.outbox.insert(message, outgoing.clone());
+                match self.entities.persist(entity, version, &record).await? {
+                    Persisted::Stored(v) => version = Some(v),
+                    Persisted::Conflict => return Err(conflict(entity)),
+                }
+                (outgoing, true)
+            }
+        };
+        // 4. Dispatch.
+        self.dispatch(&outgoing).await?;
+        // 5. Record the id; from now on step 2 stops every copy.
+        let _ = self.dedup.record(&self.consumer, message).await?;
+        // 6. Only then remove the outbox state.
+        self.remove_outbox_state(entity, message, record, version)
+            .await?;
+        let dispatched = outgoing.len();
+        Ok(if applied {
+            Handled::Applied { dispatched }
+        } else {
+            Handled::Redispatched { dispatched }
+        })
+    }
+
+    async fn dispatch(&self, outgoing: &[OutgoingMessage]) -> Result<()> {
+        if outgoing.is_empty() {
+            return Ok(());
+        }
+        let batch: Vec<_> = outgoing.iter().map(OutgoingMessage::to_message).collect();
+        let outcomes = self.publisher.publish(&batch).await?;
+        if outcomes.len() != batch.len() {
+            return Err(Error::new(
+                ErrorKind::Publish,
+                format!(
+                    "the publisher returned {} outcomes for {} messages",
+                    outcomes.len(),
+                    batch.len()
+                ),
+            ));
+        }
+        let mut failed = outcomes
+            .iter()
+            .zip(&batch)
+            .filter(|(o, _)| **o != PublishOutcome::Published);
+        match failed.next() {
+            None => Ok(()),
+            Some((outcome, msg)) => {
+                let (reason, status) = match outcome {
+                    PublishOutcome::Permanent(r) => (r.as_str(), ErrorStatus::Permanent),
+                    PublishOutcome::Retryable(r) => (r.as_str(), ErrorStatus::Temporary),
+                    PublishOutcome::Published => unreachable!("filtered out"),
+                };
+                Err(Error::new(
+                    ErrorKind::Publish,
+                    format!(
+                        "outgoing message {} to {:?} was not published: {reason}",
+                        msg.id, msg.destination
+                    ),
+                )
+                .with_status(status))
+            }
+        }
+    }
+
+    /// Remove `message`'s outbox state, reloading when other writers changed the
+    /// entity meanwhile.
+    async fn remove_outbox_state(
+        &self,
+        entity: &EntityKey,
+        message: MessageId,
+        mut record: EntityRecord,
+        mut version: Option<Version>,
+    ) -> Result<()> {
+        for _ in 0..CLEANUP_TRIES {
+            if record.outbox.remove(&message).is_none() {
+                return Ok(());
+            }
+            if self.entities.persist(entity, version, &record).await? != Persisted::Conflict {
+                return Ok(());
+            }
+            (record, version) = split(self.entities.load(entity).await?);
+        }
+        Err(Error::new(
+            ErrorKind::Contention,
+            format!(
+                "entity {entity} kept changing while the outbox state of message {message} was \
+                 being removed; the next message of the entity or copy of this one removes it"
+            ),
+        ))
+    }
+}
+
+fn split(loaded: Option<Loaded>) -> (EntityRecord, Option<Version>) {
+    match loaded {
+        Some(Loaded { record, version }) => (record, Some(version)),
+        None => (EntityRecord::default(), None),
+    }
+}
+
+fn decode_state<S: DeserializeOwned + Default>(state: &serde_json::Value) -> Result<S> {
+    if state.is_null() {
+        return Ok(S::default());
+    }
+    S::deserialize(state).map_err(|e| {
+        Error::new(
+            ErrorKind::Decode,
+            "the stored entity state does not decode as the consumer's state type",
+        )
+        .with_source(e)
+    })
+}
+
+fn conflict(entity: &EntityKey) -> Error {
+    Error::new(
+        ErrorKind::Conflict,
+        format!(
+            "entity {entity} changed since it was loaded; nothing was stored, deliver the \
+             message again"
+        ),
+    )
+}
