@@ -198,3 +198,22 @@ async fn one_loop_per_relay_and_a_new_loop_after_an_abort() {
     publisher.wait_for_unique(1, DEADLINE).await.unwrap();
     again.shutdown().await.unwrap();
 }
+
+/// The accessors report the relay's own settings and whether it was told to stop.
+#[tokio::test]
+async fn config_and_stopping_are_reported() {
+    let config = config().name("accessors").batch_size(7);
+    let relay = Relay::new(
+        Arc::new(MemoryStore::new()),
+        Arc::new(RecordingPublisher::new()),
+        config.clone(),
+    )
+    .unwrap();
+    assert_eq!(relay.config(), &config);
+    assert!(!relay.is_stopping());
+    let handle = relay.spawn();
+    relay.wait_idle(DEADLINE).await.unwrap();
+    assert!(!relay.is_stopping(), "running is not stopping");
+    handle.shutdown().await.unwrap();
+    assert!(relay.is_stopping());
+}
