@@ -280,6 +280,62 @@ impl PgDedupConfig {
     }
 }
 
+/// Where a [`PgEntityStore`](crate::PgEntityStore) keeps the entities of a decoupled
+/// consumer.
+///
+/// ```
+/// use outbox_postgres::PgEntityConfig;
+///
+/// let config = PgEntityConfig::default().with_table("accounts");
+/// assert_eq!(config.qualified_name()?.to_string(), "\"outbox\".\"accounts\"");
+/// # Ok::<(), outbox_core::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgEntityConfig {
+    schema: String,
+    table: String,
+}
+
+impl Default for PgEntityConfig {
+    fn default() -> Self {
+        PgEntityConfig {
+            schema: "outbox".to_owned(),
+            table: "outbox_entities".to_owned(),
+        }
+    }
+}
+
+impl PgEntityConfig {
+    /// Set the schema (default `outbox`).
+    #[must_use]
+    pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+    /// Set the table (default `outbox_entities`).
+    #[must_use]
+    pub fn with_table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+    /// The schema.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+    /// The table.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+    /// The validated `schema.table`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad schema or table
+    /// name.
+    pub fn qualified_name(&self) -> Result<QualifiedName> {
+        QualifiedName::new(self.schema.clone(), self.table.clone())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,6 +3,9 @@
 //!
 //! # Protocol (idempotent consumer, same database)
 //!
+//! [`PgDedupStore::process`] runs these steps in one call; [`PgDedupStore::record_in`]
+//! is the step 2 building block for a caller that manages the transaction itself.
+//!
 //! 1. Begin a transaction.
 //! 2. [`PgDedupStore::record_in`] the message id on that transaction. A
 //!    [`Dedup::Duplicate`] means the message was already processed: commit (or roll
@@ -17,6 +20,9 @@
 //!
 //! ## Limitations
 //!
+//! - [`Consistency::Strong`] holds when the pool reaches the primary: a hot standby
+//!   (read replica) can miss a record committed a moment ago, which the decoupled
+//!   algorithm cannot tolerate.
 //! - Ids are remembered for the configured retention period; a redelivery after
 //!   [`purge_expired`](DedupStore::purge_expired) removed the id (or after the period
 //!   ended) is treated as new.
@@ -30,8 +36,10 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 use sqlx::{PgConnection, PgPool};
 
+use outbox_core::consumer::Processed;
 use outbox_core::{Consistency, ConsumerName, Dedup, DedupStore, Error, MessageId, Result};
 
 use crate::config::PgDedupConfig;
@@ -161,6 +169,68 @@ impl PgDedupStore {
         } else {
             Dedup::Duplicate
         })
+    }
+}
+
+impl PgDedupStore {
+    /// Process message `id` for `consumer` exactly once in its own transaction: begin,
+    /// record the id, run `handler` on the transaction, commit. A duplicate runs
+    /// nothing and returns [`Processed::Duplicate`]; a handler error rolls back
+    /// everything, the id included, so the redelivered message runs again.
+    ///
+    /// ```no_run
+    /// # async fn demo(inbox: outbox_postgres::PgDedupStore, id: outbox_core::MessageId)
+    /// # -> outbox_core::Result<()> {
+    /// use outbox_core::consumer::Processed;
+    /// use outbox_core::ConsumerName;
+    ///
+    /// let billing = ConsumerName::new("billing")?;
+    /// let outcome = inbox
+    ///     .process(&billing, id, |tx| {
+    ///         Box::pin(async move {
+    ///             sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
+    ///                 .execute(&mut *tx)
+    ///                 .await
+    ///                 .map_err(|e| outbox_core::Error::new(outbox_core::ErrorKind::Storage, "debit").with_source(e))?;
+    ///             Ok(())
+    ///         })
+    ///     })
+    ///     .await?;
+    /// if outcome == Processed::Duplicate { /* acknowledge and move on */ }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// The handler's error, or mapped driver errors (begin, record, commit); nothing
+    /// was committed. A concurrent delivery of the same id waits for this transaction
+    /// (the inbox row lock) and then reports a duplicate.
+    pub async fn process<T, F>(
+        &self,
+        consumer: &ConsumerName,
+        id: MessageId,
+        handler: F,
+    ) -> Result<Processed<T>>
+    where
+        T: Send,
+        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<T>> + Send,
+    {
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(|e| from_sqlx("begin the consumer transaction", e))?;
+        if self.record_in(&mut tx, consumer, id).await? == Dedup::Duplicate {
+            tx.rollback()
+                .await
+                .map_err(|e| from_sqlx("end the consumer transaction", e))?;
+            return Ok(Processed::Duplicate);
+        }
+        // On an error the transaction is dropped, which rolls it back.
+        let value = handler(&mut tx).await?;
+        tx.commit()
+            .await
+            .map_err(|e| from_sqlx("commit the consumer transaction", e))?;
+        Ok(Processed::Applied(value))
     }
 }
 

@@ -3,6 +3,7 @@
 mod admin;
 mod config;
 mod dedup;
+mod entity;
 mod error;
 mod ident;
 mod listener;
@@ -12,8 +13,9 @@ mod schema;
 mod sql;
 mod store;
 
-pub use config::{Notify, PgDedupConfig, PgOutboxConfig};
+pub use config::{Notify, PgDedupConfig, PgEntityConfig, PgOutboxConfig};
 pub use dedup::PgDedupStore;
+pub use entity::PgEntityStore;
 pub use ident::QualifiedName;
 pub use listener::{spawn_listener, ListenerHandle};
 pub use lock::PgDistributedLock;

@@ -88,6 +88,26 @@ CREATE INDEX IF NOT EXISTS {dead} ON {name} (id)
     )
 }
 
+/// The complete, idempotent DDL for an entity table of the decoupled consumer.
+pub(crate) fn entity_ddl(name: &QualifiedName) -> String {
+    ddl(name, &entity_objects(name))
+}
+
+/// The entity table: one row per entity, its state and outbox state as `jsonb`, and
+/// the version of the optimistic check.
+pub(crate) fn entity_objects(name: &QualifiedName) -> String {
+    format!(
+        r#"CREATE TABLE IF NOT EXISTS {name} (
+    entity_key text PRIMARY KEY,
+    state jsonb NOT NULL,
+    outbox jsonb NOT NULL DEFAULT '{{}}',
+    version bigint NOT NULL CHECK (version > 0),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+"#
+    )
+}
+
 /// The inbox table of processed ids and its index.
 pub(crate) fn inbox_objects(name: &QualifiedName) -> String {
     format!(
@@ -221,5 +241,7 @@ mod tests {
         assert_eq!(statements(include_str!("../sql/outbox.sql")), outbox);
         let inbox = inbox_ddl(&name("outbox", "outbox_inbox"));
         assert_eq!(statements(include_str!("../sql/inbox.sql")), inbox);
+        let entities = entity_ddl(&name("outbox", "outbox_entities"));
+        assert_eq!(statements(include_str!("../sql/entities.sql")), entities);
     }
 }

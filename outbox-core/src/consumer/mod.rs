@@ -73,4 +73,15 @@ mod decoupled;
 mod entity;
 
 pub use decoupled::{DecoupledConsumer, Handled};
+
+/// What a same-database inbox did with a message (for example
+/// `outbox_postgres::PgDedupStore::process`). A duplicate is a value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub enum Processed<T> {
+    /// First time: the handler ran and its writes committed with the id.
+    Applied(T),
+    /// The id was already recorded: the handler did not run and nothing was written.
+    Duplicate,
+}
 pub use entity::{EntityRecord, EntityStore, Loaded, OutgoingMessage, Persisted, Version};

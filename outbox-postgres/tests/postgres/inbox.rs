@@ -104,3 +104,73 @@ async fn record_in_waits_for_an_open_transaction_recording_the_same_id() {
         assert!(inbox.contains(&billing(), id).await.unwrap());
     }
 }
+
+/// `process` applies a message once however many copies arrive concurrently: each copy
+/// increments a counter row in the handler's transaction, and the counter ends at 1. A
+/// handler error rolls back the id with the writes, so the next copy applies.
+#[tokio::test]
+async fn process_applies_each_id_once_and_rolls_back_with_the_handler() {
+    use outbox_core::consumer::Processed;
+    use outbox_core::{Error, ErrorKind};
+
+    let Some(url) = common::url("inbox process") else {
+        return;
+    };
+    let pool = common::pool(&url, 8).await;
+    let inbox = inbox(&pool).await;
+    let counter = format!("{}.applied", inbox.config().schema());
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE {counter} (id int PRIMARY KEY, n int NOT NULL); \
+         INSERT INTO {counter} VALUES (1, 0)"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let bump = format!("UPDATE {counter} SET n = n + 1 WHERE id = 1");
+    let (billing, id) = (billing(), MessageId::new());
+
+    let failed = inbox
+        .process(&billing, id, |tx| {
+            let bump = bump.clone();
+            Box::pin(async move {
+                sqlx::query(&bump).execute(&mut *tx).await.unwrap();
+                Err::<(), _>(Error::new(ErrorKind::Publish, "handler failed"))
+            })
+        })
+        .await;
+    assert_eq!(failed.unwrap_err().kind(), ErrorKind::Publish);
+    assert!(!inbox.contains(&billing, id).await.unwrap(), "rolled back");
+
+    let copies = (0..6).map(|_| {
+        let (inbox, billing, bump) = (inbox.clone(), billing.clone(), bump.clone());
+        tokio::spawn(async move {
+            inbox
+                .process(&billing, id, move |tx| {
+                    Box::pin(async move {
+                        sqlx::query(&bump)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(|e| Error::new(ErrorKind::Storage, "bump").with_source(e))?;
+                        Ok(())
+                    })
+                })
+                .await
+                .unwrap()
+        })
+    });
+    let outcomes =
+        outbox_testkit::within("concurrent copies", futures::future::join_all(copies)).await;
+    let applied = outcomes
+        .into_iter()
+        .filter(|o| *o.as_ref().unwrap() == Processed::Applied(()))
+        .count();
+    assert_eq!(applied, 1);
+    let n: i32 = sqlx::query_scalar(&format!("SELECT n FROM {counter} WHERE id = 1"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        n, 1,
+        "the effect committed once; the failed run left nothing"
+    );
+}

@@ -1,0 +1,187 @@
+//! [`PgEntityStore`]: the entity store of the decoupled consumer
+//! ([`DecoupledConsumer`](outbox_core::consumer::DecoupledConsumer)) in a PostgreSQL
+//! table.
+//!
+//! One row per entity: `state` and `outbox` as `jsonb`, `version` for the optimistic
+//! check. A persist is one statement whose `WHERE` is the check (`INSERT ... ON
+//! CONFLICT DO NOTHING` to create, `UPDATE ... WHERE version = $expected` to
+//! replace), so concurrent writers cannot both succeed; a conflict is a value.
+//!
+//! ## Limitations
+//!
+//! - The pool must reach the primary: the optimistic check makes a stale read harmless
+//!   for this store, but the dedup store of the same algorithm must read its writes.
+//! - A row is rewritten on every message of its entity (twice: with the outbox state,
+//!   then without); autovacuum must keep up on busy entities.
+
+use async_trait::async_trait;
+use sqlx::PgPool;
+
+use outbox_core::consumer::{EntityRecord, EntityStore, Loaded, Persisted, Version};
+use outbox_core::{EntityKey, Error, ErrorKind, Result};
+
+use crate::config::PgEntityConfig;
+use crate::error::from_sqlx;
+use crate::ident::QualifiedName;
+use crate::schema::{entity_ddl, entity_objects, install};
+
+/// Entities of a [`DecoupledConsumer`](outbox_core::consumer::DecoupledConsumer) in a
+/// PostgreSQL table, with optimistic concurrency on a `version` column.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> outbox_core::Result<()> {
+/// use outbox_postgres::{PgEntityConfig, PgEntityStore};
+///
+/// let entities = PgEntityStore::new(pool, PgEntityConfig::default().with_table("accounts"))?;
+/// entities.install().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PgEntityStore {
+    pool: PgPool,
+    name: QualifiedName,
+    sql: std::sync::Arc<EntityStatements>,
+}
+
+#[derive(Debug)]
+struct EntityStatements {
+    load: String,
+    create: String,
+    replace: String,
+}
+
+impl EntityStatements {
+    fn new(t: &QualifiedName) -> Self {
+        EntityStatements {
+            load: format!("SELECT state, outbox, version FROM {t} WHERE entity_key = $1"),
+            create: format!(
+                "INSERT INTO {t} (entity_key, state, outbox, version) VALUES ($1, $2, $3, 1) \
+                 ON CONFLICT (entity_key) DO NOTHING RETURNING version"
+            ),
+            replace: format!(
+                "UPDATE {t} SET state = $2, outbox = $3, version = version + 1, \
+                 updated_at = now() WHERE entity_key = $1 AND version = $4 RETURNING version"
+            ),
+        }
+    }
+}
+
+impl PgEntityStore {
+    /// A store on `pool` with `config`. Runs no SQL.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] for a bad schema or table name.
+    pub fn new(pool: PgPool, config: PgEntityConfig) -> Result<Self> {
+        let name = config.qualified_name()?;
+        Ok(PgEntityStore {
+            pool,
+            sql: std::sync::Arc::new(EntityStatements::new(&name)),
+            name,
+        })
+    }
+
+    /// The DDL for this store's table, idempotent, for your migration tool.
+    pub fn ddl(&self) -> String {
+        entity_ddl(&self.name)
+    }
+
+    /// Create the schema and table if missing and record the layout version.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Schema`] when the table exists at another layout version; mapped
+    /// driver errors otherwise.
+    pub async fn install(&self) -> Result<()> {
+        install(&self.pool, &self.name, &entity_objects(&self.name)).await
+    }
+}
+
+fn version_of(stored: i64) -> Result<Version> {
+    u64::try_from(stored).map(Version::new).map_err(|_| {
+        Error::new(
+            ErrorKind::Decode,
+            format!("entity version {stored} is negative"),
+        )
+    })
+}
+
+fn stored_version(v: Version) -> Result<i64> {
+    i64::try_from(v.get()).map_err(|_| {
+        Error::invalid_input(format!("entity version {} does not fit a bigint", v.get()))
+    })
+}
+
+#[async_trait]
+impl EntityStore for PgEntityStore {
+    async fn load(&self, key: &EntityKey) -> Result<Option<Loaded>> {
+        let row: Option<(serde_json::Value, serde_json::Value, i64)> =
+            sqlx::query_as(&self.sql.load)
+                .bind(key.as_str())
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| from_sqlx("load entity", e))?;
+        let Some((state, outbox, version)) = row else {
+            return Ok(None);
+        };
+        let outbox = serde_json::from_value(outbox).map_err(|e| {
+            Error::new(
+                ErrorKind::Decode,
+                format!("the outbox state of entity {key} does not decode"),
+            )
+            .with_source(e)
+        })?;
+        Ok(Some(Loaded {
+            record: EntityRecord { state, outbox },
+            version: version_of(version)?,
+        }))
+    }
+
+    async fn persist(
+        &self,
+        key: &EntityKey,
+        expected: Option<Version>,
+        record: &EntityRecord,
+    ) -> Result<Persisted> {
+        let outbox = serde_json::to_value(&record.outbox).map_err(|e| {
+            Error::invalid_input("the outbox state does not serialize").with_source(e)
+        })?;
+        let query = match expected {
+            None => sqlx::query_scalar(&self.sql.create),
+            Some(_) => sqlx::query_scalar(&self.sql.replace),
+        }
+        .bind(key.as_str())
+        .bind(&record.state)
+        .bind(outbox);
+        let query = match expected {
+            None => query,
+            Some(v) => query.bind(stored_version(v)?),
+        };
+        let stored: Option<i64> = query
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| from_sqlx("persist entity", e))?;
+        match stored {
+            Some(v) => Ok(Persisted::Stored(version_of(v)?)),
+            None => Ok(Persisted::Conflict),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn persists_are_conditional_single_statements() {
+        let sql = EntityStatements::new(&QualifiedName::new("s", "e").unwrap());
+        assert!(sql
+            .create
+            .contains("ON CONFLICT (entity_key) DO NOTHING RETURNING version"));
+        assert!(sql
+            .replace
+            .contains("WHERE entity_key = $1 AND version = $4 RETURNING version"));
+        assert!(sql.replace.contains("version = version + 1"));
+        assert!(version_of(-1).is_err());
+        assert_eq!(version_of(3).unwrap(), Version::new(3));
+        assert!(stored_version(Version::new(u64::MAX)).is_err());
+    }
+}
