@@ -14,7 +14,9 @@
 //!    fencing token, publishes them through a [`Publisher`], and completes or fails
 //!    them (retry with backoff, then dead-letter).
 //! 3. Consumers record processed ids in a [`DedupStore`] so broker redeliveries and
-//!    at-least-once publishing do not apply a message twice.
+//!    at-least-once publishing do not apply a message twice: in their own transaction
+//!    (a backend's inbox), or with the decoupled algorithm of [`consumer`]
+//!    ([`consumer::DecoupledConsumer`]) when the state lives elsewhere.
 //! 4. Singleton housekeeping (purging history) runs under a [`DistributedLock`].
 //!
 //! ## The claim protocol
