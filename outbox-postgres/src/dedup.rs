@@ -200,10 +200,15 @@ impl PgDedupStore {
     /// # Ok(()) }
     /// ```
     ///
+    /// The handler gets the transaction for `'c` only, so it must own what it uses
+    /// (move clones or `Arc`s into it), as in the example.
+    ///
     /// # Errors
-    /// The handler's error, or mapped driver errors (begin, record, commit); nothing
-    /// was committed. A concurrent delivery of the same id waits for this transaction
-    /// (the inbox row lock) and then reports a duplicate.
+    /// The handler's error, or mapped driver errors of begin and record: nothing was
+    /// committed. An error of the commit itself leaves the outcome unknown (the
+    /// connection may have dropped after the server committed); the redelivered message
+    /// then reports a duplicate or runs again. A concurrent delivery of the same id
+    /// waits for this transaction (the inbox row lock) and then reports a duplicate.
     pub async fn process<T, F>(
         &self,
         consumer: &ConsumerName,

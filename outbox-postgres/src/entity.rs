@@ -13,6 +13,8 @@
 //!   for this store, but the dedup store of the same algorithm must read its writes.
 //! - A row is rewritten on every message of its entity (twice: with the outbox state,
 //!   then without); autovacuum must keep up on busy entities.
+//! - Do not delete the row of an entity that may still receive messages: re-created, its
+//!   versions start over at 1, and a copy holding an old version 1 could overwrite it.
 
 use async_trait::async_trait;
 use sqlx::PgPool;
@@ -95,6 +97,12 @@ impl PgEntityStore {
     }
 }
 
+fn is_serialization_failure(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|code| code == "40001")
+}
+
 fn version_of(stored: i64) -> Result<Version> {
     u64::try_from(stored).map(Version::new).map_err(|_| {
         Error::new(
@@ -155,10 +163,13 @@ impl EntityStore for PgEntityStore {
             None => query,
             Some(v) => query.bind(stored_version(v)?),
         };
-        let stored: Option<i64> = query
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| from_sqlx("persist entity", e))?;
+        let stored: Option<i64> = match query.fetch_optional(&self.pool).await {
+            Ok(stored) => stored,
+            // Under REPEATABLE READ or SERIALIZABLE a concurrent writer of the row makes
+            // this write fail instead of matching no row: the same conflict.
+            Err(e) if is_serialization_failure(&e) => None,
+            Err(e) => return Err(from_sqlx("persist entity", e)),
+        };
         match stored {
             Some(v) => Ok(Persisted::Stored(version_of(v)?)),
             None => Ok(Persisted::Conflict),

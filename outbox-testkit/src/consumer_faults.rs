@@ -30,6 +30,9 @@ pub enum Step {
 /// so that its run stops for good at one [`Step`]: use [`entities`](Self::entities),
 /// [`dedup`](Self::dedup) and [`publisher`](Self::publisher) to build the consumer,
 /// wait for [`crashed`](Self::crashed), then abort the task.
+///
+/// One wrapper serves one run (its flags are not per message). [`Step::Dispatch`]
+/// needs a handler that sends at least one message: with none, nothing is published.
 #[derive(Debug, Clone)]
 pub struct Crash {
     inner: Arc<CrashInner>,
@@ -148,7 +151,7 @@ impl Publisher for Crash {
 /// Wraps an entity store and a dedup store so that the first call made through either
 /// completes and then waits until [`resume`](Self::resume): it holds one copy of a
 /// message right after its first store call, the window of the race the decoupled
-/// algorithm's ordering closes.
+/// algorithm's ordering closes. One wrapper serves one copy.
 #[derive(Clone)]
 pub struct PauseAfterFirstCall {
     inner: Arc<PauseInner>,

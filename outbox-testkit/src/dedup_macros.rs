@@ -111,6 +111,7 @@ macro_rules! consumer_suite {
             consumer_crash_before_dispatch_redispatches_the_same_ids,
             consumer_crash_before_the_record_redispatches_the_same_ids,
             consumer_crash_before_cleanup_ends_with_the_state_removed,
+            consumer_cleanup_survives_conflicts_and_removes_leftovers,
             consumer_duplicates_are_detected_until_the_record_expires,
             consumer_an_eventually_consistent_store_is_refused,
             consumer_entity_store_checks_versions,

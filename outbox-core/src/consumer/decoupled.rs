@@ -17,8 +17,8 @@ use crate::names::{ConsumerName, EntityKey};
 use crate::publisher::{PublishOutcome, Publisher};
 
 /// How many times removing the outbox state is retried when other messages of the
-/// same entity keep changing it; past that, the next message of the entity or the
-/// next copy of this one removes it (step 2 of the protocol).
+/// same entity keep changing it; past that, the next message of the entity that gets
+/// to step 6, or the next copy of this one (step 2), removes it.
 const CLEANUP_TRIES: usize = 16;
 
 /// What [`DecoupledConsumer::handle`] did with a message.
@@ -139,9 +139,17 @@ where
     ///   this run was stored; deliver the message again.
     /// - The handler's error, unchanged: nothing was stored.
     /// - A publish that did not succeed for every message ([`ErrorKind::Publish`],
-    ///   retryable unless the publisher called an outcome permanent), and errors of the
-    ///   stores: the state is kept, and the next delivery of the message dispatches the
-    ///   stored messages again without running the handler.
+    ///   retryable unless the publisher called an outcome permanent): the state is kept,
+    ///   and the next delivery dispatches the stored messages again without running the
+    ///   handler.
+    /// - Errors of the stores. Before the state was persisted (steps 1 to 3) nothing
+    ///   was stored and the next delivery runs the handler; after it and before the
+    ///   record (steps 4 and 5) the next delivery re-dispatches; after the record
+    ///   (step 6), the message is done and the next delivery reports
+    ///   [`Handled::Duplicate`] and removes the state.
+    /// - [`ErrorKind::Contention`] when other messages of the entity kept changing it
+    ///   while this one's outbox state was being removed: the message *is* applied and
+    ///   dispatched; only the removal is left to a later message or copy.
     pub async fn handle<F, Fut>(
         &self,
         entity: &EntityKey,
@@ -242,8 +250,9 @@ where
         }
     }
 
-    /// Remove `message`'s outbox state, reloading when other writers changed the
-    /// entity meanwhile.
+    /// Remove `message`'s outbox state, and that of any other message the dedup store
+    /// already holds (left behind by a crash between steps 5 and 6, or a cleanup that
+    /// gave up), reloading when other writers changed the entity meanwhile.
     async fn remove_outbox_state(
         &self,
         entity: &EntityKey,
@@ -252,8 +261,17 @@ where
         mut version: Option<Version>,
     ) -> Result<()> {
         for _ in 0..CLEANUP_TRIES {
-            if record.outbox.remove(&message).is_none() {
+            let mut done = Vec::new();
+            for id in record.outbox.keys().copied() {
+                if id == message || self.dedup.contains(&self.consumer, id).await? {
+                    done.push(id);
+                }
+            }
+            if done.is_empty() {
                 return Ok(());
+            }
+            for id in done {
+                record.outbox.remove(&id);
             }
             if self.entities.persist(entity, version, &record).await? != Persisted::Conflict {
                 return Ok(());
@@ -264,7 +282,8 @@ where
             ErrorKind::Contention,
             format!(
                 "entity {entity} kept changing while the outbox state of message {message} was \
-                 being removed; the next message of the entity or copy of this one removes it"
+                 being removed; the message is applied and dispatched, and the state is removed \
+                 by the next message of the entity or copy of this one"
             ),
         ))
     }

@@ -143,7 +143,9 @@ pub struct EntityRecord {
     /// message).
     pub state: serde_json::Value,
     /// The outbox state: outgoing messages not yet known to be dispatched, keyed by the
-    /// incoming message id whose handler produced them. Empty between messages.
+    /// incoming message id whose handler produced them. Empty between messages, unless
+    /// a crash left a finished message's entry; the next cleanup of the entity removes
+    /// it.
     #[serde(default)]
     pub outbox: BTreeMap<MessageId, Vec<OutgoingMessage>>,
 }
@@ -184,9 +186,14 @@ pub enum Persisted {
 ///   persists with the same `expected`, at most one returns [`Persisted::Stored`].
 /// - A stored entity gets a version it never had before, and `load` returns it from
 ///   then on.
-/// - A record the store cannot hold (over a size limit) is refused with
-///   [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) before anything is
-///   written.
+/// - Where the store has a size limit (DynamoDB's 400 KB item), a record over it is
+///   refused with [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) before
+///   anything is written.
+/// - A conflict is never an error: a store whose write can fail with a serialization
+///   error under concurrency (PostgreSQL at REPEATABLE READ) reports it as
+///   [`Persisted::Conflict`].
+/// - Entities are never deleted behind the store's back while messages may still
+///   arrive for them: a re-created entity would start its versions over.
 /// - Keys arrive validated ([`EntityKey`]).
 #[async_trait]
 pub trait EntityStore: Send + Sync + fmt::Debug {
@@ -243,7 +250,11 @@ mod tests {
         assert_eq!(msg.id, new.id());
         assert_eq!(msg.payload, new.payload());
         assert_eq!(msg.headers.get("x-a"), Some("b"));
-        assert!(!format!("{out:?}").contains("255"), "no payload in Debug");
+        let debug = format!("{out:?}");
+        assert!(
+            debug.contains("<4 bytes>") && !debug.contains("255"),
+            "{debug}"
+        );
     }
 
     #[test]
@@ -255,6 +266,7 @@ mod tests {
         let err = OutgoingMessage::from_new(&delayed, SystemTime::now()).unwrap_err();
         assert_eq!(err.kind(), crate::ErrorKind::InvalidInput);
         assert_eq!(Version::new(1).next().unwrap(), Version::new(2));
+        assert_eq!(Version::new(7).get(), 7);
         assert!(Version::new(u64::MAX).next().is_err());
     }
 }

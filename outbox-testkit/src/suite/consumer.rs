@@ -295,7 +295,24 @@ async fn crash_then_redeliver<H: ConsumerHarness>(
     within("the crash", crash.crashed()).await;
     task.abort();
     assert!(task.await.expect_err("aborted").is_cancelled());
-    let handled = deliver(&parts.consumer(), &entity, id, &handler).await;
+    let consumer = parts.consumer();
+    let handled = deliver(&consumer, &entity, id, &handler).await;
+    // However it recovered, the message is now recorded: a later copy is a duplicate.
+    assert!(parts
+        .dedup
+        .contains(&consumer_name(), id)
+        .await
+        .expect("contains"));
+    let published = parts.publisher.published_count();
+    assert_eq!(
+        deliver(&consumer, &entity, id, &handler).await,
+        Handled::Duplicate
+    );
+    assert_eq!(
+        parts.publisher.published_count(),
+        published,
+        "a duplicate publishes nothing"
+    );
     (parts, entity, handler, handled)
 }
 
@@ -392,6 +409,95 @@ pub async fn consumer_duplicates_are_detected_until_the_record_expires<H: Consum
         "after its record expired, a copy is new again"
     );
     assert_eq!(parts.tally(&entity).await, (Tally { applied: 2 }, 0));
+}
+
+/// An entity store that answers the `at`-th persist with a conflict without writing,
+/// as if another message of the entity had written first.
+#[derive(Debug)]
+struct ConflictAt {
+    inner: Arc<dyn EntityStore>,
+    at: usize,
+    persists: AtomicU32,
+}
+
+#[async_trait]
+impl EntityStore for ConflictAt {
+    async fn load(&self, key: &EntityKey) -> Result<Option<Loaded>> {
+        self.inner.load(key).await
+    }
+
+    async fn persist(
+        &self,
+        key: &EntityKey,
+        expected: Option<Version>,
+        record: &outbox_core::consumer::EntityRecord,
+    ) -> Result<Persisted> {
+        let n = self.persists.fetch_add(1, Ordering::SeqCst) as usize + 1;
+        if n == self.at {
+            return Ok(Persisted::Conflict);
+        }
+        self.inner.persist(key, expected, record).await
+    }
+}
+
+/// When another writer changes the entity while a message's outbox state is being
+/// removed (step 6), the removal reloads and tries again: the message is applied and
+/// the entity ends with no outbox state. A finished message's entry that a crash left
+/// behind is removed by the next message of the entity.
+pub async fn consumer_cleanup_survives_conflicts_and_removes_leftovers<H: ConsumerHarness>(
+    harness: &H,
+) {
+    let parts = Parts::new(harness, LONG).await;
+    let racy: Arc<dyn EntityStore> = Arc::new(ConflictAt {
+        inner: Arc::clone(&parts.entities),
+        at: 2,
+        persists: AtomicU32::new(0),
+    });
+    let consumer = DecoupledConsumer::<Tally>::new(
+        consumer_name(),
+        racy,
+        Arc::clone(&parts.dedup),
+        Arc::new(parts.publisher.clone()),
+    )
+    .expect("consumer");
+    let (entity, handler) = (entity_key(), CountingHandler::default());
+    let handled = consumer
+        .handle(&entity, MessageId::new(), handler.step())
+        .await
+        .expect("a conflict in the cleanup is retried, not returned");
+    assert_eq!(handled, Handled::Applied { dispatched: 1 });
+    assert_eq!(parts.tally(&entity).await, (Tally { applied: 1 }, 0));
+
+    // A leftover: message `old` finished (recorded) but its state stayed in the entity.
+    let old = MessageId::new();
+    let crash = Crash::at(
+        Step::Cleanup,
+        Arc::clone(&parts.entities),
+        Arc::clone(&parts.dedup),
+        Arc::new(parts.publisher.clone()),
+    );
+    let crashing = DecoupledConsumer::<Tally>::new(
+        consumer_name(),
+        crash.entities(),
+        crash.dedup(),
+        crash.publisher(),
+    )
+    .expect("consumer");
+    let task = tokio::spawn({
+        let (entity, handler) = (entity.clone(), handler.clone());
+        async move { crashing.handle(&entity, old, handler.step()).await }
+    });
+    within("the crash", crash.crashed()).await;
+    task.abort();
+    let _ = task.await;
+    assert_eq!(parts.tally(&entity).await.1, 1, "the crash left the state");
+    let next = deliver(&parts.consumer(), &entity, MessageId::new(), &handler).await;
+    assert_eq!(next, Handled::Applied { dispatched: 1 });
+    assert_eq!(
+        parts.tally(&entity).await,
+        (Tally { applied: 3 }, 0),
+        "the next message removed the leftover too"
+    );
 }
 
 /// A dedup store that declares eventual consistency is refused at construction.
