@@ -268,13 +268,14 @@ pub async fn consumer_check_after_load_closes_the_article_race<H: ConsumerHarnes
     assert_eq!(article_race(harness, Decoupled).await, 1);
 }
 
-async fn crash_then_redeliver<H: ConsumerHarness>(
-    harness: &H,
+/// Process `id` for `entity` until the run reaches `step`, and kill it there.
+async fn crash_at(
+    parts: &Parts,
     step: Step,
-) -> (Parts, EntityKey, CountingHandler, Handled) {
-    let parts = Parts::new(harness, LONG).await;
-    let (entity, id) = (entity_key(), MessageId::new());
-    let handler = CountingHandler::default();
+    entity: &EntityKey,
+    id: MessageId,
+    handler: &CountingHandler,
+) {
     let crash = Crash::at(
         step,
         Arc::clone(&parts.entities),
@@ -295,6 +296,16 @@ async fn crash_then_redeliver<H: ConsumerHarness>(
     within("the crash", crash.crashed()).await;
     task.abort();
     assert!(task.await.expect_err("aborted").is_cancelled());
+}
+
+async fn crash_then_redeliver<H: ConsumerHarness>(
+    harness: &H,
+    step: Step,
+) -> (Parts, EntityKey, CountingHandler, Handled) {
+    let parts = Parts::new(harness, LONG).await;
+    let (entity, id) = (entity_key(), MessageId::new());
+    let handler = CountingHandler::default();
+    crash_at(&parts, step, &entity, id, &handler).await;
     let consumer = parts.consumer();
     let handled = deliver(&consumer, &entity, id, &handler).await;
     // However it recovered, the message is now recorded: a later copy is a duplicate.
@@ -469,27 +480,7 @@ pub async fn consumer_cleanup_survives_conflicts_and_removes_leftovers<H: Consum
     assert_eq!(parts.tally(&entity).await, (Tally { applied: 1 }, 0));
 
     // A leftover: message `old` finished (recorded) but its state stayed in the entity.
-    let old = MessageId::new();
-    let crash = Crash::at(
-        Step::Cleanup,
-        Arc::clone(&parts.entities),
-        Arc::clone(&parts.dedup),
-        Arc::new(parts.publisher.clone()),
-    );
-    let crashing = DecoupledConsumer::<Tally>::new(
-        consumer_name(),
-        crash.entities(),
-        crash.dedup(),
-        crash.publisher(),
-    )
-    .expect("consumer");
-    let task = tokio::spawn({
-        let (entity, handler) = (entity.clone(), handler.clone());
-        async move { crashing.handle(&entity, old, handler.step()).await }
-    });
-    within("the crash", crash.crashed()).await;
-    task.abort();
-    let _ = task.await;
+    crash_at(&parts, Step::Cleanup, &entity, MessageId::new(), &handler).await;
     assert_eq!(parts.tally(&entity).await.1, 1, "the crash left the state");
     let next = deliver(&parts.consumer(), &entity, MessageId::new(), &handler).await;
     assert_eq!(next, Handled::Applied { dispatched: 1 });
