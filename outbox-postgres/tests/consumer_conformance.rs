@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use outbox_core::consumer::EntityStore;
 use outbox_core::{DedupStore, Result};
-use outbox_postgres::{PgDedupConfig, PgDedupStore, PgEntityConfig, PgEntityStore};
+use outbox_postgres::{PgEntityConfig, PgEntityStore};
 use outbox_testkit::{ConsumerHarness, DedupFeatures};
 use sqlx::PgPool;
 
@@ -34,12 +34,7 @@ impl ConsumerHarness for PgConsumerHarness {
     }
 
     async fn dedup(&self, retention: Duration) -> Result<Arc<dyn DedupStore>> {
-        let config = PgDedupConfig::default()
-            .with_schema(common::schema_name())
-            .with_retention(retention);
-        let store = PgDedupStore::new(self.pool.clone(), config)?;
-        store.install().await?;
-        Ok(Arc::new(store))
+        Ok(Arc::new(common::dedup_store(&self.pool, retention).await?))
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::{DedupStore, DistributedLock, Error, ErrorKind, LockGuard, Result};
-use outbox_postgres::{PgDedupConfig, PgDedupStore, PgDistributedLock};
+use outbox_postgres::PgDistributedLock;
 use outbox_testkit::{DedupFeatures, DedupHarness, LockFeatures, LockHarness};
 use sqlx::PgPool;
 
@@ -28,12 +28,7 @@ impl DedupHarness for PgDedupHarness {
     }
 
     async fn store(&self, retention: Duration) -> Result<Arc<dyn DedupStore>> {
-        let config = PgDedupConfig::default()
-            .with_schema(common::schema_name())
-            .with_retention(retention);
-        let store = PgDedupStore::new(self.pool.clone(), config)?;
-        store.install().await?;
-        Ok(Arc::new(store))
+        Ok(Arc::new(common::dedup_store(&self.pool, retention).await?))
     }
 
     async fn purge_lock(&self) -> Result<Arc<dyn DistributedLock>> {

@@ -84,3 +84,17 @@ pub fn storage(e: sqlx::Error) -> Error {
 }
 
 pub use outbox_testkit::{poll_for, wait_until};
+
+/// A [`PgDedupStore`](outbox_postgres::PgDedupStore) remembering ids for `retention`,
+/// installed in a fresh schema of its own.
+pub async fn dedup_store(
+    pool: &PgPool,
+    retention: Duration,
+) -> outbox_core::Result<outbox_postgres::PgDedupStore> {
+    let config = outbox_postgres::PgDedupConfig::default()
+        .with_schema(schema_name())
+        .with_retention(retention);
+    let store = outbox_postgres::PgDedupStore::new(pool.clone(), config)?;
+    store.install().await?;
+    Ok(store)
+}
