@@ -1,0 +1,290 @@
+//! [`SqliteDedupStore`]: an inbox table of processed message ids, usable inside the
+//! consumer's own transaction.
+//!
+//! # Protocol (idempotent consumer, same database)
+//!
+//! [`SqliteDedupStore::process`] runs these steps in one call;
+//! [`SqliteDedupStore::record_in`] is the step 2 building block for a caller that
+//! manages the transaction itself.
+//!
+//! 1. Begin an immediate transaction (it takes SQLite's write lock at once).
+//! 2. [`record_in`](SqliteDedupStore::record_in) the message id on that transaction. A
+//!    [`Dedup::Duplicate`] means the message was already processed: end the
+//!    transaction and acknowledge the message.
+//! 3. On [`Dedup::New`], apply the handler's writes on the same transaction.
+//! 4. Commit: the writes and the id become visible together. A crash or rollback before
+//!    the commit leaves neither, so the redelivered message is processed again.
+//!
+//! Concurrent deliveries of one id are serialised by the write lock: the second
+//! transaction starts when the first has ended, and then reports a duplicate (or
+//! `New` if the first rolled back).
+//!
+//! ## Limitations
+//!
+//! - Ids are remembered for the configured retention; a redelivery after
+//!   [`purge_expired`](DedupStore::purge_expired) removed the id (or after the period
+//!   ended) is treated as new.
+//! - The write lock is held for the whole consumer transaction, and every other writer
+//!   of the database waits for it: keep consumer transactions short.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+use sqlx::{SqliteConnection, SqlitePool};
+
+use outbox_core::consumer::Processed;
+use outbox_core::{Consistency, ConsumerName, Dedup, DedupStore, Error, MessageId, Result};
+
+use crate::config::SqliteDedupConfig;
+use crate::error::from_sqlx;
+use crate::ident::TableName;
+use crate::schema::{ddl, inbox_objects, install};
+use crate::time::{limit_param, now_us};
+
+/// Processed message ids per consumer in an SQLite table; strongly consistent (one
+/// database, read after write).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::SqlitePool, id: outbox_core::MessageId) -> outbox_core::Result<()> {
+/// use outbox_core::{ConsumerName, Dedup};
+/// use outbox_sqlite::{SqliteDedupConfig, SqliteDedupStore};
+///
+/// let inbox = SqliteDedupStore::new(pool.clone(), SqliteDedupConfig::default())?;
+/// inbox.install().await?;
+/// let billing = ConsumerName::new("billing")?;
+/// let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.expect("begin");
+/// if inbox.record_in(&mut tx, &billing, id).await? == Dedup::New {
+///     // ... apply the message's effects on &mut *tx ...
+/// }
+/// tx.commit().await.expect("commit");
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct SqliteDedupStore {
+    pool: SqlitePool,
+    config: SqliteDedupConfig,
+    name: TableName,
+    retention_us: i64,
+    sql: Arc<DedupStatements>,
+}
+
+/// The store's statements, rendered once. `?1`/`?2` are the consumer and id, `?3` now
+/// and `?4` the retention in microseconds.
+#[derive(Debug)]
+struct DedupStatements {
+    record: String,
+    contains: String,
+    purge: String,
+}
+
+impl DedupStatements {
+    fn new(t: &TableName) -> Self {
+        // An expired record that was not purged yet counts as absent: recording
+        // refreshes it and reports `New`.
+        DedupStatements {
+            record: format!(
+                "INSERT INTO {t} AS d (consumer, message_id, processed_at) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (consumer, message_id) DO UPDATE SET processed_at = ?3 \
+                 WHERE d.processed_at < ?3 - ?4"
+            ),
+            contains: format!(
+                "SELECT EXISTS (SELECT 1 FROM {t} WHERE consumer = ?1 AND message_id = ?2 \
+                 AND processed_at >= ?3 - ?4)"
+            ),
+            purge: format!(
+                "DELETE FROM {t} WHERE (consumer, message_id) IN \
+                 (SELECT consumer, message_id FROM {t} WHERE processed_at < ?1 - ?2 LIMIT ?3)"
+            ),
+        }
+    }
+}
+
+impl SqliteDedupStore {
+    /// A store on `pool` with `config`. Runs no SQL.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) when `config` does not
+    /// validate or its retention does not fit in 64-bit microseconds.
+    pub fn new(pool: SqlitePool, config: SqliteDedupConfig) -> Result<Self> {
+        config.validate()?;
+        let name = config.table_name()?;
+        let retention_us = i64::try_from(config.retention().as_micros())
+            .map_err(|_| Error::config("dedup retention is too long"))?;
+        Ok(SqliteDedupStore {
+            pool,
+            sql: Arc::new(DedupStatements::new(&name)),
+            config,
+            name,
+            retention_us,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &SqliteDedupConfig {
+        &self.config
+    }
+
+    /// The DDL for this store's table, idempotent, for your migration tool (the
+    /// default names' DDL is checked in as `sql/inbox.sql`).
+    pub fn ddl(&self) -> String {
+        ddl(&self.name, &inbox_objects(&self.name))
+    }
+
+    /// Create the table if missing and record the layout version.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Schema`](outbox_core::ErrorKind::Schema) when the table exists at
+    /// another layout version; mapped driver errors otherwise.
+    pub async fn install(&self) -> Result<()> {
+        install(&self.pool, &self.name, &inbox_objects(&self.name)).await
+    }
+
+    /// Record `id` for `consumer` on `conn`, normally inside the transaction that
+    /// applies the message's effects (pass `&mut *tx`), so both commit together.
+    ///
+    /// # Errors
+    /// Mapped driver errors.
+    pub async fn record_in(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &ConsumerName,
+        id: MessageId,
+    ) -> Result<Dedup> {
+        let done = sqlx::query(&self.sql.record)
+            .bind(consumer.as_str())
+            .bind(id.as_uuid().as_bytes().to_vec())
+            .bind(now_us())
+            .bind(self.retention_us)
+            .execute(conn)
+            .await
+            .map_err(|e| from_sqlx("record message id", e))?;
+        Ok(if done.rows_affected() == 1 {
+            Dedup::New
+        } else {
+            Dedup::Duplicate
+        })
+    }
+
+    /// Process message `id` for `consumer` exactly once in its own immediate
+    /// transaction: begin, record the id, run `handler` on the transaction, commit. A
+    /// duplicate runs nothing and returns [`Processed::Duplicate`]; a handler error
+    /// rolls back everything, the id included, so the redelivered message runs again.
+    ///
+    /// ```no_run
+    /// # async fn demo(inbox: outbox_sqlite::SqliteDedupStore, id: outbox_core::MessageId)
+    /// # -> outbox_core::Result<()> {
+    /// use outbox_core::consumer::Processed;
+    /// use outbox_core::ConsumerName;
+    ///
+    /// let billing = ConsumerName::new("billing")?;
+    /// let outcome = inbox
+    ///     .process(&billing, id, |tx| {
+    ///         Box::pin(async move {
+    ///             sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
+    ///                 .execute(&mut *tx)
+    ///                 .await
+    ///                 .map_err(|e| outbox_core::Error::new(outbox_core::ErrorKind::Storage, "debit").with_source(e))?;
+    ///             Ok(())
+    ///         })
+    ///     })
+    ///     .await?;
+    /// if outcome == Processed::Duplicate { /* acknowledge and move on */ }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// The handler gets the transaction for `'c` only, so it must own what it uses.
+    ///
+    /// # Errors
+    /// The handler's error, or mapped driver errors of begin and record: nothing was
+    /// committed. An error of the commit itself (disk full, say) leaves nothing
+    /// committed either, so the redelivered message runs again.
+    pub async fn process<T, F>(
+        &self,
+        consumer: &ConsumerName,
+        id: MessageId,
+        handler: F,
+    ) -> Result<Processed<T>>
+    where
+        T: Send,
+        F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T>> + Send,
+    {
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| from_sqlx("begin the consumer transaction", e))?;
+        if self.record_in(&mut tx, consumer, id).await? == Dedup::Duplicate {
+            tx.rollback()
+                .await
+                .map_err(|e| from_sqlx("end the consumer transaction", e))?;
+            return Ok(Processed::Duplicate);
+        }
+        // On an error the transaction is dropped, which rolls it back.
+        let value = handler(&mut tx).await?;
+        tx.commit()
+            .await
+            .map_err(|e| from_sqlx("commit the consumer transaction", e))?;
+        Ok(Processed::Applied(value))
+    }
+}
+
+#[async_trait]
+impl DedupStore for SqliteDedupStore {
+    fn consistency(&self) -> Consistency {
+        Consistency::Strong
+    }
+
+    async fn contains(&self, consumer: &ConsumerName, id: MessageId) -> Result<bool> {
+        sqlx::query_scalar(&self.sql.contains)
+            .bind(consumer.as_str())
+            .bind(id.as_uuid().as_bytes().to_vec())
+            .bind(now_us())
+            .bind(self.retention_us)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| from_sqlx("look up message id", e))
+    }
+
+    async fn record(&self, consumer: &ConsumerName, id: MessageId) -> Result<Dedup> {
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| from_sqlx("record message id", e))?;
+        self.record_in(&mut conn, consumer, id).await
+    }
+
+    async fn purge_expired(&self, limit: usize) -> Result<u64> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        let done = sqlx::query(&self.sql.purge)
+            .bind(now_us())
+            .bind(self.retention_us)
+            .bind(limit_param(limit))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| from_sqlx("purge message ids", e))?;
+        Ok(done.rows_affected())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_honour_expiry_and_bound_purges() {
+        let sql = DedupStatements::new(&TableName::new("inbox").unwrap());
+        assert!(sql.record.starts_with("INSERT INTO \"inbox\" AS d"));
+        assert!(
+            sql.record
+                .contains("DO UPDATE SET processed_at = ?3 WHERE d.processed_at < ?3 - ?4"),
+            "only an expired record is refreshed: {}",
+            sql.record
+        );
+        assert!(sql.contains.contains("processed_at >= ?3 - ?4"));
+        assert!(sql.purge.contains("LIMIT ?3"));
+    }
+}

@@ -1,0 +1,50 @@
+#![doc = include_str!("../README.md")]
+
+mod admin;
+mod config;
+mod connect;
+mod dedup;
+mod entity;
+mod error;
+mod ident;
+mod lock;
+mod row;
+mod schema;
+mod sql;
+mod store;
+mod time;
+
+pub use config::{SqliteDedupConfig, SqliteEntityConfig, SqliteLockConfig, SqliteOutboxConfig};
+pub use connect::{connect_options, open, open_in_memory, BUSY_TIMEOUT};
+pub use dedup::SqliteDedupStore;
+pub use entity::SqliteEntityStore;
+pub use ident::{TableName, MAX_TABLE_LEN};
+pub use lock::SqliteLock;
+pub use schema::SCHEMA_VERSION;
+pub use store::SqliteOutbox;
+
+/// Compile-time checks that the public futures can be spawned on a multi-threaded
+/// runtime.
+#[cfg(test)]
+#[allow(dead_code)]
+mod send_checks {
+    use super::*;
+    use outbox_core::{ClaimRequest, DeadLetterPage, OutboxAdmin, OutboxStore};
+
+    fn assert_send<T: Send>(_: T) {}
+
+    fn public_futures_are_send(
+        outbox: &SqliteOutbox,
+        dedup: &SqliteDedupStore,
+        conn: &mut sqlx::SqliteConnection,
+        messages: &[outbox_core::NewMessage],
+        request: ClaimRequest,
+        page: &DeadLetterPage,
+    ) {
+        assert_send(outbox.install());
+        assert_send(dedup.install());
+        assert_send(outbox.enqueue(conn, messages));
+        assert_send(outbox.claim(request));
+        assert_send(outbox.dead_letters(page));
+    }
+}
