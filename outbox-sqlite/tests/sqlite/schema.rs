@@ -1,0 +1,87 @@
+//! Installing: idempotent, versioned, and equivalent to applying `ddl()` by hand.
+
+use outbox_core::{ClaimRequest, ErrorKind, OutboxStore};
+use outbox_sqlite::{SqliteDedupConfig, SqliteDedupStore, SqliteOutbox, SqliteOutboxConfig};
+use sqlx::Executor;
+
+use crate::{common, enqueue, msg, LONG};
+
+#[tokio::test]
+async fn install_is_idempotent_and_refuses_another_layout_version() {
+    let db = common::TempDb::new().await;
+    let outbox = crate::outbox(&db).await;
+    outbox.install().await.unwrap();
+    enqueue(&outbox, &[msg(1)]).await;
+    outbox.install().await.unwrap();
+    assert_eq!(
+        crate::rows(&outbox).await,
+        1,
+        "a second install keeps the rows"
+    );
+
+    sqlx::query("UPDATE outbox_schema_versions SET version = 99 WHERE table_name = ?1")
+        .bind("outbox_messages")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let err = outbox.install().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Schema);
+    assert!(
+        err.message().contains("layout version 99"),
+        "{}",
+        err.message()
+    );
+}
+
+#[tokio::test]
+async fn ddl_applied_by_hand_is_what_install_expects() {
+    let db = common::TempDb::new().await;
+    let config = SqliteOutboxConfig::default().with_table("hand_made");
+    let outbox = SqliteOutbox::new(db.pool().clone(), config).unwrap();
+    db.pool()
+        .execute(sqlx::raw_sql(&outbox.ddl()))
+        .await
+        .unwrap();
+    db.pool()
+        .execute(sqlx::raw_sql(&outbox.ddl()))
+        .await
+        .unwrap();
+    outbox.install().await.unwrap();
+    enqueue(&outbox, &[msg(1)]).await;
+    let claimed = outbox
+        .claim(ClaimRequest::new(1, LONG).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+
+    let inbox = SqliteDedupStore::new(db.pool().clone(), SqliteDedupConfig::default()).unwrap();
+    db.pool()
+        .execute(sqlx::raw_sql(&inbox.ddl()))
+        .await
+        .unwrap();
+    inbox.install().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_store_that_was_never_installed_reports_a_schema_error() {
+    let db = common::TempDb::new().await;
+    let outbox = SqliteOutbox::new(db.pool().clone(), SqliteOutboxConfig::default()).unwrap();
+    let err = outbox
+        .claim(ClaimRequest::new(1, LONG).unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Schema, "{}", err.report());
+    let mut conn = db.pool().acquire().await.unwrap();
+    let err = outbox.enqueue(&mut conn, &[msg(1)]).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Schema, "{}", err.report());
+}
+
+#[tokio::test]
+async fn bad_names_are_refused_before_any_sql() {
+    let db = common::TempDb::new().await;
+    for table in ["x; DROP TABLE y", "Outbox", "1st", ""] {
+        let config = SqliteOutboxConfig::default().with_table(table);
+        let err = SqliteOutbox::new(db.pool().clone(), config).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config, "{table:?}");
+    }
+}
