@@ -22,6 +22,10 @@ pub use lock::PgDistributedLock;
 pub use schema::SCHEMA_VERSION;
 pub use store::PgOutbox;
 
+/// The sqlx this crate was built with: open pools and begin the transactions you pass
+/// to `enqueue` with it, so both sides use one driver version.
+pub use sqlx;
+
 /// Compile-time checks that the public futures can be spawned on a multi-threaded
 /// runtime (a non-`Send` future here is easy to introduce with sqlx and hard to spot).
 #[cfg(test)]

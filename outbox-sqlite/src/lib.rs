@@ -23,6 +23,10 @@ pub use lock::SqliteLock;
 pub use schema::SCHEMA_VERSION;
 pub use store::SqliteOutbox;
 
+/// The sqlx this crate was built with: open pools and begin the transactions you pass
+/// to `enqueue` with it, so both sides use one driver version.
+pub use sqlx;
+
 /// Compile-time checks that the public futures can be spawned on a multi-threaded
 /// runtime.
 #[cfg(test)]

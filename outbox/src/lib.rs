@@ -1,0 +1,32 @@
+#![doc = include_str!("../README.md")]
+//!
+//! ```
+//! # #[cfg(feature = "sqlite")]
+//! # async fn demo() -> outbox::Result<()> {
+//! use outbox::sqlite::{open_in_memory, SqliteOutbox, SqliteOutboxConfig};
+//! use outbox::NewMessage;
+//!
+//! let pool = open_in_memory().await?;
+//! let store = SqliteOutbox::new(pool.clone(), SqliteOutboxConfig::default())?;
+//! store.install().await?;
+//! let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.expect("begin");
+//! store
+//!     .enqueue(&mut tx, &[NewMessage::builder("orders.created").build()?])
+//!     .await?;
+//! tx.commit().await.expect("commit");
+//! # Ok(()) }
+//! ```
+
+pub use outbox_core::*;
+
+/// The embedded SQLite backend (feature `sqlite`, on by default).
+#[cfg(feature = "sqlite")]
+pub use outbox_sqlite as sqlite;
+
+/// The PostgreSQL backend (feature `postgres`).
+#[cfg(feature = "postgres")]
+pub use outbox_postgres as postgres;
+
+/// Conformance suites and fault-injecting tools (feature `testkit`).
+#[cfg(feature = "testkit")]
+pub use outbox_testkit as testkit;

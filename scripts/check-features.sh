@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The facade crate `outbox` is assembled from cargo features: check that each feature
+# builds on its own, that the default set is the embedded SQLite backend and nothing
+# else, and that a backend left off is not compiled at all. CI runs this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+check() {
+    echo "== cargo check -p outbox $*" >&2
+    cargo check -p outbox --locked --quiet "$@"
+}
+check
+check --no-default-features
+for feature in sqlite postgres testkit serde; do
+    check --no-default-features --features "$feature"
+done
+check --all-features
+
+# What a plain `outbox = "0.1"` compiles: the core and SQLite, no PostgreSQL driver.
+tree=$(cargo tree -p outbox --locked -e normal --prefix none)
+grep -q '^outbox-sqlite ' <<<"$tree" || { echo "default features lack outbox-sqlite" >&2; exit 1; }
+for absent in outbox-postgres sqlx-postgres outbox-testkit; do
+    if grep -q "^$absent " <<<"$tree"; then
+        echo "default features compile $absent" >&2
+        exit 1
+    fi
+done
+# And PostgreSQL alone does not compile SQLite.
+tree=$(cargo tree -p outbox --locked -e normal --prefix none --no-default-features --features postgres)
+for absent in outbox-sqlite sqlx-sqlite libsqlite3-sys; do
+    if grep -q "^$absent " <<<"$tree"; then
+        echo "--features postgres compiles $absent" >&2
+        exit 1
+    fi
+done
+echo "feature checks passed" >&2
