@@ -6,3 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/services.sh)"
 cargo test --workspace --locked "$@"
+# The examples that are checks as well as demos: each exits non-zero if a message is
+# lost or applied twice.
+cargo run --quiet --locked -p example-quickstart
+if [ -n "${OUTBOX_PG_URL:-}" ]; then
+    cargo run --quiet --locked -p example-idempotent-consumer
+fi
