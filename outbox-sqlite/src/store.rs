@@ -27,6 +27,7 @@ use crate::time::{limit_param, micros, now_us};
 /// Most messages one `INSERT` carries: 7 bound values each, well under SQLite's limit
 /// of 32,766 parameters per statement.
 const INSERT_CHUNK: usize = 1000;
+const _: () = assert!(2 + 7 * INSERT_CHUNK < 32_766);
 
 /// An SQLite outbox: enqueue with [`enqueue`](Self::enqueue) inside your transaction,
 /// hand the store to a [`Relay`](outbox_core::Relay) to publish, and to operators as
@@ -518,7 +519,6 @@ mod tests {
             "VALUES (?2, ?3, ?4, ?5, ?6, ?7, ?1, ?1 + ?8), (?9, ?10, ?11, ?12, ?13, ?14, ?1, ?1 + ?15)"
         ));
         assert!(sql.ends_with("ON CONFLICT (id) DO NOTHING RETURNING id"));
-        assert!(2 + 7 * INSERT_CHUNK < 32_766);
         assert_eq!(storable("a\0b"), "a\u{fffd}b");
     }
 }

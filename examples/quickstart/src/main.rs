@@ -294,7 +294,7 @@ impl Broker {
         if let Some(deliveries) = &*self.deliveries.lock().unwrap_or_else(|p| p.into_inner()) {
             let n = self.delivered.fetch_add(1, Ordering::Relaxed) + 1;
             let _ = deliveries.send(message.clone());
-            if n % REDELIVER_EVERY == 0 {
+            if n.is_multiple_of(REDELIVER_EVERY) {
                 self.delivered.fetch_add(1, Ordering::Relaxed);
                 self.redelivered.fetch_add(1, Ordering::Relaxed);
                 let _ = deliveries.send(message.clone());
