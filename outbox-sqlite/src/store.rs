@@ -287,6 +287,15 @@ impl SqliteOutbox {
         Ok(stored)
     }
 
+    /// The text of the statements a claim and a complete run (the due select, the
+    /// lease update, the complete), for benchmarks that run the library's own SQL
+    /// through sqlx directly (`benches/sqlite_bench.rs`). Not a stable API.
+    #[doc(hidden)]
+    pub fn claim_complete_sql(&self) -> [&str; 3] {
+        let sql = &self.inner.sql;
+        [&sql.claim_select, &sql.claim_update, &sql.complete]
+    }
+
     pub(crate) fn statements(&self) -> &Statements {
         &self.inner.sql
     }
