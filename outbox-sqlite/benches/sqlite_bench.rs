@@ -4,7 +4,7 @@
 //! bookkeeping), in the same run on the same kind of database file.
 //!
 //! Run: `cargo bench -p outbox-sqlite --bench sqlite_bench` (add `-- --quick` for a
-//! smaller, single-repeat run).
+//! smaller, single-repeat run, `-- --batch 100` for one batch size).
 //!
 //! Each figure is the median of the repeats; the two drains take turns, each on a
 //! fresh database file in the system's temporary directory, opened with
@@ -30,6 +30,12 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
 async fn main() -> Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
     let repeats = if quick { 1 } else { 3 };
+    let args: Vec<String> = std::env::args().collect();
+    let only: Option<usize> = args
+        .iter()
+        .position(|a| a == "--batch")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|n| n.parse().ok());
     println!(
         "SQLite drain throughput (no-op publisher): library Relays (claim batch = publish \
          batch) vs the library's own claim + complete SQL run through sqlx by as many \
@@ -38,7 +44,7 @@ async fn main() -> Result<()> {
     println!(
         "| batch | relays | msgs | library/s | raw sqlx/s | library/raw |\n|---:|---:|---:|---:|---:|---:|"
     );
-    for batch in BATCHES {
+    for batch in BATCHES.into_iter().filter(|b| only.is_none_or(|o| o == *b)) {
         let messages: u64 = match (batch, quick) {
             (1, false) => 2_000,
             (10, false) => 10_000,

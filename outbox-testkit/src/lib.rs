@@ -23,52 +23,126 @@
 //!
 //! ## Adding a backend
 //!
-//! In the backend crate's `tests/conformance.rs`, implement [`Harness`] and [`Fixture`]
-//! over a fresh schema / table / key prefix per fixture, then invoke the macro. Here
-//! the "backend" is the in-memory store; a real one would connect to its server
-//! (with the URL from [`service_url`]) and create a schema in `fixture`:
+//! A backend is a crate of its own that passes these suites; nothing in the core or
+//! the relay changes. The steps, with the SQLite crate (`outbox-sqlite`) as the worked
+//! example, since it is the smallest complete backend:
+//!
+//! 1. **Depend on `outbox-core` and the driver, nothing else.** Name the crate
+//!    `outbox-<engine>` and use the same file names as the other backends: `config.rs`
+//!    (settings with `with_*` setters and a `validate`), `ident.rs` (table names,
+//!    checked with [`validate_identifier`](outbox_core::names::validate_identifier)
+//!    and always quoted), `schema.rs` (DDL and a versioned, idempotent `install`),
+//!    `sql.rs` (statements built once per store), `row.rs` (rows into messages),
+//!    `error.rs` (the one place driver errors become [`outbox_core::Error`]s, with
+//!    transient ones retryable), `store.rs`, `admin.rs`, `dedup.rs`, `entity.rs`,
+//!    `lock.rs`.
+//! 2. **Implement [`OutboxStore`](outbox_core::OutboxStore)** (claim, claim by ids,
+//!    complete, fail, release: what a relay needs) and then
+//!    [`OutboxAdmin`](outbox_core::OutboxAdmin) (stats, dead letters, purges). Read
+//!    the contract on the trait and `CONTRIBUTING.md`, which gives every method as
+//!    engine-neutral SQL. Use the core's rules rather than re-deriving them:
+//!    arguments arrive validated ([`ClaimRequest`](outbox_core::ClaimRequest),
+//!    [`ClaimIds`](outbox_core::ClaimIds), [`Failure`](outbox_core::Failure) with its
+//!    error already bounded); [`Settled::reconcile`](outbox_core::Settled::reconcile)
+//!    turns "ids the statement touched" into applied and lost leases;
+//!    [`Message::check_stored`](outbox_core::Message::check_stored) decides which
+//!    claimed rows are poison; [`Headers`](outbox_core::Headers) converts to and from
+//!    JSON.
+//! 3. **Offer `enqueue` on the driver's own transaction** (`&mut SqliteConnection`
+//!    there, `&mut PgConnection` for PostgreSQL): enqueueing is not part of the traits
+//!    because it must share the caller's transaction. Check each message with
+//!    [`MessageLimits::check`](outbox_core::MessageLimits::check) first; a refused
+//!    batch writes nothing and, where the engine allows, leaves the caller's
+//!    transaction usable (SQLite uses a savepoint).
+//! 4. **Run the suites from `tests/`.** Implement [`Harness`] and [`Fixture`] over a
+//!    fresh database, schema, table or key prefix per fixture, declare in [`Features`]
+//!    what the engine supports (SQLite has no row locks, so `row_locks` is off and that
+//!    case prints `SKIPPED`), and invoke [`conformance_suite!`]. This is SQLite's
+//!    harness, minus the in-memory variant:
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use outbox_core::{NewMessage, OutboxAdmin, OutboxStore, Result, StoreCapabilities};
-//! use outbox_testkit::{Features, Fixture, Harness, MemoryStore};
 //!
-//! struct MyHarness;
+//! use outbox_core::{NewMessage, OutboxAdmin, OutboxStore, Result, StoreCapabilities};
+//! use outbox_sqlite::{SqliteOutbox, SqliteOutboxConfig};
+//! use outbox_testkit::{Features, Fixture, Harness};
+//!
+//! struct SqliteHarness;
 //!
 //! #[async_trait::async_trait]
-//! impl Harness for MyHarness {
+//! impl Harness for SqliteHarness {
 //!     fn features(&self) -> Features {
-//!         Features::default() // declare what your backend supports
+//!         let mut features = Features::all();
+//!         features.row_locks = false; // one writer holds the whole database
+//!         features
 //!     }
+//!
 //!     async fn fixture(&self, caps: StoreCapabilities) -> Result<Box<dyn Fixture>> {
-//!         Ok(Box::new(MyFixture(MemoryStore::with_capabilities(caps))))
+//!         // A database of its own per case (a server-backed engine would create a
+//!         // schema or a uniquely named table instead).
+//!         let pool = outbox_sqlite::open_in_memory().await?;
+//!         let config = SqliteOutboxConfig::default()
+//!             .with_ordering(caps.ordering)
+//!             .with_retention(caps.retention);
+//!         let outbox = SqliteOutbox::new(pool, config)?;
+//!         outbox.install().await?;
+//!         Ok(Box::new(SqliteFixture(outbox)))
 //!     }
 //! }
 //!
 //! #[derive(Debug)]
-//! struct MyFixture(MemoryStore);
+//! struct SqliteFixture(SqliteOutbox);
+//!
+//! fn storage(e: outbox_sqlite::sqlx::Error) -> outbox_core::Error {
+//!     outbox_core::Error::new(outbox_core::ErrorKind::Storage, "test plumbing").with_source(e)
+//! }
 //!
 //! #[async_trait::async_trait]
-//! impl Fixture for MyFixture {
+//! impl Fixture for SqliteFixture {
 //!     fn store(&self) -> Arc<dyn OutboxStore> {
 //!         Arc::new(self.0.clone())
 //!     }
 //!     fn admin(&self) -> Arc<dyn OutboxAdmin> {
 //!         Arc::new(self.0.clone())
 //!     }
+//!     /// The backend's enqueue, in a transaction that commits.
 //!     async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<()> {
-//!         self.0.enqueue(&messages) // your backend's enqueue, in a committed transaction
+//!         let mut tx = self.0.pool().begin_with("BEGIN IMMEDIATE").await.map_err(storage)?;
+//!         self.0.enqueue(&mut tx, &messages).await?;
+//!         tx.commit().await.map_err(storage)
+//!     }
+//!     /// The same, rolled back: the suite checks that nothing stays.
+//!     async fn enqueue_rolled_back(&self, messages: Vec<NewMessage>) -> Result<()> {
+//!         let mut tx = self.0.pool().begin_with("BEGIN IMMEDIATE").await.map_err(storage)?;
+//!         self.0.enqueue(&mut tx, &messages).await?;
+//!         tx.rollback().await.map_err(storage)
 //!     }
 //! }
 //!
-//! async fn harness() -> Option<MyHarness> {
+//! async fn harness() -> Option<SqliteHarness> {
+//!     // A server-backed engine gates on its URL, printing a visible skip without one:
 //!     // let url = outbox_testkit::service_url("MY_BACKEND_URL", "my backend conformance")?;
-//!     Some(MyHarness)
+//!     Some(SqliteHarness)
 //! }
 //!
 //! outbox_testkit::conformance_suite!(harness);
 //! # fn main() {}
 //! ```
+//!
+//! 5. **The consumer side:** a strongly consistent [`DedupStore`](outbox_core::DedupStore)
+//!    runs [`dedup_suite!`] over a [`DedupHarness`] (which also needs a
+//!    [`DistributedLock`](outbox_core::DistributedLock) for purges, checked by
+//!    [`lock_suite!`] over a [`LockHarness`]); an
+//!    [`EntityStore`](outbox_core::consumer::EntityStore) runs [`consumer_suite!`] over
+//!    a [`ConsumerHarness`]. `outbox-sqlite/tests/consumer_conformance.rs` runs all
+//!    three from one harness type.
+//! 6. **Then what only your engine can get wrong**, in a test file of its own: the
+//!    caller's transaction (a refused batch leaves it usable), rows another tool wrote
+//!    (dead-lettered, not stuck), several processes at once, the engine's lock or busy
+//!    errors mapped to retryable kinds, installs at another layout version refused.
+//! 7. **Wire it in:** a feature of the `outbox` facade re-exporting the crate (and
+//!    `scripts/check-features.sh` extended), the service started by
+//!    `scripts/services.sh` if it needs one, and a row in the README's backend matrix.
 //!
 //! Each case makes its own fixture, so cases run in parallel. Cases for features a
 //! backend does not declare in [`Features`] print a `SKIPPED` line and pass.

@@ -8,6 +8,7 @@
 mod common;
 
 mod enqueue;
+mod plans;
 mod poison;
 mod processes;
 mod schema;
