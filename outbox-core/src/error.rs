@@ -128,6 +128,19 @@ impl fmt::Display for Report<'_> {
     }
 }
 
+/// `ids` for a message: one named, or a count and the first five.
+fn describe_ids(ids: &[MessageId]) -> String {
+    const SHOWN: usize = 5;
+    match ids {
+        [one] => format!("message id {one}"),
+        _ => {
+            let shown: Vec<String> = ids.iter().take(SHOWN).map(ToString::to_string).collect();
+            let more = if ids.len() > SHOWN { ", ..." } else { "" };
+            format!("{} message ids ({}{more})", ids.len(), shown.join(", "))
+        }
+    }
+}
+
 impl Error {
     /// A new error of `kind` with its default status.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
@@ -157,6 +170,30 @@ impl Error {
             many => format!("leases on {} messages are no longer held", many.len()),
         };
         Error::new(ErrorKind::LeaseLost, message).with_ids(ids)
+    }
+
+    /// A [`ErrorKind::Conflict`] for an enqueue whose batch holds ids that are already
+    /// stored (named, ascending): nothing of the batch was written, and the caller's
+    /// transaction is still usable.
+    pub fn already_stored(mut ids: Vec<MessageId>) -> Self {
+        ids.sort();
+        let message = format!(
+            "{} already stored; nothing of the batch was written and the transaction is \
+             still usable",
+            describe_ids(&ids)
+        );
+        Error::new(ErrorKind::Conflict, message).with_ids(ids)
+    }
+
+    /// A [`ErrorKind::Conflict`] for a batch naming some ids more than once (named,
+    /// ascending): refused before anything is written.
+    pub fn repeated_in_batch(mut ids: Vec<MessageId>) -> Self {
+        ids.sort();
+        let message = format!(
+            "{} appear more than once in the batch; nothing was written",
+            describe_ids(&ids)
+        );
+        Error::new(ErrorKind::Conflict, message).with_ids(ids)
     }
 
     /// Attach the underlying cause.
@@ -233,6 +270,25 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 mod tests {
     use super::*;
     use std::error::Error as _;
+
+    #[test]
+    fn batch_conflicts_name_their_ids_in_order() {
+        let mut ids: Vec<MessageId> = (0..7).map(|_| MessageId::new()).collect();
+        let one = Error::already_stored(vec![ids[0]]);
+        assert_eq!(one.kind(), ErrorKind::Conflict);
+        assert_eq!(one.ids(), &[ids[0]]);
+        assert!(one.message().starts_with(&format!("message id {}", ids[0])));
+        assert!(one.message().contains("still usable"), "{one}");
+        let reversed: Vec<MessageId> = ids.iter().rev().copied().collect();
+        let many = Error::repeated_in_batch(reversed);
+        ids.sort();
+        assert_eq!(many.ids(), &ids[..], "ascending");
+        assert!(many.message().starts_with("7 message ids ("), "{many}");
+        assert!(many.message().contains(", ...)"), "{many}");
+        let two = Error::already_stored(ids[..2].to_vec());
+        assert!(two.message().starts_with("2 message ids ("), "{two}");
+        assert!(!two.message().contains("..."), "{two}");
+    }
 
     #[test]
     fn display_describes_this_layer_only() {

@@ -7,7 +7,8 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
-use crate::message::{Message, MessageId};
+use crate::limits::MessageLimits;
+use crate::message::{Message, MessageId, NewMessage};
 
 /// Longest lease a claim may ask for.
 pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
@@ -173,6 +174,33 @@ pub fn in_id_order<T>(items: &[T], id: impl Fn(&T) -> MessageId) -> Vec<&T> {
     let mut sorted: Vec<&T> = items.iter().collect();
     sorted.sort_by_key(|item| id(item));
     sorted
+}
+
+/// Check a batch before enqueueing it, as every backend's `enqueue` must: each message
+/// against `limits` (a message built under other limits may break them), and no id
+/// given twice. Call it before sending anything, so a refused batch writes nothing.
+///
+/// # Errors
+/// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for the first message
+/// over the limits; [`Error::repeated_in_batch`] naming ids given more than once.
+pub fn check_enqueue(messages: &[NewMessage], limits: &MessageLimits) -> Result<()> {
+    for message in messages {
+        limits.check(message)?;
+    }
+    if messages.len() > 1 {
+        let mut seen = std::collections::HashSet::with_capacity(messages.len());
+        let mut repeated: Vec<MessageId> = messages
+            .iter()
+            .map(NewMessage::id)
+            .filter(|id| !seen.insert(*id))
+            .collect();
+        if !repeated.is_empty() {
+            repeated.sort();
+            repeated.dedup();
+            return Err(Error::repeated_in_batch(repeated));
+        }
+    }
+    Ok(())
 }
 
 /// What a failed attempt leads to.

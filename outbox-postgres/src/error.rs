@@ -4,7 +4,7 @@
 //! "PostgreSQL Error Codes"); driver errors by their sqlx variant. The cause stays
 //! reachable through [`std::error::Error::source`].
 
-use outbox_core::{Error, ErrorKind, ErrorStatus, MessageId};
+use outbox_core::{Error, ErrorKind, ErrorStatus};
 
 /// The kind for a PostgreSQL SQLSTATE code; its retryable status is the kind's
 /// [`default_status`](ErrorKind::default_status).
@@ -50,49 +50,6 @@ pub(crate) fn from_sqlx(what: &str, err: sqlx::Error) -> Error {
     Error::new(kind, message)
         .with_status(status)
         .with_source(err)
-}
-
-/// Enqueueing ids that are already stored: nothing was written, and since the statement
-/// did not fail, the caller's transaction is still usable.
-pub(crate) fn already_stored(ids: Vec<MessageId>) -> Error {
-    Error::new(
-        ErrorKind::Conflict,
-        format!(
-            "{} already stored; nothing of the batch was written and the transaction is \
-             still usable",
-            describe_ids(&ids)
-        ),
-    )
-    .with_ids(ids)
-}
-
-/// A batch naming some ids more than once: refused before anything is sent.
-pub(crate) fn repeated_in_batch(ids: Vec<MessageId>) -> Error {
-    Error::new(
-        ErrorKind::Conflict,
-        format!(
-            "{} appear more than once in the batch; nothing was written",
-            describe_ids(&ids)
-        ),
-    )
-    .with_ids(ids)
-}
-
-fn describe_ids(ids: &[MessageId]) -> String {
-    const SHOWN: usize = 5;
-    let mut text = match ids {
-        [one] => format!("message id {one}"),
-        _ => format!("{} message ids (", ids.len()),
-    };
-    if ids.len() > 1 {
-        let shown: Vec<String> = ids.iter().take(SHOWN).map(ToString::to_string).collect();
-        text.push_str(&shown.join(", "));
-        if ids.len() > SHOWN {
-            text.push_str(", ...");
-        }
-        text.push(')');
-    }
-    text
 }
 
 fn classify(err: &sqlx::Error) -> (ErrorKind, ErrorStatus) {
@@ -177,21 +134,6 @@ mod tests {
                 "SQLSTATE {code}"
             );
         }
-    }
-
-    #[test]
-    fn duplicate_ids_are_named() {
-        let (a, b) = (MessageId::new(), MessageId::new());
-        let err = already_stored(vec![a]);
-        assert_eq!(err.kind(), ErrorKind::Conflict);
-        assert_eq!(err.ids(), &[a]);
-        assert!(err.message().contains(&a.to_string()), "{err}");
-        assert!(err.message().contains("still usable"), "{err}");
-        let err = repeated_in_batch(vec![a, b]);
-        assert_eq!(err.kind(), ErrorKind::Conflict);
-        assert!(err.message().starts_with("2 message ids ("), "{err}");
-        let many: Vec<MessageId> = (0..7).map(|_| MessageId::new()).collect();
-        assert!(already_stored(many).message().contains(", ...)"));
     }
 
     #[test]

@@ -12,14 +12,14 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use outbox_core::message::MAX_DELAY;
-use outbox_core::store::{bounded_error, in_id_order};
+use outbox_core::store::{bounded_error, check_enqueue, in_id_order};
 use outbox_core::{
     ClaimIds, ClaimRequest, ClaimedMessage, Disposition, Error, Failure, Lease, LeaseToken,
     MessageId, NewMessage, OutboxStore, Result, Settled, StoreCapabilities,
 };
 
 use crate::config::PgOutboxConfig;
-use crate::error::{already_stored, from_sqlx, repeated_in_batch};
+use crate::error::from_sqlx;
 use crate::ident::QualifiedName;
 use crate::row::{decode_claimed, get, DecodedClaim};
 use crate::schema;
@@ -223,25 +223,9 @@ impl PgOutbox {
     ///   40001). Roll back and retry, as for any serialization failure.
     /// - Mapped driver errors otherwise; after them, roll the transaction back.
     pub async fn enqueue(&self, conn: &mut PgConnection, messages: &[NewMessage]) -> Result<()> {
-        let limits = self.inner.config.limits();
-        for msg in messages {
-            limits.check(msg)?;
-        }
+        check_enqueue(messages, self.inner.config.limits())?;
         if messages.is_empty() {
             return Ok(());
-        }
-        if messages.len() > 1 {
-            let mut seen = HashSet::with_capacity(messages.len());
-            let repeated: HashSet<MessageId> = messages
-                .iter()
-                .map(NewMessage::id)
-                .filter(|id| !seen.insert(*id))
-                .collect();
-            if !repeated.is_empty() {
-                let mut repeated: Vec<MessageId> = repeated.into_iter().collect();
-                repeated.sort();
-                return Err(repeated_in_batch(repeated));
-            }
         }
         let delays = messages
             .iter()
@@ -284,13 +268,12 @@ impl PgOutbox {
                 .map_err(|e| from_sqlx("taking back a partly enqueued batch", e))?;
         }
         let inserted: HashSet<Uuid> = inserted.into_iter().collect();
-        let mut stored: Vec<MessageId> = ids
+        let stored: Vec<MessageId> = ids
             .into_iter()
             .filter(|id| !inserted.contains(id))
             .map(MessageId::from_uuid)
             .collect();
-        stored.sort();
-        Err(already_stored(stored))
+        Err(Error::already_stored(stored))
     }
 
     /// Enqueue one message; see [`enqueue`](Self::enqueue).

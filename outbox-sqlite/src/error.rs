@@ -5,7 +5,7 @@
 //! errors by their sqlx variant. The cause stays reachable through
 //! [`std::error::Error::source`].
 
-use outbox_core::{Error, ErrorKind, ErrorStatus, MessageId};
+use outbox_core::{Error, ErrorKind, ErrorStatus};
 
 /// `SQLITE_BUSY`: another connection holds the lock (after the busy timeout).
 const BUSY: i32 = 5;
@@ -108,44 +108,6 @@ fn is_schema_message(message: &str) -> bool {
     message.starts_with("no such table") || message.starts_with("no such column")
 }
 
-/// Enqueueing ids that are already stored: nothing was written, and the caller's
-/// transaction is still usable.
-pub(crate) fn already_stored(ids: Vec<MessageId>) -> Error {
-    Error::new(
-        ErrorKind::Conflict,
-        format!(
-            "{} already stored; nothing of the batch was written and the transaction is \
-             still usable",
-            describe_ids(&ids)
-        ),
-    )
-    .with_ids(ids)
-}
-
-/// A batch naming some ids more than once: refused before anything is sent.
-pub(crate) fn repeated_in_batch(ids: Vec<MessageId>) -> Error {
-    Error::new(
-        ErrorKind::Conflict,
-        format!(
-            "{} appear more than once in the batch; nothing was written",
-            describe_ids(&ids)
-        ),
-    )
-    .with_ids(ids)
-}
-
-fn describe_ids(ids: &[MessageId]) -> String {
-    const SHOWN: usize = 5;
-    match ids {
-        [one] => format!("message id {one}"),
-        _ => {
-            let shown: Vec<String> = ids.iter().take(SHOWN).map(ToString::to_string).collect();
-            let more = if ids.len() > SHOWN { ", ..." } else { "" };
-            format!("{} message ids ({}{more})", ids.len(), shown.join(", "))
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,17 +142,5 @@ mod tests {
         assert!(is_schema_message("no such table: outbox_messages"));
         assert!(is_schema_message("no such column: seq"));
         assert!(!is_schema_message("near \"x\": syntax error"));
-    }
-
-    #[test]
-    fn ids_are_described_briefly() {
-        let ids: Vec<MessageId> = (0..7).map(|_| MessageId::new()).collect();
-        let one = already_stored(vec![ids[0]]);
-        assert!(one.message().starts_with(&format!("message id {}", ids[0])));
-        let many = repeated_in_batch(ids.clone());
-        assert!(many.message().starts_with("7 message ids ("));
-        assert!(many.message().contains(", ...)"));
-        assert_eq!(many.ids(), &ids[..]);
-        assert_eq!(many.kind(), ErrorKind::Conflict);
     }
 }

@@ -10,14 +10,14 @@ use serde_json::json;
 use sqlx::{SqliteConnection, SqlitePool};
 
 use outbox_core::message::MAX_DELAY;
-use outbox_core::store::bounded_error;
+use outbox_core::store::{bounded_error, check_enqueue};
 use outbox_core::{
-    ClaimIds, ClaimRequest, ClaimedMessage, Disposition, Failure, Lease, LeaseToken, MessageId,
-    NewMessage, OutboxStore, Result, Settled, StoreCapabilities,
+    ClaimIds, ClaimRequest, ClaimedMessage, Disposition, Error, Failure, Lease, LeaseToken,
+    MessageId, NewMessage, OutboxStore, Result, Settled, StoreCapabilities,
 };
 
 use crate::config::SqliteOutboxConfig;
-use crate::error::{already_stored, from_sqlx, repeated_in_batch};
+use crate::error::from_sqlx;
 use crate::ident::TableName;
 use crate::row::{decode_claimed, uuid_at};
 use crate::schema;
@@ -197,23 +197,9 @@ impl SqliteOutbox {
         conn: &mut SqliteConnection,
         messages: &[NewMessage],
     ) -> Result<()> {
-        let limits = self.inner.config.limits();
-        for msg in messages {
-            limits.check(msg)?;
-        }
+        check_enqueue(messages, self.inner.config.limits())?;
         if messages.is_empty() {
             return Ok(());
-        }
-        let mut seen = HashSet::with_capacity(messages.len());
-        let mut repeated: Vec<MessageId> = messages
-            .iter()
-            .map(NewMessage::id)
-            .filter(|id| !seen.insert(*id))
-            .collect();
-        if !repeated.is_empty() {
-            repeated.sort();
-            repeated.dedup();
-            return Err(repeated_in_batch(repeated));
         }
         let delays = messages
             .iter()
@@ -227,9 +213,7 @@ impl SqliteOutbox {
                 // and the savepoint with it.
                 let _ = savepoint(conn, "ROLLBACK TO outbox_enqueue").await;
                 let _ = savepoint(conn, "RELEASE outbox_enqueue").await;
-                let mut stored = outcome?;
-                stored.sort();
-                Err(already_stored(stored))
+                Err(Error::already_stored(outcome?))
             }
         }
     }

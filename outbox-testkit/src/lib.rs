@@ -50,9 +50,10 @@
 //!    JSON.
 //! 3. **Offer `enqueue` on the driver's own transaction** (`&mut SqliteConnection`
 //!    there, `&mut PgConnection` for PostgreSQL): enqueueing is not part of the traits
-//!    because it must share the caller's transaction. Check each message with
-//!    [`MessageLimits::check`](outbox_core::MessageLimits::check) first; a refused
-//!    batch writes nothing and, where the engine allows, leaves the caller's
+//!    because it must share the caller's transaction. Check the batch with
+//!    [`store::check_enqueue`](outbox_core::store::check_enqueue) first, and report
+//!    stored ids with [`Error::already_stored`](outbox_core::Error::already_stored); a
+//!    refused batch writes nothing and, where the engine allows, leaves the caller's
 //!    transaction usable (SQLite uses a savepoint).
 //! 4. **Run the suites from `tests/`.** Implement [`Harness`] and [`Fixture`] over a
 //!    fresh database, schema, table or key prefix per fixture, declare in [`Features`]
