@@ -13,4 +13,4 @@ CREATE TABLE IF NOT EXISTS "outbox_inbox" (
     PRIMARY KEY (consumer, message_id)
 ) STRICT, WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS "outbox_inbox_processed_at" ON "outbox_inbox" (processed_at);
-INSERT INTO "outbox_schema_versions" (table_name, version, installed_at) VALUES ('outbox_inbox', 1, CAST(unixepoch('subsec') * 1000000 AS INTEGER)) ON CONFLICT (table_name) DO NOTHING;
+INSERT INTO "outbox_schema_versions" (table_name, version, installed_at) VALUES ('outbox_inbox', 1, CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER)) ON CONFLICT (table_name) DO NOTHING;

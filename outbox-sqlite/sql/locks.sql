@@ -11,4 +11,4 @@ CREATE TABLE IF NOT EXISTS "outbox_locks" (
     holder BLOB NOT NULL CHECK (length(holder) = 16),
     expires_at INTEGER NOT NULL
 ) STRICT;
-INSERT INTO "outbox_schema_versions" (table_name, version, installed_at) VALUES ('outbox_locks', 1, CAST(unixepoch('subsec') * 1000000 AS INTEGER)) ON CONFLICT (table_name) DO NOTHING;
+INSERT INTO "outbox_schema_versions" (table_name, version, installed_at) VALUES ('outbox_locks', 1, CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER)) ON CONFLICT (table_name) DO NOTHING;

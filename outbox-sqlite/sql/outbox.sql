@@ -30,4 +30,4 @@ CREATE INDEX IF NOT EXISTS "outbox_messages_dispatched" ON "outbox_messages" (di
     WHERE dispatched_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS "outbox_messages_dead" ON "outbox_messages" (id)
     WHERE dead_at IS NOT NULL;
-INSERT INTO "outbox_schema_versions" (table_name, version, installed_at) VALUES ('outbox_messages', 1, CAST(unixepoch('subsec') * 1000000 AS INTEGER)) ON CONFLICT (table_name) DO NOTHING;
+INSERT INTO "outbox_schema_versions" (table_name, version, installed_at) VALUES ('outbox_messages', 1, CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER)) ON CONFLICT (table_name) DO NOTHING;

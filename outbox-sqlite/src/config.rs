@@ -235,8 +235,10 @@ impl Default for SqliteLockConfig {
 }
 
 impl SqliteLockConfig {
-    /// The shortest lease: renewals must be able to keep up.
-    pub const MIN_LEASE: Duration = Duration::from_millis(300);
+    /// The shortest lease, three [`BUSY_TIMEOUT`](crate::BUSY_TIMEOUT)s: a renewal
+    /// that waits out the busy timeout for the write lock must still leave time for
+    /// the next attempt.
+    pub const MIN_LEASE: Duration = Duration::from_secs(3 * crate::BUSY_TIMEOUT.as_secs());
 
     /// Set the table (default `outbox_locks`).
     #[must_use]
@@ -306,7 +308,7 @@ mod tests {
                 .validate(),
             SqliteDedupConfig::default().with_table("a b").validate(),
             SqliteLockConfig::default()
-                .with_lease(Duration::from_millis(299))
+                .with_lease(Duration::from_millis(14_999))
                 .validate(),
             SqliteLockConfig::default()
                 .with_lease(Duration::from_secs(86_401))
@@ -346,8 +348,8 @@ mod tests {
         assert_eq!((d.table(), d.retention()), ("d", Duration::from_secs(9)));
         let l = SqliteLockConfig::default()
             .with_table("l")
-            .with_lease(Duration::from_secs(2));
-        assert_eq!((l.table(), l.lease()), ("l", Duration::from_secs(2)));
+            .with_lease(Duration::from_secs(20));
+        assert_eq!((l.table(), l.lease()), ("l", Duration::from_secs(20)));
         assert_eq!(SqliteEntityConfig::default().with_table("e").table(), "e");
     }
 }

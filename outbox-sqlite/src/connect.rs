@@ -2,7 +2,7 @@
 //! [`open_in_memory`].
 
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use outbox_core::{Error, ErrorKind, Result};
 use sqlx::sqlite::{
@@ -59,31 +59,30 @@ pub async fn open(path: impl AsRef<Path>) -> Result<SqlitePool> {
         })
 }
 
-/// A pool on a private in-memory database, for tests and throwaway runs: every
-/// connection of the pool shares it (SQLite's shared cache), and it lives as long as
-/// the pool does (connections are never retired for age or idleness, the last one
-/// closing would drop the data). Each call makes a new, empty database.
+/// A pool on a private in-memory database, for tests and throwaway runs: a pool of
+/// **one** connection (each call makes a new, empty database, and it lives as long as
+/// the pool: the connection is never retired for age or idleness).
 ///
-/// In shared-cache mode SQLite locks tables rather than the whole file and has no
-/// WAL; the contracts hold the same way, but measure on a file.
+/// One connection means every use of the pool takes turns: a task that holds a
+/// transaction and calls a store on the same pool waits for the connection, and after
+/// [`BUSY_TIMEOUT`] gets a [`ErrorKind::Timeout`] error, where on a file the store
+/// would read at once or fail with a retryable contention. (SQLite's shared-cache
+/// mode would let several connections share a memory database, but its table locks
+/// are waited on without any timeout.) Nothing is written to disk, so there is no WAL
+/// and no durability; measure and deploy on a file.
 ///
 /// # Errors
 /// Mapped driver errors (SQLite out of memory, say).
 pub async fn open_in_memory() -> Result<SqlitePool> {
-    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let name = format!("file:outbox-memory-{}-{nanos}-{seq}", std::process::id());
     let options = SqliteConnectOptions::new()
-        .filename(name)
         .in_memory(true)
-        .shared_cache(true)
+        .shared_cache(false)
         .busy_timeout(BUSY_TIMEOUT)
         .foreign_keys(true);
     SqlitePoolOptions::new()
         .min_connections(1)
+        .max_connections(1)
+        .acquire_timeout(BUSY_TIMEOUT)
         .idle_timeout(None)
         .max_lifetime(None)
         .connect_with(options)

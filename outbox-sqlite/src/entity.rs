@@ -153,7 +153,11 @@ impl EntityStore for SqliteEntityStore {
         .bind(now_us());
         let query = match expected {
             None => query,
-            Some(v) => query.bind(stored_version(v)?),
+            // No row holds a version past what SQLite stores: it cannot match.
+            Some(v) => match stored_version(v) {
+                Ok(v) => query.bind(v),
+                Err(_) => return Ok(Persisted::Conflict),
+            },
         };
         let stored: Option<i64> = query
             .fetch_optional(&self.pool)

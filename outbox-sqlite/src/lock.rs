@@ -10,6 +10,10 @@
 //!
 //! ## Limitations
 //!
+//! - Renewal is a write, so it waits for SQLite's write lock like any other: a
+//!   renewal held up past the busy timeout is retried at once, and the lease (at least
+//!   [`SqliteLockConfig::MIN_LEASE`](crate::SqliteLockConfig::MIN_LEASE), three busy
+//!   timeouts) leaves room for three such attempts.
 //! - A holder stalled for longer than the lease (a blocked runtime, a suspended
 //!   process) loses the lock without knowing: another process may take it. Keep the
 //!   work under the lock idempotent (purges are), or the lease well above any stall.
@@ -118,31 +122,38 @@ impl DistributedLock for SqliteLock {
     }
 }
 
+/// How soon a failed renewal is tried again.
+const RETRY_AFTER_FAILURE: Duration = Duration::from_millis(100);
+
 /// Extend the lease every `every` while the row is still ours; stop when it is not.
 async fn renew(lock: SqliteLock, name: LockName, holder: Uuid, every: Duration) {
     let sql = format!(
         "UPDATE {} SET expires_at = ?3 WHERE name = ?1 AND holder = ?2",
         lock.name
     );
+    let mut wait = every;
     loop {
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(wait).await;
         let renewed = sqlx::query(&sql)
             .bind(name.as_str())
             .bind(holder.as_bytes().to_vec())
             .bind(now_us().saturating_add(lock.lease_us))
             .execute(&lock.pool)
             .await;
-        match renewed {
-            Ok(done) if done.rows_affected() == 1 => {}
+        wait = match renewed {
+            Ok(done) if done.rows_affected() == 1 => every,
             Ok(_) => {
                 tracing::error!(lock = %name, "lock lease lapsed and was taken over; renewal stops");
                 return;
             }
+            // The failed attempt already waited out the busy timeout: try again soon,
+            // while the lease still runs.
             Err(e) => {
                 let err = from_sqlx("renew lock", e);
                 tracing::warn!(lock = %name, error = %err.report(), "could not renew lock lease; retrying");
+                RETRY_AFTER_FAILURE
             }
-        }
+        };
     }
 }
 

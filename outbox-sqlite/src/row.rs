@@ -89,55 +89,108 @@ pub(crate) fn decode_claimed(
     Ok(decoded)
 }
 
+/// How text columns are read: as the bytes SQLite holds (statements select them as
+/// `CAST(column AS BLOB)`), because a `TEXT` column, even in a `STRICT` table, accepts
+/// bytes that are not UTF-8 from another writer. Claims dead-letter such a row; listings
+/// show it lossily.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Text {
+    Strict,
+    Lossy,
+}
+
+impl Text {
+    /// Text column `index` of `row`, or why it is not text.
+    fn at(
+        self,
+        row: &SqliteRow,
+        index: usize,
+        name: &str,
+    ) -> Result<std::result::Result<Option<String>, String>> {
+        let bytes: Option<Vec<u8>> = get(row, index)?;
+        Ok(match (bytes, self) {
+            (None, _) => Ok(None),
+            (Some(bytes), Text::Lossy) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
+            (Some(bytes), Text::Strict) => String::from_utf8(bytes)
+                .map(Some)
+                .map_err(|_| format!("{name} is not UTF-8 text")),
+        })
+    }
+}
+
 /// The message in the nine columns from `first` (id, destination, partition key,
 /// payload, content type, headers, created at, attempts, last error), or why its
 /// content does not make one.
 fn message_at(row: &SqliteRow, first: usize) -> Result<std::result::Result<Message, String>> {
-    let headers: String = get(row, first + 5)?;
     let created: i64 = get(row, first + 6)?;
     let attempts: i64 = get(row, first + 7)?;
-    let headers = serde_json::from_str(&headers)
-        .map_err(|e| format!("headers are not JSON: {e}"))
-        .and_then(Headers::from_json);
+    let headers = Text::Strict
+        .at(row, first + 5, "headers")?
+        .and_then(|text| {
+            let text = text.unwrap_or_default();
+            serde_json::from_str(&text)
+                .map_err(|e| format!("headers are not JSON: {e}"))
+                .and_then(Headers::from_json)
+        });
     let attempts = u32::try_from(attempts).map_err(|_| format!("attempts is {attempts}"));
     let created_at =
         from_us(created).ok_or_else(|| format!("created_at {created} µs is out of range"));
-    match (headers, attempts, created_at) {
-        (Ok(headers), Ok(attempts), Ok(created_at)) => {
-            Ok(Ok(build(row, first, headers, attempts, created_at)?))
-        }
-        (Err(reason), _, _) | (_, Err(reason), _) | (_, _, Err(reason)) => {
-            Ok(Err(format!("undecodable row: {reason}")))
-        }
-    }
+    let parts = headers.and_then(|headers| {
+        Ok(Parts {
+            headers,
+            attempts: attempts?,
+            created_at: created_at?,
+        })
+    });
+    let message = match parts {
+        Ok(parts) => build(row, first, parts, Text::Strict)?,
+        Err(reason) => Err(reason),
+    };
+    Ok(message.map_err(|reason| format!("undecodable row: {reason}")))
+}
+
+/// What [`build`] takes decoded already.
+struct Parts {
+    headers: Headers,
+    attempts: u32,
+    created_at: std::time::SystemTime,
 }
 
 fn build(
     row: &SqliteRow,
     first: usize,
-    headers: Headers,
-    attempts: u32,
-    created_at: std::time::SystemTime,
-) -> Result<Message> {
-    Ok(Message::from(MessageParts {
-        id: MessageId::from_uuid(uuid_at(row, first)?),
-        destination: get(row, first + 1)?,
-        partition_key: get(row, first + 2)?,
-        payload: get(row, first + 3)?,
-        content_type: get(row, first + 4)?,
-        headers,
-        created_at,
-        attempts,
-        last_error: get(row, first + 8)?,
-    }))
+    parts: Parts,
+    text: Text,
+) -> Result<std::result::Result<Message, String>> {
+    let destination = text.at(row, first + 1, "destination")?;
+    let partition_key = text.at(row, first + 2, "partition_key")?;
+    let content_type = text.at(row, first + 4, "content_type")?;
+    let last_error = text.at(row, first + 8, "last_error")?;
+    let build = || -> std::result::Result<Message, String> {
+        Ok(Message::from(MessageParts {
+            id: MessageId::from_uuid(uuid_at(row, first).map_err(|e| e.to_string())?),
+            destination: destination?.unwrap_or_default(),
+            partition_key: partition_key?,
+            payload: get(row, first + 3).map_err(|e| e.to_string())?,
+            content_type: content_type?,
+            headers: parts.headers,
+            created_at: parts.created_at,
+            attempts: parts.attempts,
+            last_error: last_error?,
+        }))
+    };
+    Ok(build())
 }
 
 /// Dead letters are listed even when their content does not decode (that is often why
-/// they are dead): such a row is listed with the headers that are strings, attempts
-/// out of range as 0 and times out of range at the Unix epoch, and its `last_error`
-/// says what was wrong.
+/// they are dead): such a row is listed with the headers that are strings, text that
+/// is not UTF-8 converted lossily, attempts out of range as 0 and times out of range
+/// at the Unix epoch, and its `last_error` says what was wrong.
 pub(crate) fn decode_dead_letter(row: &SqliteRow) -> Result<DeadLetter> {
-    let headers: String = get(row, 5)?;
+    let headers = Text::Lossy
+        .at(row, 5, "headers")?
+        .unwrap_or_default()
+        .unwrap_or_default();
     let headers = serde_json::from_str(&headers)
         .map(Headers::from_json_lossy)
         .unwrap_or_default();
@@ -145,12 +198,12 @@ pub(crate) fn decode_dead_letter(row: &SqliteRow) -> Result<DeadLetter> {
     let created: i64 = get(row, 6)?;
     let dead: i64 = get(row, 9)?;
     let time = |us: i64| from_us(us).unwrap_or(std::time::UNIX_EPOCH);
-    let message = build(
-        row,
-        0,
+    let parts = Parts {
         headers,
-        u32::try_from(attempts).unwrap_or(0),
-        time(created),
-    )?;
+        attempts: u32::try_from(attempts).unwrap_or(0),
+        created_at: time(created),
+    };
+    let message = build(row, 0, parts, Text::Lossy)?
+        .map_err(|reason| Error::new(ErrorKind::Decode, reason))?;
     Ok(DeadLetter::new(message, time(dead)))
 }

@@ -126,7 +126,8 @@ pub(crate) fn ddl(name: &TableName, objects: &str) -> String {
     // is safe; `install` binds it instead.
     format!(
         "{prelude}{objects}INSERT INTO {VERSION_TABLE} (table_name, version, installed_at) \
-         VALUES ('{table}', {SCHEMA_VERSION}, CAST(unixepoch('subsec') * 1000000 AS INTEGER)) \
+         VALUES ('{table}', {SCHEMA_VERSION}, \
+         CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER)) \
          ON CONFLICT (table_name) DO NOTHING;\n",
         prelude = prelude(),
         table = name.as_str(),

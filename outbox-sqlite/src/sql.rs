@@ -16,15 +16,18 @@
 //! - **Admin** statements on dead letters read the `<table>_dead` index.
 
 use outbox_core::store::MAX_ATTEMPTS;
-use outbox_core::{KeyOrder, Retention};
+use outbox_core::{DeadLetterOrder, KeyOrder, Retention};
 
 use crate::config::SqliteOutboxConfig;
 use crate::ident::TableName;
 use crate::schema::UNDELIVERED;
 
 /// The columns a claim returns, in the order [`crate::row`] reads them.
-pub(crate) const CLAIMED_COLUMNS: &str = "seq, id, destination, partition_key, payload, \
-     content_type, headers, created_at, attempts, last_error, available_at";
+/// Text columns are read as bytes (see `row.rs`): a `TEXT` column can hold bytes that
+/// are not UTF-8.
+pub(crate) const CLAIMED_COLUMNS: &str = "seq, id, CAST(destination AS BLOB), \
+     CAST(partition_key AS BLOB), payload, CAST(content_type AS BLOB), \
+     CAST(headers AS BLOB), created_at, attempts, CAST(last_error AS BLOB), available_at";
 
 /// Prebuilt statement text.
 #[derive(Debug)]

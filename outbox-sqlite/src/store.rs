@@ -12,8 +12,8 @@ use sqlx::{SqliteConnection, SqlitePool};
 use outbox_core::message::MAX_DELAY;
 use outbox_core::store::{bounded_error, check_enqueue};
 use outbox_core::{
-    ClaimIds, ClaimRequest, ClaimedMessage, Disposition, Error, Failure, Lease, LeaseToken,
-    MessageId, NewMessage, OutboxStore, Result, Settled, StoreCapabilities,
+    ClaimIds, ClaimRequest, ClaimedMessage, Disposition, Error, ErrorKind, Failure, Lease,
+    LeaseToken, MessageId, NewMessage, OutboxStore, Result, Settled, StoreCapabilities,
 };
 
 use crate::config::SqliteOutboxConfig;
@@ -159,16 +159,21 @@ impl SqliteOutbox {
     ///   [`MessageLimits`](outbox_core::MessageLimits) first; one bad message, or an id
     ///   given twice, rejects the batch before anything is sent.
     /// - The batch is inserted in slice order (so per-key order follows the slice) in
-    ///   one statement per thousand messages, inside a savepoint: if any id is already
+    ///   one statement per thousand messages, inside a savepoint of your transaction (a
+    ///   transaction of its own on a connection outside one): if any id is already
     ///   stored, or a statement fails, the savepoint is rolled back and the batch
-    ///   writes nothing, **without** ending your transaction.
+    ///   writes nothing, **without** ending your transaction. Begin your transaction
+    ///   through sqlx (`pool.begin_with(..)`, `Connection::begin`), which tracks the
+    ///   nesting; a `BEGIN` sent as plain SQL is not seen, and the enqueue fails.
     /// - `created_at` is the time of this call (host clock), and each message is due
     ///   `delay` after it.
     /// - Start write transactions with `pool.begin_with("BEGIN IMMEDIATE")`. A plain
-    ///   `BEGIN` starts as a reader; if another connection commits a write before
-    ///   yours writes, SQLite refuses yours (`SQLITE_BUSY_SNAPSHOT`, reported as a
-    ///   retryable [`ErrorKind::Contention`](outbox_core::ErrorKind::Contention)) and
-    ///   the whole transaction must be retried.
+    ///   `BEGIN` starts as a reader, and once it has read, SQLite refuses to make it a
+    ///   writer at once, without waiting out the busy timeout, when another connection
+    ///   holds the write lock (`SQLITE_BUSY`) or has committed since the read
+    ///   (`SQLITE_BUSY_SNAPSHOT`); both are reported as a retryable
+    ///   [`ErrorKind::Contention`](outbox_core::ErrorKind::Contention), and the whole
+    ///   transaction must be retried.
     ///
     /// ```no_run
     /// # async fn demo(outbox: outbox_sqlite::SqliteOutbox, relay: outbox_core::Relay) -> outbox_core::Result<()> {
@@ -189,9 +194,10 @@ impl SqliteOutbox {
     ///   an id given twice in the batch. Nothing was sent.
     /// - [`ErrorKind::Conflict`](outbox_core::ErrorKind::Conflict) naming the ids
     ///   already stored. Nothing was written; the transaction is usable.
-    /// - Mapped driver errors otherwise. Nothing of the batch was written; some errors
-    ///   (disk full, I/O) make SQLite roll back the whole transaction, so roll back and
-    ///   retry.
+    /// - Mapped driver errors otherwise; nothing of the batch was written. When the
+    ///   error made SQLite roll back your whole transaction (a full disk, an I/O error),
+    ///   [`ErrorKind::Storage`](outbox_core::ErrorKind::Storage) says so, with the cause
+    ///   as its source: begin again.
     pub async fn enqueue(
         &self,
         conn: &mut SqliteConnection,
@@ -205,16 +211,31 @@ impl SqliteOutbox {
             .iter()
             .map(|m| micros("delay", m.delay()))
             .collect::<Result<Vec<_>>>()?;
-        savepoint(conn, "SAVEPOINT outbox_enqueue").await?;
-        match self.insert(conn, messages, &delays).await {
-            Ok(stored) if stored.is_empty() => savepoint(conn, "RELEASE outbox_enqueue").await,
-            outcome => {
-                // Best effort: some errors already rolled the whole transaction back,
-                // and the savepoint with it.
-                let _ = savepoint(conn, "ROLLBACK TO outbox_enqueue").await;
-                let _ = savepoint(conn, "RELEASE outbox_enqueue").await;
-                Err(Error::already_stored(outcome?))
+        // A savepoint inside the caller's transaction, or a transaction of its own on a
+        // bare connection; dropped unfinished (the caller's future cancelled), sqlx rolls
+        // it back before the connection is used again.
+        let mut batch = sqlx::Connection::begin(&mut *conn)
+            .await
+            .map_err(|e| from_sqlx("enqueue", e))?;
+        let outcome = self.insert(&mut batch, messages, &delays).await;
+        match outcome {
+            Ok(stored) if stored.is_empty() => {
+                batch.commit().await.map_err(|e| from_sqlx("enqueue", e))
             }
+            outcome => match batch.rollback().await {
+                Ok(()) => Err(match outcome {
+                    Ok(stored) => Error::already_stored(stored),
+                    Err(err) => err,
+                }),
+                // Errors such as a full disk make SQLite roll back the whole transaction,
+                // the savepoint with it; the caller must know the transaction is gone.
+                Err(e) => Err(Error::new(
+                    ErrorKind::Storage,
+                    "enqueue failed and SQLite rolled back the whole transaction: begin \
+                     it again",
+                )
+                .with_source(outcome.err().unwrap_or_else(|| from_sqlx("enqueue", e)))),
+            },
         }
     }
 
@@ -397,14 +418,6 @@ fn insert_sql(t: &TableName, n: usize) -> String {
          created_at, available_at) VALUES {} ON CONFLICT (id) DO NOTHING RETURNING id",
         rows.join(", ")
     )
-}
-
-async fn savepoint(conn: &mut SqliteConnection, sql: &'static str) -> Result<()> {
-    sqlx::query(sql)
-        .execute(&mut *conn)
-        .await
-        .map(|_| ())
-        .map_err(|e| from_sqlx(sql, e))
 }
 
 /// A lease as `[id, token]` in hex, the form the settle statements read.

@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod cancel;
 mod enqueue;
 mod plans;
 mod poison;

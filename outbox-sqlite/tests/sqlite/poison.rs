@@ -104,3 +104,38 @@ async fn strict_tables_refuse_values_of_the_wrong_type() {
         .unwrap();
     assert!(claimed.is_empty());
 }
+
+#[tokio::test]
+async fn text_that_is_not_utf8_is_dead_lettered_and_still_listed() {
+    let db = common::TempDb::new().await;
+    let outbox = crate::outbox(&db).await;
+    let good = msg(1);
+    enqueue(&outbox, std::slice::from_ref(&good)).await;
+    // A TEXT column, even in a STRICT table, takes bytes that are not UTF-8.
+    let bad_destination = plant(&outbox, "destination = CAST(x'ff' AS TEXT)").await;
+    let bad_headers = plant(&outbox, "headers = CAST(x'7b22ff223a2278227d' AS TEXT)").await;
+    let claimed = outbox
+        .claim(ClaimRequest::new(10, LONG).unwrap())
+        .await
+        .unwrap();
+    let ids: Vec<MessageId> = claimed.iter().map(|c| c.message.id).collect();
+    assert_eq!(ids, [good.id()], "the bad rows do not stop the claim");
+
+    let page = DeadLetterPage::new(DeadLetterFilter::default(), 10).unwrap();
+    let dead = outbox.dead_letters(&page).await.unwrap();
+    let reason = |id: MessageId| {
+        let letter = dead.iter().find(|d| d.message.id == id).unwrap();
+        letter.message.last_error.clone().unwrap_or_default()
+    };
+    assert!(
+        reason(bad_destination).contains("destination is not UTF-8"),
+        "{}",
+        reason(bad_destination)
+    );
+    assert!(reason(bad_headers).contains("headers is not UTF-8"));
+    let listed = dead
+        .iter()
+        .find(|d| d.message.id == bad_destination)
+        .unwrap();
+    assert_eq!(listed.message.destination, "\u{fffd}", "listed lossily");
+}
