@@ -1,7 +1,10 @@
 //! Installing: idempotent, versioned, and equivalent to applying `ddl()` by hand.
 
 use outbox_core::{ClaimRequest, ErrorKind, OutboxStore};
-use outbox_sqlite::{SqliteDedupConfig, SqliteDedupStore, SqliteOutbox, SqliteOutboxConfig};
+use outbox_sqlite::{
+    SqliteDedupConfig, SqliteDedupStore, SqliteEntityConfig, SqliteEntityStore, SqliteLock,
+    SqliteLockConfig, SqliteOutbox, SqliteOutboxConfig,
+};
 use sqlx::Executor;
 
 use crate::{common, enqueue, msg, LONG};
