@@ -24,9 +24,14 @@ async fn a_held_lock_is_renewed_and_a_lapsed_one_taken_over() {
     let name = LockName::new("renewed").unwrap();
     let guard = locks.try_lock(&name).await.unwrap().expect("free");
     let first = expiry(&db, &name).await.expect("a row while held");
-    // Renewal comes a third of the lease (5 s) after taking the lock.
+    // Renewals come every third of the lease (5 s), again and again.
     wait_until("the holder renews its lease", || async {
         expiry(&db, &name).await.is_some_and(|e| e > first)
+    })
+    .await;
+    let second = expiry(&db, &name).await.unwrap();
+    wait_until("the holder renews its lease a second time", || async {
+        expiry(&db, &name).await.is_some_and(|e| e > second)
     })
     .await;
     assert!(locks.try_lock(&name).await.unwrap().is_none(), "still held");
