@@ -66,23 +66,31 @@ impl DeadLetter {
     }
 }
 
-/// Which dead letters an operation applies to. The default matches every one.
+/// Which dead letters an operation applies to. The default matches every one; each
+/// condition set narrows it (all must hold).
 ///
 /// ```
 /// use std::time::Duration;
-/// use outbox_core::DeadLetterFilter;
+/// use outbox_core::{DeadLetterFilter, MessageId};
 ///
 /// // Dead letters for one destination that died more than an hour ago.
 /// let filter = DeadLetterFilter::default()
 ///     .with_destination("orders.created")?
 ///     .with_dead_for(Duration::from_secs(3600));
 /// assert_eq!(filter.destination(), Some("orders.created"));
+///
+/// // One dead letter, by id (say, to show it).
+/// let id = MessageId::new();
+/// let one = DeadLetterFilter::default().with_ids([id])?;
+/// assert_eq!(one.ids(), Some(&[id][..]));
 /// # Ok::<(), outbox_core::Error>(())
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeadLetterFilter {
     destination: Option<String>,
     dead_for: Option<Duration>,
+    /// Sorted, without repeats.
+    ids: Option<Vec<MessageId>>,
 }
 
 impl DeadLetterFilter {
@@ -106,6 +114,27 @@ impl DeadLetterFilter {
         self
     }
 
+    /// Only dead letters with one of these ids: at most [`MAX_ADMIN_BATCH`] distinct
+    /// ids (repeats are dropped). An empty list matches no dead letter. Ids that are
+    /// not dead letters match nothing, so listing by ids tells which of them are.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for more than
+    /// [`MAX_ADMIN_BATCH`] distinct ids.
+    pub fn with_ids(mut self, ids: impl IntoIterator<Item = MessageId>) -> Result<Self> {
+        let mut ids: Vec<MessageId> = ids.into_iter().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.len() > MAX_ADMIN_BATCH {
+            return Err(Error::invalid_input(format!(
+                "{} ids exceed the limit of {MAX_ADMIN_BATCH}",
+                ids.len()
+            )));
+        }
+        self.ids = Some(ids);
+        Ok(self)
+    }
+
     /// The destination matched, if any.
     pub fn destination(&self) -> Option<&str> {
         self.destination.as_deref()
@@ -114,6 +143,11 @@ impl DeadLetterFilter {
     /// The least age matched, if any.
     pub fn dead_for(&self) -> Option<Duration> {
         self.dead_for
+    }
+
+    /// The ids matched, ascending and without repeats, if the filter is by ids.
+    pub fn ids(&self) -> Option<&[MessageId]> {
+        self.ids.as_deref()
     }
 
     /// Whether a dead letter matches, by `now` of the storage's clock (for backends that
@@ -126,16 +160,48 @@ impl DeadLetterFilter {
                 now.duration_since(letter.dead_at)
                     .is_ok_and(|dead_for| dead_for >= age)
             })
+            && self
+                .ids
+                .as_deref()
+                .is_none_or(|ids| ids.binary_search(&letter.message.id).is_ok())
     }
 }
 
-/// A page of dead letters: those matching `filter`, in id order, after `after`, at most
-/// `limit` (1 to [`MAX_ADMIN_BATCH`]).
+/// The order of a [`DeadLetterPage`]: by message id, the order paging follows.
+///
+/// Ids made by [`MessageId::new`] are UUIDv7, which sort by creation time (to the
+/// millisecond), so for them ascending is oldest message first. That is the order
+/// the messages were **enqueued** in, not the order they died in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum DeadLetterOrder {
+    /// Lowest id first (the default): the oldest message first for UUIDv7 ids.
+    #[default]
+    Ascending,
+    /// Highest id first: the newest message first for UUIDv7 ids.
+    Descending,
+}
+
+/// A page of dead letters: those matching `filter`, in id order (ascending unless
+/// [`with_order`](Self::with_order) says otherwise), after `after` in that order, at
+/// most `limit` (1 to [`MAX_ADMIN_BATCH`]).
+///
+/// ```
+/// use outbox_core::{DeadLetterFilter, DeadLetterOrder, DeadLetterPage, MessageId};
+///
+/// // The 20 newest dead letters, then the 20 before them.
+/// let first = DeadLetterPage::new(DeadLetterFilter::default(), 20)?
+///     .with_order(DeadLetterOrder::Descending);
+/// # let last_of_first = MessageId::new();
+/// let next = first.clone().after(last_of_first);
+/// assert_eq!(next.order(), DeadLetterOrder::Descending);
+/// # Ok::<(), outbox_core::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetterPage {
     filter: DeadLetterFilter,
     after: Option<MessageId>,
     limit: usize,
+    order: DeadLetterOrder,
 }
 
 impl DeadLetterPage {
@@ -150,13 +216,22 @@ impl DeadLetterPage {
             filter,
             after: None,
             limit,
+            order: DeadLetterOrder::Ascending,
         })
     }
 
-    /// Start after this id (the last one of the previous page).
+    /// Start after this id in the page's order (the last one of the previous page):
+    /// above it when ascending, below it when descending.
     #[must_use]
     pub fn after(mut self, id: MessageId) -> Self {
         self.after = Some(id);
+        self
+    }
+
+    /// List in this order (default [`DeadLetterOrder::Ascending`]).
+    #[must_use]
+    pub fn with_order(mut self, order: DeadLetterOrder) -> Self {
+        self.order = order;
         self
     }
 
@@ -174,6 +249,21 @@ impl DeadLetterPage {
     pub fn limit(&self) -> usize {
         self.limit
     }
+
+    /// The order of the page.
+    pub fn order(&self) -> DeadLetterOrder {
+        self.order
+    }
+
+    /// Whether `id` lies past [`after_id`](Self::after_id) in the page's order (always,
+    /// on a first page): for backends that page in process, and as the reference.
+    pub fn is_past_cursor(&self, id: MessageId) -> bool {
+        match (self.after, self.order) {
+            (None, _) => true,
+            (Some(after), DeadLetterOrder::Ascending) => id > after,
+            (Some(after), DeadLetterOrder::Descending) => id < after,
+        }
+    }
 }
 
 /// The dead letters a requeue or discard applies to.
@@ -183,7 +273,7 @@ pub enum DeadLetterSelection {
     /// [`MAX_ADMIN_BATCH`].
     Ids(Vec<MessageId>),
     /// Up to `limit` (1 to [`MAX_ADMIN_BATCH`]) dead letters matching the filter,
-    /// oldest id first.
+    /// lowest id first.
     Matching {
         /// Which dead letters.
         filter: DeadLetterFilter,
@@ -229,9 +319,14 @@ fn check_batch(what: &str, limit: usize) -> Result<()> {
 ///   later), in flight (a live lease), dead, dispatched (kept history), and the age of
 ///   the oldest undelivered message.
 /// - [`dead_letters`](Self::dead_letters) lists dead letters matching the page's
-///   filter in id order after [`DeadLetterPage::after_id`]; a row whose content does
-///   not decode is still listed (with what does decode), since that is often why it
-///   died.
+///   filter ([`DeadLetterFilter::matches`]) in the page's id order
+///   ([`DeadLetterPage::order`]), past [`DeadLetterPage::after_id`] in that order
+///   ([`DeadLetterPage::is_past_cursor`]), at most [`DeadLetterPage::limit`]; a row
+///   whose content does not decode is still listed (with what does decode), since
+///   that is often why it died.
+/// - [`count_dead`](Self::count_dead) counts the dead letters a filter matches,
+///   exactly, as of one moment: as many as paging through them with that filter would
+///   list if nothing changed meanwhile.
 /// - [`requeue_dead`](Self::requeue_dead) makes the selected dead letters due at once
 ///   with their attempt count reset to 0; [`discard_dead`](Self::discard_dead) deletes
 ///   them. Both touch dead letters only and return how many they changed.
@@ -239,8 +334,12 @@ fn check_batch(what: &str, limit: usize) -> Result<()> {
 ///   [`MAX_ADMIN_BATCH`]) dispatched messages completed more than `older_than` ago
 ///   (strictly), never pending, in-flight or dead ones; it returns 0 under
 ///   [`Retention::Delete`](crate::Retention::Delete).
-/// - Each call is bounded by its limit ([`MAX_ADMIN_BATCH`] at most), so no call holds
-///   locks on a large part of the table.
+///   [`count_dispatched`](Self::count_dispatched) counts, exactly and as of one moment,
+///   the messages those purges would delete in all (0 under `Retention::Delete`), and
+///   changes nothing: a dry run.
+/// - Each call that returns or changes rows is bounded by its limit
+///   ([`MAX_ADMIN_BATCH`] at most), so no call holds locks on a large part of the
+///   table. Counts lock nothing, but read every row they count.
 #[async_trait]
 pub trait OutboxAdmin: Send + Sync + fmt::Debug {
     /// Exact counts.
@@ -248,6 +347,9 @@ pub trait OutboxAdmin: Send + Sync + fmt::Debug {
 
     /// A page of dead letters.
     async fn dead_letters(&self, page: &DeadLetterPage) -> Result<Vec<DeadLetter>>;
+
+    /// How many dead letters match `filter`.
+    async fn count_dead(&self, filter: &DeadLetterFilter) -> Result<u64>;
 
     /// Make dead letters due again with their attempt count reset; returns how many.
     async fn requeue_dead(&self, selection: &DeadLetterSelection) -> Result<u64>;
@@ -258,6 +360,11 @@ pub trait OutboxAdmin: Send + Sync + fmt::Debug {
     /// Delete up to `limit` dispatched messages completed more than `older_than` ago;
     /// returns how many.
     async fn purge_dispatched(&self, older_than: Duration, limit: usize) -> Result<u64>;
+
+    /// How many dispatched messages completed more than `older_than` ago are kept:
+    /// what [`purge_dispatched`](Self::purge_dispatched) with that age would delete
+    /// over all its batches. Changes nothing.
+    async fn count_dispatched(&self, older_than: Duration) -> Result<u64>;
 }
 
 /// `Arc<A>` is an admin when `A` is.
@@ -269,6 +376,9 @@ impl<A: OutboxAdmin + ?Sized> OutboxAdmin for std::sync::Arc<A> {
     async fn dead_letters(&self, page: &DeadLetterPage) -> Result<Vec<DeadLetter>> {
         (**self).dead_letters(page).await
     }
+    async fn count_dead(&self, filter: &DeadLetterFilter) -> Result<u64> {
+        (**self).count_dead(filter).await
+    }
     async fn requeue_dead(&self, selection: &DeadLetterSelection) -> Result<u64> {
         (**self).requeue_dead(selection).await
     }
@@ -277,6 +387,9 @@ impl<A: OutboxAdmin + ?Sized> OutboxAdmin for std::sync::Arc<A> {
     }
     async fn purge_dispatched(&self, older_than: Duration, limit: usize) -> Result<u64> {
         (**self).purge_dispatched(older_than, limit).await
+    }
+    async fn count_dispatched(&self, older_than: Duration) -> Result<u64> {
+        (**self).count_dispatched(older_than).await
     }
 }
 
@@ -322,6 +435,45 @@ mod tests {
         assert!(exactly.matches(&old, now), "the age bound is inclusive");
         let future = letter("a", now + hour);
         assert!(!exactly.matches(&future, now));
+    }
+
+    #[test]
+    fn id_filters_match_listed_ids_only() {
+        let now = SystemTime::now();
+        let (a, b) = (letter("a", now), letter("a", now));
+        let only_a = DeadLetterFilter::default()
+            .with_ids([a.message.id, a.message.id])
+            .unwrap();
+        assert_eq!(only_a.ids(), Some(&[a.message.id][..]), "repeats dropped");
+        assert!(only_a.matches(&a, now));
+        assert!(!only_a.matches(&b, now));
+        let none = DeadLetterFilter::default().with_ids([]).unwrap();
+        assert!(!none.matches(&a, now), "an empty id list matches nothing");
+        let both = DeadLetterFilter::default()
+            .with_ids([b.message.id, a.message.id])
+            .unwrap();
+        assert!(both.ids().unwrap().is_sorted());
+        assert!(both.matches(&a, now) && both.matches(&b, now));
+        let other_destination = both.with_destination("b").unwrap();
+        assert!(!other_destination.matches(&a, now), "conditions combine");
+        let too_many = (0..=MAX_ADMIN_BATCH).map(|_| MessageId::new());
+        let err = DeadLetterFilter::default().with_ids(too_many).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn pages_follow_their_order_past_the_cursor() {
+        let mut ids: Vec<MessageId> = (0..3).map(|_| MessageId::new()).collect();
+        ids.sort();
+        let page = DeadLetterPage::new(DeadLetterFilter::default(), 10).unwrap();
+        assert_eq!(page.order(), DeadLetterOrder::Ascending);
+        assert!(ids.iter().all(|id| page.is_past_cursor(*id)));
+        let up = page.clone().after(ids[1]);
+        assert!(!up.is_past_cursor(ids[0]) && !up.is_past_cursor(ids[1]));
+        assert!(up.is_past_cursor(ids[2]));
+        let down = up.with_order(DeadLetterOrder::Descending);
+        assert!(down.is_past_cursor(ids[0]));
+        assert!(!down.is_past_cursor(ids[1]) && !down.is_past_cursor(ids[2]));
     }
 
     #[test]

@@ -78,7 +78,8 @@ pub mod retry;
 pub mod store;
 
 pub use admin::{
-    DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterSelection, OutboxAdmin, OutboxStats,
+    DeadLetter, DeadLetterFilter, DeadLetterOrder, DeadLetterPage, DeadLetterSelection,
+    OutboxAdmin, OutboxStats,
 };
 pub use backoff::Backoff;
 pub use dedup::{Consistency, Dedup, DedupStore};

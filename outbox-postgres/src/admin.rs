@@ -64,11 +64,22 @@ impl PgOutbox {
 
 type Query<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
-/// Bind a filter as `$1` (destination or NULL) and `$2` (least age in µs or NULL).
+/// Bind a filter as `$1` (destination or NULL), `$2` (least age in µs or NULL) and `$3`
+/// (ids or NULL).
 fn bind_filter<'q>(query: Query<'q>, filter: &'q DeadLetterFilter) -> Query<'q> {
+    let ids: Option<Vec<Uuid>> = filter
+        .ids()
+        .map(|ids| ids.iter().map(MessageId::as_uuid).collect());
     query
         .bind(filter.destination())
         .bind(filter.dead_for().map(age_micros))
+        .bind(ids)
+}
+
+/// The `count` column of a `SELECT count(*)`, as `u64`.
+fn count(row: &sqlx::postgres::PgRow) -> Result<u64> {
+    let n: i64 = get(row, "count")?;
+    u64::try_from(n).map_err(|_| decode_error("negative count".to_owned()))
 }
 
 #[async_trait]
@@ -94,12 +105,11 @@ impl OutboxAdmin for PgOutbox {
     }
 
     async fn dead_letters(&self, page: &DeadLetterPage) -> Result<Vec<DeadLetter>> {
-        let sql = self.statements();
-        let query = match page.after_id() {
-            None => sqlx::query(&sql.dead_letters),
-            Some(_) => sqlx::query(&sql.dead_letters_after),
-        };
-        let mut query = bind_filter(query, page.filter()).bind(limit_param(page.limit()));
+        let sql = self
+            .statements()
+            .dead_letters(page.order(), page.after_id().is_some());
+        let mut query =
+            bind_filter(sqlx::query(sql), page.filter()).bind(limit_param(page.limit()));
         if let Some(after) = page.after_id() {
             query = query.bind(after.as_uuid());
         }
@@ -108,6 +118,14 @@ impl OutboxAdmin for PgOutbox {
             .await
             .map_err(|e| from_sqlx("list dead letters", e))?;
         rows.iter().map(decode_dead_letter).collect()
+    }
+
+    async fn count_dead(&self, filter: &DeadLetterFilter) -> Result<u64> {
+        let row = bind_filter(sqlx::query(&self.statements().count_dead), filter)
+            .fetch_one(self.pool())
+            .await
+            .map_err(|e| from_sqlx("count dead letters", e))?;
+        count(&row)
     }
 
     async fn requeue_dead(&self, selection: &DeadLetterSelection) -> Result<u64> {
@@ -131,5 +149,17 @@ impl OutboxAdmin for PgOutbox {
             .await
             .map_err(|e| from_sqlx("purge dispatched", e))?;
         Ok(done.rows_affected())
+    }
+
+    async fn count_dispatched(&self, older_than: Duration) -> Result<u64> {
+        if self.config().retention() == Retention::Delete {
+            return Ok(0);
+        }
+        let row = sqlx::query(&self.statements().count_dispatched)
+            .bind(age_micros(older_than))
+            .fetch_one(self.pool())
+            .await
+            .map_err(|e| from_sqlx("count dispatched", e))?;
+        count(&row)
     }
 }

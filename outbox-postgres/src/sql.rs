@@ -35,7 +35,7 @@
 use std::time::Duration;
 
 use outbox_core::store::MAX_ATTEMPTS;
-use outbox_core::{Error, KeyOrder, Result, Retention};
+use outbox_core::{DeadLetterOrder, Error, KeyOrder, Result, Retention};
 
 use crate::config::PgOutboxConfig;
 use crate::ident::QualifiedName;
@@ -94,25 +94,34 @@ pub(crate) struct Statements {
     pub(crate) fail: String,
     /// `$1` ids, `$2` tokens.
     pub(crate) release: String,
-    /// `$1` destination or NULL, `$2` least age µs or NULL, `$3` limit.
-    pub(crate) dead_letters: String,
-    /// As `dead_letters`, plus `$4` the id to start after.
-    pub(crate) dead_letters_after: String,
+    /// Pages of dead letters, by order and cursor: see [`Statements::dead_letters`].
+    dead_letter_pages: [String; 4],
+    /// `$1..$3` the filter ([`dead_filter`]).
+    pub(crate) count_dead: String,
     /// `$1` ids.
     pub(crate) requeue_ids: String,
-    /// `$1` destination or NULL, `$2` least age µs or NULL, `$3` limit.
+    /// `$1..$3` the filter, `$4` limit.
     pub(crate) requeue_matching: String,
     /// `$1` ids.
     pub(crate) discard_ids: String,
-    /// `$1` destination or NULL, `$2` least age µs or NULL, `$3` limit.
+    /// `$1..$3` the filter, `$4` limit.
     pub(crate) discard_matching: String,
     /// `$1` age µs, `$2` limit.
     pub(crate) purge_dispatched: String,
+    /// `$1` age µs: how many rows `purge_dispatched` would delete in all.
+    pub(crate) count_dispatched: String,
     /// No parameters.
     pub(crate) stats: String,
 }
 
 impl Statements {
+    /// A page of dead letters in `order`: `$1..$3` the filter ([`dead_filter`]), `$4`
+    /// limit, and with `after`, `$5` the id the page starts after.
+    pub(crate) fn dead_letters(&self, order: DeadLetterOrder, after: bool) -> &str {
+        let descending = order == DeadLetterOrder::Descending;
+        &self.dead_letter_pages[usize::from(descending) * 2 + usize::from(after)]
+    }
+
     pub(crate) fn new(t: &QualifiedName, config: &PgOutboxConfig) -> Self {
         let per_key = config.ordering() == KeyOrder::PerKey;
         let settle = |set: &str, from: &str| {
@@ -165,8 +174,16 @@ impl Statements {
                  attempts = greatest(m.attempts - 1, 0)",
                 leases,
             ),
-            dead_letters: dead_letters(t, false),
-            dead_letters_after: dead_letters(t, true),
+            dead_letter_pages: [
+                dead_letters(t, DeadLetterOrder::Ascending, false),
+                dead_letters(t, DeadLetterOrder::Ascending, true),
+                dead_letters(t, DeadLetterOrder::Descending, false),
+                dead_letters(t, DeadLetterOrder::Descending, true),
+            ],
+            count_dead: format!(
+                "SELECT count(*) FROM {t} WHERE dead_at IS NOT NULL AND {filter}",
+                filter = dead_filter(),
+            ),
             requeue_ids: format!(
                 "UPDATE {t} SET {requeue} WHERE id = ANY($1::uuid[]) AND dead_at IS NOT NULL"
             ),
@@ -180,9 +197,13 @@ impl Statements {
             discard_matching: format!("DELETE FROM {t} WHERE id IN ({})", matching_dead(t)),
             purge_dispatched: format!(
                 "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} \
-                 WHERE dispatched_at IS NOT NULL AND dispatched_at < {cutoff} \
+                 WHERE {purgeable} \
                  ORDER BY dispatched_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
-                cutoff = cutoff("$1"),
+                purgeable = purgeable("$1"),
+            ),
+            count_dispatched: format!(
+                "SELECT count(*) FROM {t} WHERE {purgeable}",
+                purgeable = purgeable("$1"),
             ),
             stats: format!(
                 "SELECT \
@@ -257,36 +278,50 @@ fn checked_time(column: &str, alias: &str) -> String {
     )
 }
 
-/// Dead letters matching the filter parameters (`$1` destination, `$2` least age),
-/// oldest id first, at most `$3`, skipping rows locked elsewhere.
+/// Dead letters matching the filter parameters ([`dead_filter`]), lowest id first, at
+/// most `$4`, skipping rows locked elsewhere.
 fn matching_dead(t: &QualifiedName) -> String {
     format!(
         "SELECT id FROM {t} WHERE dead_at IS NOT NULL AND {filter} \
-         ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED",
+         ORDER BY id LIMIT $4 FOR UPDATE SKIP LOCKED",
         filter = dead_filter(),
     )
 }
 
-/// The dead-letter filter on `$1` (destination or NULL) and `$2` (least age µs or NULL).
+/// Dispatched rows completed more than `param` microseconds ago: what a purge deletes.
+fn purgeable(param: &str) -> String {
+    format!(
+        "dispatched_at IS NOT NULL AND dispatched_at < {}",
+        cutoff(param)
+    )
+}
+
+/// The dead-letter filter on `$1` (destination or NULL), `$2` (least age µs or NULL)
+/// and `$3` (ids or NULL).
 fn dead_filter() -> String {
     format!(
         "($1::text IS NULL OR destination = $1) \
-         AND ($2::bigint IS NULL OR dead_at <= {})",
+         AND ($2::bigint IS NULL OR dead_at <= {}) \
+         AND ($3::uuid[] IS NULL OR id = ANY($3::uuid[]))",
         cutoff("$2")
     )
 }
 
-/// A page of dead letters; `after` adds `$4`, the id the page starts after.
-fn dead_letters(t: &QualifiedName, after: bool) -> String {
+/// A page of dead letters in `order`; `after` adds `$5`, the id the page starts after.
+fn dead_letters(t: &QualifiedName, order: DeadLetterOrder, after: bool) -> String {
+    let (past, direction) = match order {
+        DeadLetterOrder::Ascending => ("AND id > $5", ""),
+        DeadLetterOrder::Descending => ("AND id < $5", " DESC"),
+    };
     format!(
         "SELECT id, destination, partition_key, payload, content_type, headers, \
              {created}, attempts, last_error, {dead} \
          FROM {t} WHERE dead_at IS NOT NULL AND {filter} {after} \
-         ORDER BY id LIMIT $3",
+         ORDER BY id{direction} LIMIT $4",
         created = checked_time("created_at", "created_at"),
         dead = checked_time("dead_at", "dead_at"),
         filter = dead_filter(),
-        after = if after { "AND id > $4" } else { "" },
+        after = if after { past } else { "" },
     )
 }
 
@@ -548,7 +583,7 @@ mod tests {
         );
         for sql in [&s.requeue_matching, &s.discard_matching] {
             assert!(
-                sql.contains("ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED"),
+                sql.contains("ORDER BY id LIMIT $4 FOR UPDATE SKIP LOCKED"),
                 "{sql}"
             );
             assert!(sql.contains("dead_at IS NOT NULL"), "{sql}");
@@ -559,7 +594,35 @@ mod tests {
                 "ids touch dead letters only: {sql}"
             );
         }
-        assert!(s.dead_letters_after.contains("AND id > $4"));
-        assert!(!s.dead_letters.contains("$4"));
+        let purgeable = purgeable("$1");
+        assert!(s.purge_dispatched.contains(&purgeable));
+        assert!(
+            s.count_dispatched.ends_with(&format!("WHERE {purgeable}")),
+            "the dry run counts what the purge deletes: {}",
+            s.count_dispatched
+        );
+    }
+
+    #[test]
+    fn dead_letter_pages_follow_their_order_and_cursor() {
+        use DeadLetterOrder::{Ascending, Descending};
+        let s = statements(&config());
+        let page = |order, after| s.dead_letters(order, after).to_owned();
+        assert!(page(Ascending, false).ends_with("ORDER BY id LIMIT $4"));
+        assert!(!page(Ascending, false).contains("$5"));
+        assert!(page(Ascending, true).contains("AND id > $5"));
+        assert!(page(Descending, false).ends_with("ORDER BY id DESC LIMIT $4"));
+        assert!(!page(Descending, false).contains("$5"));
+        assert!(page(Descending, true).contains("AND id < $5"));
+        for sql in [
+            page(Ascending, true),
+            s.count_dead.clone(),
+            s.requeue_matching.clone(),
+        ] {
+            assert!(
+                sql.contains("AND ($3::uuid[] IS NULL OR id = ANY($3::uuid[]))"),
+                "every filter takes the ids: {sql}"
+            );
+        }
     }
 }

@@ -7,8 +7,8 @@ use serde_json::json;
 
 use outbox_core::admin::MAX_ADMIN_BATCH;
 use outbox_core::{
-    DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterSelection, Error, ErrorKind,
-    OutboxAdmin, OutboxStats, Result, Retention,
+    DeadLetter, DeadLetterFilter, DeadLetterOrder, DeadLetterPage, DeadLetterSelection, Error,
+    ErrorKind, MessageId, OutboxAdmin, OutboxStats, Result, Retention,
 };
 
 use crate::error::from_sqlx;
@@ -25,11 +25,28 @@ enum Change {
 
 type Query<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>;
 
-/// Bind a filter as `?1` (destination or NULL) and `?2` (dead-at cutoff or NULL).
+/// Bind a filter as `?1` (destination or NULL), `?2` (dead-at cutoff or NULL) and `?3`
+/// (ids as a JSON array of hex strings, or NULL).
 fn bind_filter<'q>(query: Query<'q>, filter: &'q DeadLetterFilter, now: i64) -> Query<'q> {
     query
         .bind(filter.destination())
         .bind(filter.dead_for().map(|age| cutoff(now, age)))
+        .bind(filter.ids().map(hex_ids))
+}
+
+/// Ids as the JSON array of hex strings the statements read with `json_each`.
+fn hex_ids(ids: &[MessageId]) -> String {
+    let hex: Vec<String> = ids
+        .iter()
+        .map(|id| id.as_uuid().simple().to_string())
+        .collect();
+    json!(hex).to_string()
+}
+
+/// The only column of a `SELECT count(*)`, as `u64`.
+fn count(row: &sqlx::sqlite::SqliteRow, what: &str) -> Result<u64> {
+    let n: i64 = get(row, 0)?;
+    u64::try_from(n).map_err(|_| Error::new(ErrorKind::Decode, format!("negative {what} count")))
 }
 
 /// `now` minus `age`, stopping at the smallest time rather than overflowing.
@@ -58,11 +75,7 @@ impl SqliteOutbox {
         let query = match selection {
             DeadLetterSelection::Ids(ids) if ids.is_empty() => return Ok(0),
             DeadLetterSelection::Ids(ids) => {
-                let hex: Vec<String> = ids
-                    .iter()
-                    .map(|id| id.as_uuid().simple().to_string())
-                    .collect();
-                let query = sqlx::query(by_ids).bind(json!(hex).to_string());
+                let query = sqlx::query(by_ids).bind(hex_ids(ids));
                 match change {
                     Change::Requeue => query.bind(now),
                     Change::Discard => query,
@@ -113,14 +126,27 @@ impl OutboxAdmin for SqliteOutbox {
     }
 
     async fn dead_letters(&self, page: &DeadLetterPage) -> Result<Vec<DeadLetter>> {
-        let query = sqlx::query(&self.statements().dead_letters);
-        let rows = bind_filter(query, page.filter(), now_us())
+        let sql = self.statements();
+        let sql = match page.order() {
+            DeadLetterOrder::Ascending => &sql.dead_letters,
+            DeadLetterOrder::Descending => &sql.dead_letters_desc,
+        };
+        let rows = bind_filter(sqlx::query(sql), page.filter(), now_us())
             .bind(limit_param(page.limit()))
             .bind(page.after_id().map(|id| id.as_uuid().as_bytes().to_vec()))
             .fetch_all(self.pool())
             .await
             .map_err(|e| from_sqlx("list dead letters", e))?;
         rows.iter().map(decode_dead_letter).collect()
+    }
+
+    async fn count_dead(&self, filter: &DeadLetterFilter) -> Result<u64> {
+        let query = sqlx::query(&self.statements().count_dead);
+        let row = bind_filter(query, filter, now_us())
+            .fetch_one(self.pool())
+            .await
+            .map_err(|e| from_sqlx("count dead letters", e))?;
+        count(&row, "dead letter")
     }
 
     async fn requeue_dead(&self, selection: &DeadLetterSelection) -> Result<u64> {
@@ -144,6 +170,18 @@ impl OutboxAdmin for SqliteOutbox {
             .await
             .map_err(|e| from_sqlx("purge dispatched", e))?;
         Ok(done.rows_affected())
+    }
+
+    async fn count_dispatched(&self, older_than: Duration) -> Result<u64> {
+        if self.config().retention() == Retention::Delete {
+            return Ok(0);
+        }
+        let row = sqlx::query(&self.statements().count_dispatched)
+            .bind(cutoff(now_us(), older_than))
+            .fetch_one(self.pool())
+            .await
+            .map_err(|e| from_sqlx("count dispatched", e))?;
+        count(&row, "dispatched")
     }
 }
 

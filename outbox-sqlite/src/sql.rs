@@ -47,19 +47,25 @@ pub(crate) struct Statements {
     pub(crate) fail: String,
     /// `?1` JSON array of `[id, token]`, `?2` now.
     pub(crate) release: String,
-    /// `?1` destination or NULL, `?2` dead-at cutoff or NULL, `?3` limit, `?4` the id
+    /// Lowest id first: `?1..?3` the filter ([`DEAD_FILTER`]), `?4` limit, `?5` the id
     /// to start after or NULL.
     pub(crate) dead_letters: String,
+    /// As `dead_letters`, highest id first.
+    pub(crate) dead_letters_desc: String,
+    /// `?1..?3` the filter.
+    pub(crate) count_dead: String,
     /// `?1` JSON array of hex ids, `?2` now.
     pub(crate) requeue_ids: String,
-    /// `?1` destination or NULL, `?2` dead-at cutoff or NULL, `?3` limit, `?4` now.
+    /// `?1..?3` the filter, `?4` limit, `?5` now.
     pub(crate) requeue_matching: String,
     /// `?1` JSON array of hex ids.
     pub(crate) discard_ids: String,
-    /// `?1` destination or NULL, `?2` dead-at cutoff or NULL, `?3` limit.
+    /// `?1..?3` the filter, `?4` limit.
     pub(crate) discard_matching: String,
     /// `?1` cutoff, `?2` limit.
     pub(crate) purge_dispatched: String,
+    /// `?1` cutoff: how many rows `purge_dispatched` would delete in all.
+    pub(crate) count_dispatched: String,
     /// `?1` now.
     pub(crate) stats: String,
 }
@@ -116,12 +122,10 @@ impl Statements {
                 "available_at = ?2, lease_token = NULL, attempts = max(m.attempts - 1, 0)",
                 leases,
             ),
-            dead_letters: format!(
-                "SELECT id, destination, partition_key, payload, content_type, headers, \
-                     created_at, attempts, last_error, dead_at \
-                 FROM {t} WHERE dead_at IS NOT NULL AND {filter} \
-                 AND (?4 IS NULL OR id > ?4) ORDER BY id LIMIT ?3",
-                filter = DEAD_FILTER,
+            dead_letters: dead_letters(t, DeadLetterOrder::Ascending),
+            dead_letters_desc: dead_letters(t, DeadLetterOrder::Descending),
+            count_dead: format!(
+                "SELECT count(*) FROM {t} WHERE dead_at IS NOT NULL AND {DEAD_FILTER}"
             ),
             requeue_ids: format!(
                 "UPDATE {t} SET {set} WHERE dead_at IS NOT NULL \
@@ -130,7 +134,7 @@ impl Statements {
             ),
             requeue_matching: format!(
                 "UPDATE {t} SET {set} WHERE seq IN ({matching})",
-                set = requeue("?4"),
+                set = requeue("?5"),
                 matching = matching_dead(t),
             ),
             discard_ids: format!(
@@ -139,10 +143,10 @@ impl Statements {
             ),
             discard_matching: format!("DELETE FROM {t} WHERE seq IN ({})", matching_dead(t)),
             purge_dispatched: format!(
-                "DELETE FROM {t} WHERE seq IN (SELECT seq FROM {t} \
-                 WHERE dispatched_at IS NOT NULL AND dispatched_at < ?1 \
+                "DELETE FROM {t} WHERE seq IN (SELECT seq FROM {t} WHERE {PURGEABLE} \
                  ORDER BY dispatched_at LIMIT ?2)"
             ),
+            count_dispatched: format!("SELECT count(*) FROM {t} WHERE {PURGEABLE}"),
             stats: format!(
                 "SELECT \
                  count(*) FILTER (WHERE lease_token IS NULL OR available_at <= ?1), \
@@ -156,13 +160,32 @@ impl Statements {
     }
 }
 
-/// The dead-letter filter on `?1` (destination or NULL) and `?2` (dead-at cutoff or
-/// NULL).
-const DEAD_FILTER: &str = "(?1 IS NULL OR destination = ?1) AND (?2 IS NULL OR dead_at <= ?2)";
+/// The dead-letter filter on `?1` (destination or NULL), `?2` (dead-at cutoff or NULL)
+/// and `?3` (a JSON array of hex ids, or NULL).
+const DEAD_FILTER: &str = "(?1 IS NULL OR destination = ?1) AND (?2 IS NULL OR dead_at <= ?2) \
+     AND (?3 IS NULL OR id IN (SELECT unhex(value) FROM json_each(?3)))";
 
-/// The `seq` of dead letters matching the filter, oldest id first, at most `?3`.
+/// Dispatched rows completed before the cutoff `?1`: what a purge deletes.
+const PURGEABLE: &str = "dispatched_at IS NOT NULL AND dispatched_at < ?1";
+
+/// The `seq` of dead letters matching the filter, lowest id first, at most `?4`.
 fn matching_dead(t: &TableName) -> String {
-    format!("SELECT seq FROM {t} WHERE dead_at IS NOT NULL AND {DEAD_FILTER} ORDER BY id LIMIT ?3")
+    format!("SELECT seq FROM {t} WHERE dead_at IS NOT NULL AND {DEAD_FILTER} ORDER BY id LIMIT ?4")
+}
+
+/// A page of dead letters in `order`, past the id `?5` (if not NULL) in that order.
+fn dead_letters(t: &TableName, order: DeadLetterOrder) -> String {
+    let (past, direction) = match order {
+        DeadLetterOrder::Ascending => ("id > ?5", ""),
+        DeadLetterOrder::Descending => ("id < ?5", " DESC"),
+    };
+    format!(
+        "SELECT id, CAST(destination AS BLOB), CAST(partition_key AS BLOB), payload, \
+             CAST(content_type AS BLOB), CAST(headers AS BLOB), created_at, attempts, \
+             CAST(last_error AS BLOB), dead_at \
+         FROM {t} WHERE dead_at IS NOT NULL AND {DEAD_FILTER} \
+         AND (?5 IS NULL OR {past}) ORDER BY id{direction} LIMIT ?4"
+    )
 }
 
 /// The due rows to claim, in claim order: oldest availability, then enqueue order.
@@ -274,10 +297,32 @@ mod tests {
             assert!(sql.contains("dead_at IS NOT NULL"), "{sql}");
         }
         for sql in [&s.requeue_matching, &s.discard_matching] {
-            assert!(sql.contains("ORDER BY id LIMIT ?3"), "{sql}");
+            assert!(sql.contains("ORDER BY id LIMIT ?4"), "{sql}");
         }
-        assert!(s.requeue_matching.contains("available_at = ?4"));
+        assert!(s.requeue_matching.contains("available_at = ?5"));
         assert!(s.purge_dispatched.contains("LIMIT ?2"));
-        assert!(s.dead_letters.contains("(?4 IS NULL OR id > ?4)"));
+        assert!(s.purge_dispatched.contains(PURGEABLE));
+        assert!(
+            s.count_dispatched.ends_with(&format!("WHERE {PURGEABLE}")),
+            "the dry run counts what the purge deletes"
+        );
+        assert!(s
+            .dead_letters
+            .ends_with("AND (?5 IS NULL OR id > ?5) ORDER BY id LIMIT ?4"));
+        assert!(s
+            .dead_letters_desc
+            .ends_with("AND (?5 IS NULL OR id < ?5) ORDER BY id DESC LIMIT ?4"));
+        for sql in [
+            &s.dead_letters,
+            &s.dead_letters_desc,
+            &s.count_dead,
+            &s.requeue_matching,
+            &s.discard_matching,
+        ] {
+            assert!(
+                sql.contains(DEAD_FILTER),
+                "every filter takes the ids: {sql}"
+            );
+        }
     }
 }

@@ -8,10 +8,10 @@ use async_trait::async_trait;
 use outbox_core::admin::MAX_ADMIN_BATCH;
 use outbox_core::store::MAX_ATTEMPTS;
 use outbox_core::{
-    ClaimIds, ClaimRequest, ClaimedMessage, DeadLetter, DeadLetterFilter, DeadLetterPage,
-    DeadLetterSelection, Disposition, Error, ErrorKind, Failure, KeyOrder, Lease, LeaseToken,
-    Message, MessageId, MessageLimits, MessageParts, NewMessage, OutboxAdmin, OutboxStats,
-    OutboxStore, Result, Retention, Settled, StoreCapabilities,
+    ClaimIds, ClaimRequest, ClaimedMessage, DeadLetter, DeadLetterFilter, DeadLetterOrder,
+    DeadLetterPage, DeadLetterSelection, Disposition, Error, ErrorKind, Failure, KeyOrder, Lease,
+    LeaseToken, Message, MessageId, MessageLimits, MessageParts, NewMessage, OutboxAdmin,
+    OutboxStats, OutboxStore, Result, Retention, Settled, StoreCapabilities,
 };
 
 #[derive(Debug)]
@@ -146,23 +146,30 @@ impl State {
         row.message.last_error = Some(reason);
     }
 
-    /// Dead letters matching `filter` in id order after `after`, at most `limit`.
-    fn dead(
-        &self,
-        filter: &DeadLetterFilter,
-        after: Option<MessageId>,
-        limit: usize,
-    ) -> Vec<DeadLetter> {
+    /// Every dead letter matching `filter`, in no particular order.
+    fn matching_dead<'a>(
+        &'a self,
+        filter: &'a DeadLetterFilter,
+    ) -> impl Iterator<Item = DeadLetter> + 'a {
         let now = SystemTime::now();
-        let mut dead: Vec<DeadLetter> = self
-            .rows
+        self.rows
             .values()
-            .filter(|r| after.is_none_or(|a| r.message.id > a))
             .filter_map(|r| r.dead_at.map(|at| DeadLetter::new(r.message.clone(), at)))
-            .filter(|d| filter.matches(d, now))
+            .filter(move |d| filter.matches(d, now))
+    }
+
+    /// The dead letters of `page`: matching its filter, in its order past its cursor,
+    /// at most its limit.
+    fn dead(&self, page: &DeadLetterPage) -> Vec<DeadLetter> {
+        let mut dead: Vec<DeadLetter> = self
+            .matching_dead(page.filter())
+            .filter(|d| page.is_past_cursor(d.message.id))
             .collect();
         dead.sort_by_key(|d| d.message.id);
-        dead.truncate(limit);
+        if page.order() == DeadLetterOrder::Descending {
+            dead.reverse();
+        }
+        dead.truncate(page.limit());
         dead
     }
 
@@ -176,12 +183,20 @@ impl State {
                 .collect::<BTreeSet<_>>()
                 .into_iter()
                 .collect(),
-            DeadLetterSelection::Matching { filter, limit } => self
-                .dead(filter, None, *limit)
-                .into_iter()
-                .map(|d| d.message.id)
-                .collect(),
+            DeadLetterSelection::Matching { filter, limit } => {
+                let page = DeadLetterPage::new(filter.clone(), *limit)
+                    .expect("a validated selection makes a valid page");
+                self.dead(&page).into_iter().map(|d| d.message.id).collect()
+            }
         }
+    }
+
+    /// Ids of dispatched messages completed before `cutoff` (strictly).
+    fn dispatched_before(&self, cutoff: SystemTime) -> impl Iterator<Item = MessageId> + '_ {
+        self.rows
+            .values()
+            .filter(move |r| r.dispatched_at.is_some_and(|at| at < cutoff))
+            .map(|r| r.message.id)
     }
 
     fn holds(&self, lease: &Lease) -> bool {
@@ -482,9 +497,11 @@ impl OutboxStore for MemoryStore {
 #[async_trait]
 impl OutboxAdmin for MemoryStore {
     async fn dead_letters(&self, page: &DeadLetterPage) -> Result<Vec<DeadLetter>> {
-        Ok(self
-            .state()
-            .dead(page.filter(), page.after_id(), page.limit()))
+        Ok(self.state().dead(page))
+    }
+
+    async fn count_dead(&self, filter: &DeadLetterFilter) -> Result<u64> {
+        Ok(self.state().matching_dead(filter).count() as u64)
     }
 
     async fn requeue_dead(&self, selection: &DeadLetterSelection) -> Result<u64> {
@@ -518,21 +535,20 @@ impl OutboxAdmin for MemoryStore {
     }
 
     async fn purge_dispatched(&self, older_than: Duration, limit: usize) -> Result<u64> {
-        let cutoff = SystemTime::now()
-            .checked_sub(older_than)
-            .unwrap_or(SystemTime::UNIX_EPOCH);
         let mut state = self.state();
         let old: Vec<MessageId> = state
-            .rows
-            .values()
-            .filter(|r| r.dispatched_at.is_some_and(|at| at < cutoff))
-            .map(|r| r.message.id)
+            .dispatched_before(purge_cutoff(older_than))
             .take(limit.min(MAX_ADMIN_BATCH))
             .collect();
         for id in &old {
             state.rows.remove(id);
         }
         Ok(old.len() as u64)
+    }
+
+    async fn count_dispatched(&self, older_than: Duration) -> Result<u64> {
+        let state = self.state();
+        Ok(state.dispatched_before(purge_cutoff(older_than)).count() as u64)
     }
 
     async fn stats(&self) -> Result<OutboxStats> {
@@ -558,6 +574,14 @@ impl OutboxAdmin for MemoryStore {
         let age = oldest.map(|o| now.duration_since(o).unwrap_or_default());
         Ok(OutboxStats::new(pending, in_flight, dead, dispatched, age))
     }
+}
+
+/// What a purge of messages dispatched more than `older_than` ago deletes: those
+/// dispatched before this, stopping at the Unix epoch for huge ages.
+fn purge_cutoff(older_than: Duration) -> SystemTime {
+    SystemTime::now()
+        .checked_sub(older_than)
+        .unwrap_or(SystemTime::UNIX_EPOCH)
 }
 
 /// `now + delay`, or a typed error when that is past what the clock can represent.

@@ -5,6 +5,7 @@
 //! with [`conformance_suite!`](crate::conformance_suite), which gives each case its own
 //! `#[tokio::test]`.
 
+mod admin;
 mod backend;
 mod claim;
 mod consumer;
@@ -16,6 +17,7 @@ mod relay;
 mod retention;
 mod retry;
 
+pub use admin::*;
 pub use backend::*;
 pub use claim::*;
 pub use consumer::*;
