@@ -1,0 +1,72 @@
+//! The verbs. Each runs on the library's public API and prints through [`Term`].
+
+mod dead;
+mod dedup;
+mod purge;
+mod schema;
+mod stats;
+
+use crate::backend::{Db, Outbox, Reach};
+use crate::cli::{Cli, Command, DeadCommand, DedupCommand, SchemaCommand};
+use crate::fail::Failure;
+use crate::output::Term;
+use crate::target::Target;
+
+/// Run the parsed command line.
+pub(crate) async fn run(cli: &Cli, term: &Term) -> Result<(), Failure> {
+    let Some(url) = cli.global.url.as_deref() else {
+        return Err(Failure::usage("no database URL")
+            .hint("pass --url postgres://... or --url sqlite://path.db, or set OUTBOX_URL"));
+    };
+    let target = Target::parse(url, term.secrets())?;
+    let reach = match &cli.command {
+        Command::Schema(SchemaCommand::Print(_)) => Reach::Offline,
+        Command::Schema(SchemaCommand::Install(_)) => Reach::Create,
+        _ => Reach::Existing,
+    };
+    let db = Db::open(&cli.global, &target, reach).await?;
+    match &cli.command {
+        Command::Stats(args) => stats::run(&Place::of(&db)?, args, term).await,
+        Command::Dead(dead) => {
+            let place = Place::of(&db)?;
+            match dead {
+                DeadCommand::List(args) => dead::list(&place, args, term).await,
+                DeadCommand::Show(args) => dead::show(&place, args, term).await,
+                DeadCommand::Requeue(args) => {
+                    dead::change(&place, dead::Change::Requeue, args, term).await
+                }
+                DeadCommand::Discard(args) => {
+                    dead::change(&place, dead::Change::Discard, args, term).await
+                }
+            }
+        }
+        Command::Purge(args) => purge::run(&Place::of(&db)?, args, term).await,
+        Command::Schema(SchemaCommand::Print(args)) => schema::print(&db, args, term),
+        Command::Schema(SchemaCommand::Install(args)) => schema::install(&db, args, term).await,
+        Command::Dedup(DedupCommand::Purge(args)) => dedup::purge(&db, args, term).await,
+    }
+}
+
+/// The outbox a verb works on, and how to name it in messages.
+#[derive(Debug)]
+pub(crate) struct Place {
+    outbox: Outbox,
+    /// `"schema"."table" at <url>`.
+    description: String,
+}
+
+impl Place {
+    fn of(db: &Db) -> Result<Place, Failure> {
+        let outbox = db.outbox()?;
+        let description = format!("{} at {}", outbox.name(), db.url());
+        Ok(Place {
+            outbox,
+            description,
+        })
+    }
+
+    /// A library error met while doing `what` here.
+    fn failed(&self, what: &str, err: &outbox_core::Error) -> Failure {
+        Failure::from_library(what, &self.description, err)
+    }
+}
