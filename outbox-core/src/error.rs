@@ -111,8 +111,8 @@ pub struct Error {
     source: Option<Source>,
 }
 
-/// An error and its whole chain of causes, `"kind: message: cause: cause"`; see
-/// [`Error::report`].
+/// An error and its whole chain of causes, `"kind: message: cause: cause"`, a cause
+/// whose text its wrapper already printed left out; see [`Error::report`].
 #[derive(Debug, Clone, Copy)]
 pub struct Report<'a>(&'a Error);
 
@@ -120,8 +120,15 @@ impl fmt::Display for Report<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.0)?;
         let mut source = std::error::Error::source(self.0);
+        let mut previous = String::new();
         while let Some(cause) = source {
-            write!(f, ": {cause}")?;
+            // Wrappers often repeat their inner error's text ("error returned from
+            // database: X", then X): print each text once.
+            let text = cause.to_string();
+            if !previous.contains(&text) {
+                write!(f, ": {text}")?;
+            }
+            previous = text;
             source = cause.source();
         }
         Ok(())
@@ -270,6 +277,28 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 mod tests {
     use super::*;
     use std::error::Error as _;
+
+    #[test]
+    fn reports_print_a_repeated_cause_once() {
+        #[derive(Debug)]
+        struct Wrapper(std::io::Error);
+        impl fmt::Display for Wrapper {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "error returned from database: {}", self.0)
+            }
+        }
+        impl std::error::Error for Wrapper {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let inner = std::io::Error::other("no such table: t");
+        let err = Error::new(ErrorKind::Schema, "claim failed").with_source(Wrapper(inner));
+        assert_eq!(
+            err.report().to_string(),
+            "schema: claim failed: error returned from database: no such table: t"
+        );
+    }
 
     #[test]
     fn batch_conflicts_name_their_ids_in_order() {

@@ -396,7 +396,7 @@ impl StoreCapabilities {
 ///   that covers undelivered messages only.
 /// - **No row stops a claim.** A claimed row that does not make a valid message (its
 ///   content does not decode, a timestamp is out of range, it breaks the
-///   [`MessageLimits`](crate::MessageLimits) rules because another tool wrote it, its
+///   [`MessageLimits`] rules because another tool wrote it, its
 ///   attempts reached [`MAX_ATTEMPTS`]) is dead-lettered by the claim that meets it,
 ///   with a `last_error` saying why, and the others are returned. Use
 ///   [`Message::check_stored`] for the rules.

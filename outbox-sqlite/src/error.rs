@@ -61,10 +61,11 @@ pub(crate) fn kind_for_code(code: i32) -> ErrorKind {
 /// installed by another version).
 pub(crate) fn from_sqlx(what: &str, err: sqlx::Error) -> Error {
     let (kind, status) = classify(&err);
+    // The driver's own text is the source's, printed by `Error::report` once.
     let message = match &err {
         sqlx::Error::Database(db) => match db.code() {
-            Some(code) => format!("{what} failed (SQLite code {code}): {}", db.message()),
-            None => format!("{what} failed: {}", db.message()),
+            Some(code) => format!("{what} failed (SQLite code {code})"),
+            None => format!("{what} failed"),
         },
         _ => format!("{what} failed"),
     };

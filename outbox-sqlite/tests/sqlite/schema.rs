@@ -58,11 +58,26 @@ async fn ddl_applied_by_hand_is_what_install_expects() {
     assert_eq!(claimed.len(), 1);
 
     let inbox = SqliteDedupStore::new(db.pool().clone(), SqliteDedupConfig::default()).unwrap();
-    db.pool()
-        .execute(sqlx::raw_sql(&inbox.ddl()))
-        .await
-        .unwrap();
+    let entities =
+        SqliteEntityStore::new(db.pool().clone(), SqliteEntityConfig::default()).unwrap();
+    let locks = SqliteLock::new(db.pool().clone(), SqliteLockConfig::default()).unwrap();
+    for (ddl, table) in [
+        (inbox.ddl(), "outbox_inbox"),
+        (entities.ddl(), "outbox_entities"),
+        (locks.ddl(), "outbox_locks"),
+    ] {
+        db.pool().execute(sqlx::raw_sql(&ddl)).await.unwrap();
+        let version: i64 =
+            sqlx::query_scalar("SELECT version FROM outbox_schema_versions WHERE table_name = ?1")
+                .bind(table)
+                .fetch_one(db.pool())
+                .await
+                .unwrap();
+        assert_eq!(version, outbox_sqlite::SCHEMA_VERSION, "{table}");
+    }
     inbox.install().await.unwrap();
+    entities.install().await.unwrap();
+    locks.install().await.unwrap();
 }
 
 #[tokio::test]
