@@ -49,8 +49,17 @@ async fn ddl_applied_by_hand_is_what_install_expects() {
         .execute(sqlx::raw_sql(&outbox.ddl()))
         .await
         .unwrap();
-    outbox.install().await.unwrap();
+    // The DDL alone makes a working outbox, recorded at this layout version ...
     enqueue(&outbox, &[msg(1)]).await;
+    let version: i64 =
+        sqlx::query_scalar("SELECT version FROM outbox_schema_versions WHERE table_name = ?1")
+            .bind("hand_made")
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(version, outbox_sqlite::SCHEMA_VERSION);
+    // ... which install then accepts as it is.
+    outbox.install().await.unwrap();
     let claimed = outbox
         .claim(ClaimRequest::new(1, LONG).unwrap())
         .await
