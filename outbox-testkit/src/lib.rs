@@ -14,6 +14,10 @@
 //! - [`MemoryStore`]: an in-memory reference store honouring the whole contract, also
 //!   handy for unit-testing services; [`MemoryDedupStore`] and [`MemoryLock`];
 //! - [`RecordingPublisher`]: a publisher that records, fails, slows down or rejects;
+//! - the [`Publisher`](outbox_core::Publisher) suite for brokers: [`publisher_suite!`]
+//!   over a [`PublisherHarness`] (a publisher into an isolated [`PublisherNamespace`] and
+//!   a way to read back what the broker stored), proven against [`MemoryBroker`], the
+//!   reference broker;
 //! - [`FaultyStore`]: a store wrapper whose claims and settles fail, panic or stall on
 //!   cue, for testing how relays cope;
 //! - [`service_url`]: gating integration tests on a service URL, with a visible skip
@@ -148,6 +152,7 @@
 //! Each case makes its own fixture, so cases run in parallel. Cases for features a
 //! backend does not declare in [`Features`] print a `SKIPPED` line and pass.
 
+mod broker;
 mod consumer_faults;
 mod consumer_harness;
 mod dedup;
@@ -160,10 +165,13 @@ pub mod harness;
 mod macros;
 mod memory;
 mod memory_harness;
+mod publisher_harness;
+mod publisher_macros;
 mod publishers;
 pub mod suite;
 pub mod wait;
 
+pub use broker::MemoryBroker;
 pub use consumer_faults::{Crash, EventuallyConsistent, PauseAfterFirstCall, Step};
 pub use consumer_harness::{ConsumerHarness, MemoryConsumerHarness};
 pub use dedup::{MemoryDedupStore, MemoryLock};
@@ -175,5 +183,8 @@ pub use faults::{Fault, FaultyStore, Op};
 pub use harness::{Features, Fixture, Harness, RowLock};
 pub use memory::{MemoryStore, MemoryTx};
 pub use memory_harness::MemoryHarness;
+pub use publisher_harness::{
+    MemoryPublisherHarness, PublisherFeatures, PublisherHarness, PublisherNamespace, Received,
+};
 pub use publishers::{Gate, RecordingPublisher};
 pub use wait::{poll_for, wait_until, within};

@@ -13,6 +13,7 @@ mod dedup;
 mod fencing;
 mod lock;
 mod ordering;
+mod publisher;
 mod relay;
 mod retention;
 mod retry;
@@ -25,6 +26,7 @@ pub use dedup::*;
 pub use fencing::*;
 pub use lock::*;
 pub use ordering::*;
+pub use publisher::*;
 pub use relay::*;
 pub use retention::*;
 pub use retry::*;
@@ -47,9 +49,16 @@ pub(crate) const LONG_LEASE: Duration = Duration::from_secs(300);
 pub(crate) const SHORT_LEASE: Duration = Duration::from_millis(300);
 
 pub(crate) async fn fixture(h: &dyn Harness, capabilities: StoreCapabilities) -> Box<dyn Fixture> {
-    h.fixture(capabilities)
+    let fixture = h
+        .fixture(capabilities)
         .await
-        .expect("harness could not make a fixture")
+        .expect("harness could not make a fixture");
+    assert_eq!(
+        fixture.store().capabilities(),
+        capabilities,
+        "the store must report the capabilities it was made with: relays read them"
+    );
+    fixture
 }
 
 pub(crate) async fn plain(h: &dyn Harness) -> Box<dyn Fixture> {

@@ -1,0 +1,180 @@
+//! What a broker's [`Publisher`] implements to run the publisher suite, and the harness
+//! of the in-memory reference broker.
+//!
+//! The cases live in [`suite`](crate::suite) (the `publisher_*` functions) and become
+//! tests through [`publisher_suite!`](crate::publisher_suite).
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use outbox_core::{Headers, Publisher, Result};
+
+use crate::broker::MemoryBroker;
+
+/// What a broker under test supports; the suite runs every case these enable and prints
+/// a `SKIPPED` line for the others.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PublisherFeatures {
+    /// The broker drops a repeat of a message id within a dedup window (JetStream's
+    /// `Nats-Msg-Id` and its `duplicate_window`): the repeat's outcome is
+    /// [`Published`](outbox_core::PublishOutcome::Published) and the broker holds the
+    /// message once.
+    pub dedup_window: bool,
+    /// The broker tells a destination that nothing stores apart
+    /// ([`PublisherNamespace::unroutable_destination`]), and the publisher reports it
+    /// [`Permanent`](outbox_core::PublishOutcome::Permanent) without failing the rest of
+    /// the batch.
+    pub unroutable_is_permanent: bool,
+}
+
+impl PublisherFeatures {
+    /// Everything on.
+    pub fn all() -> Self {
+        PublisherFeatures {
+            dedup_window: true,
+            unroutable_is_permanent: true,
+        }
+    }
+}
+
+/// One message as the broker holds it, decoded by the harness from the broker's own
+/// representation: the suite compares it with what was published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Received {
+    /// The id the broker deduplicates on (`Nats-Msg-Id`, AMQP `message-id`), if any.
+    pub dedup_id: Option<String>,
+    /// The payload bytes.
+    pub payload: Vec<u8>,
+    /// The content type, wherever the publisher carried it.
+    pub content_type: Option<String>,
+    /// The partition key, wherever the publisher carried it.
+    pub partition_key: Option<String>,
+    /// The message's own headers, without the ones the publisher or the broker added
+    /// (dedup id, content type, partition key, broker bookkeeping).
+    pub headers: Headers,
+}
+
+impl Received {
+    /// A received message with this payload and nothing else.
+    pub fn new(payload: impl Into<Vec<u8>>) -> Self {
+        Received {
+            dedup_id: None,
+            payload: payload.into(),
+            content_type: None,
+            partition_key: None,
+            headers: Headers::new(),
+        }
+    }
+
+    /// Set the broker's dedup id.
+    #[must_use]
+    pub fn with_dedup_id(mut self, id: Option<String>) -> Self {
+        self.dedup_id = id;
+        self
+    }
+
+    /// Set the content type.
+    #[must_use]
+    pub fn with_content_type(mut self, content_type: Option<String>) -> Self {
+        self.content_type = content_type;
+        self
+    }
+
+    /// Set the partition key.
+    #[must_use]
+    pub fn with_partition_key(mut self, key: Option<String>) -> Self {
+        self.partition_key = key;
+        self
+    }
+
+    /// Set the message's own headers.
+    #[must_use]
+    pub fn with_headers(mut self, headers: Headers) -> Self {
+        self.headers = headers;
+        self
+    }
+}
+
+/// A fresh, isolated part of the broker for one case (a stream and subject prefix of its
+/// own, a vhost or exchange of its own), with publishers into it and a way to read back
+/// what the broker stored.
+#[async_trait]
+pub trait PublisherNamespace: Send + Sync + fmt::Debug {
+    /// A publisher into this namespace. Each call may return a new publisher with its
+    /// own connection, as another relay process would hold; the suite calls it several
+    /// times for its concurrency case.
+    async fn publisher(&self) -> Result<Arc<dyn Publisher>>;
+
+    /// A destination the broker stores messages for, named after `name` (a short
+    /// lowercase word): different names give different destinations.
+    fn destination(&self, name: &str) -> String;
+
+    /// A well-formed destination that nothing in the broker stores or routes, so
+    /// publishing to it can never succeed. Used only when
+    /// [`PublisherFeatures::unroutable_is_permanent`] is declared.
+    fn unroutable_destination(&self) -> String;
+
+    /// Everything the broker holds for `destination`, in the order it stored it.
+    async fn received(&self, destination: &str) -> Result<Vec<Received>>;
+
+    /// Remove what the namespace created. Cases call it when they pass; a harness
+    /// should also remove stale namespaces that failed cases left behind.
+    async fn teardown(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Hands out isolated [`PublisherNamespace`]s, one per case.
+#[async_trait]
+pub trait PublisherHarness: Send + Sync + 'static {
+    /// What the broker supports.
+    fn features(&self) -> PublisherFeatures;
+
+    /// A fresh, empty namespace of the broker, so cases can run in parallel.
+    async fn namespace(&self) -> Result<Box<dyn PublisherNamespace>>;
+}
+
+/// Runs the publisher suite against [`MemoryBroker`], which declares every feature.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryPublisherHarness;
+
+/// The prefix of the destinations a [`MemoryPublisherHarness`] namespace routes.
+const ROUTED: &str = "routed.";
+
+#[async_trait]
+impl PublisherHarness for MemoryPublisherHarness {
+    fn features(&self) -> PublisherFeatures {
+        PublisherFeatures::all()
+    }
+
+    async fn namespace(&self) -> Result<Box<dyn PublisherNamespace>> {
+        let broker = MemoryBroker::new();
+        broker.bind(ROUTED);
+        Ok(Box::new(MemoryNamespace(broker)))
+    }
+}
+
+#[derive(Debug)]
+struct MemoryNamespace(MemoryBroker);
+
+#[async_trait]
+impl PublisherNamespace for MemoryNamespace {
+    async fn publisher(&self) -> Result<Arc<dyn Publisher>> {
+        Ok(Arc::new(self.0.clone()))
+    }
+
+    fn destination(&self, name: &str) -> String {
+        format!("{ROUTED}{name}")
+    }
+
+    fn unroutable_destination(&self) -> String {
+        "unbound.nowhere".to_owned()
+    }
+
+    async fn received(&self, destination: &str) -> Result<Vec<Received>> {
+        Ok(self.0.received(destination))
+    }
+}
