@@ -11,7 +11,7 @@ check() {
 }
 check
 check --no-default-features
-for feature in sqlite postgres testkit serde; do
+for feature in sqlite postgres nats rabbitmq testkit serde; do
     check --no-default-features --features "$feature"
 done
 check --all-features
@@ -19,7 +19,7 @@ check --all-features
 # What a plain `outbox = "0.1"` compiles: the core and SQLite, no PostgreSQL driver.
 tree=$(cargo tree -p outbox --locked -e normal --prefix none)
 grep -q '^outbox-sqlite ' <<<"$tree" || { echo "default features lack outbox-sqlite" >&2; exit 1; }
-for absent in outbox-postgres sqlx-postgres outbox-testkit; do
+for absent in outbox-postgres sqlx-postgres outbox-nats async-nats outbox-rabbitmq lapin outbox-testkit; do
     if grep -q "^$absent " <<<"$tree"; then
         echo "default features compile $absent" >&2
         exit 1
@@ -32,5 +32,15 @@ for absent in outbox-sqlite sqlx-sqlite libsqlite3-sys; do
         echo "--features postgres compiles $absent" >&2
         exit 1
     fi
+done
+# And a publisher alone compiles no database driver and not the other broker's client.
+for feature in nats rabbitmq; do
+    tree=$(cargo tree -p outbox --locked -e normal --prefix none --no-default-features --features "$feature")
+    for absent in outbox-sqlite outbox-postgres sqlx-core $([ "$feature" = nats ] && echo lapin || echo async-nats); do
+        if grep -q "^$absent " <<<"$tree"; then
+            echo "--features $feature compiles $absent" >&2
+            exit 1
+        fi
+    done
 done
 echo "feature checks passed" >&2

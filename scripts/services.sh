@@ -47,7 +47,92 @@ ensure_database() {
     # Test schemas (obx_<secs>_<rand>) older than an hour are dropped by the tests.
 }
 
+apt_updated=
+# Install Debian packages non-interactively, updating the package lists once per run.
+apt_install() {
+    export DEBIAN_FRONTEND=noninteractive
+    if [ -z "$apt_updated" ]; then
+        apt-get update -qq >&2
+        apt_updated=1
+    fi
+    apt-get install -y -qq "$@" >&2
+}
+
+# Wait until `$2...` succeeds, polling every half second, for at most $1 seconds.
+wait_for() {
+    local deadline=$((SECONDS + $1))
+    shift
+    until "$@"; do
+        [ "$SECONDS" -lt "$deadline" ] || return 1
+        sleep 0.5
+    done
+}
+
+nats_host=127.0.0.1
+nats_port=4222
+nats_store=/var/lib/nats-server
+nats_log=/var/log/nats-server.log
+
+# The server greets every client with an INFO line; it must announce JetStream.
+nats_ready() {
+    local line
+    line=$(timeout 2 bash -c 'exec 3<>"/dev/tcp/$1/$2" && IFS= read -r line <&3 && printf "%s" "$line"' \
+        _ "$nats_host" "$nats_port" 2>/dev/null) || return 1
+    [[ $line == INFO* && $line == *'"jetstream":true'* ]]
+}
+
+ensure_nats() {
+    if nats_ready; then
+        return
+    fi
+    if ! [ -x /usr/sbin/nats-server ]; then
+        log "installing nats-server from Debian packages"
+        apt_install nats-server
+    fi
+    log "starting nats-server with JetStream on $nats_host:$nats_port"
+    mkdir -p "$nats_store"
+    start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+        -a "$nats_host" -p "$nats_port" -js -sd "$nats_store" -l "$nats_log" >&2
+    wait_for 30 nats_ready || {
+        log "nats-server did not come up with JetStream on $nats_host:$nats_port (see $nats_log)"
+        exit 1
+    }
+}
+
+amqp_host=127.0.0.1
+amqp_port=5672
+
+# An AMQP 0-9-1 broker answers the protocol header with a method frame (type 1).
+amqp_ready() {
+    local reply
+    reply=$(timeout 2 bash -c 'exec 3<>"/dev/tcp/$1/$2" && printf "AMQP\x00\x00\x09\x01" >&3 &&
+        head -c 1 <&3 | od -An -tx1' _ "$amqp_host" "$amqp_port" 2>/dev/null) || return 1
+    [ "${reply// /}" = 01 ]
+}
+
+ensure_rabbitmq() {
+    if amqp_ready; then
+        return
+    fi
+    if ! command -v rabbitmq-server >/dev/null 2>&1; then
+        log "installing RabbitMQ from Debian packages"
+        apt_install rabbitmq-server
+    fi
+    log "starting RabbitMQ on $amqp_host:$amqp_port"
+    rabbitmq-server -detached >&2 || true
+    wait_for 90 amqp_ready || {
+        log "RabbitMQ did not come up on $amqp_host:$amqp_port (see /var/log/rabbitmq)"
+        exit 1
+    }
+}
+
 ensure_postgres
 ensure_database
 log "PostgreSQL ready at $pg_host:$pg_port/$pg_db"
+ensure_nats
+log "NATS JetStream ready at $nats_host:$nats_port"
+ensure_rabbitmq
+log "RabbitMQ ready at $amqp_host:$amqp_port"
 echo "export OUTBOX_PG_URL=postgres://$pg_user@$pg_host:$pg_port/$pg_db"
+echo "export OUTBOX_NATS_URL=nats://$nats_host:$nats_port"
+echo "export OUTBOX_AMQP_URL=amqp://guest:guest@$amqp_host:$amqp_port/%2f"

@@ -27,6 +27,14 @@ pub use outbox_sqlite as sqlite;
 #[cfg(feature = "postgres")]
 pub use outbox_postgres as postgres;
 
+/// The NATS JetStream publisher (feature `nats`).
+#[cfg(feature = "nats")]
+pub use outbox_nats as nats;
+
+/// The RabbitMQ publisher (feature `rabbitmq`).
+#[cfg(feature = "rabbitmq")]
+pub use outbox_rabbitmq as rabbitmq;
+
 /// Conformance suites and fault-injecting tools (feature `testkit`).
 #[cfg(feature = "testkit")]
 pub use outbox_testkit as testkit;
