@@ -59,6 +59,24 @@
 //! lease, or when shutdown abandons a publish in flight. Publishers pass the message id
 //! as the broker's dedup id where one exists, and consumers deduplicate with a
 //! [`DedupStore`].
+//!
+//! ## Trace propagation
+//!
+//! With the cargo feature `otel` (off by default) a trace crosses the outbox in the
+//! message headers, as W3C Trace Context:
+//!
+//! 1. [`NewMessageBuilder::build`] writes the current `tracing` span's OpenTelemetry
+//!    context as `traceparent` / `tracestate` headers (never over headers the caller
+//!    set, never past the [`MessageLimits`]);
+//! 2. the relay's `outbox.publish` span, one per publish call, links to every
+//!    message's producer context, so a trace backend joins the relay's work to the
+//!    producers' traces;
+//! 3. consumers continue the trace with `otel::context_of` / `otel::context_of_headers`
+//!    as the parent of their processing span.
+//!
+//! The `otel` module documents the rules and limitations. It needs a
+//! `tracing-opentelemetry` layer in the service's subscriber; without one nothing is
+//! written.
 
 pub mod admin;
 pub mod backoff;
@@ -71,6 +89,8 @@ pub mod lock;
 pub mod message;
 pub mod monitor;
 pub mod names;
+#[cfg(feature = "otel")]
+pub mod otel;
 pub mod publisher;
 pub mod purge;
 pub mod relay;

@@ -240,9 +240,25 @@ impl NewMessageBuilder {
     /// oversize destination or partition key, an oversize payload, too many headers, a
     /// header name that is not a token, a header value with control characters, or a
     /// delay over [`MAX_DELAY`].
+    ///
+    /// # Trace context (feature `otel`)
+    ///
+    /// After the message validates, the current `tracing` span's OpenTelemetry context
+    /// is written as the W3C headers `traceparent` and `tracestate`, unless the caller
+    /// set either, and only while the headers still fit the limits (capture never makes
+    /// a build fail). The `otel` module gives the rules and the bytes it takes.
+    /// This is the one point every backend's `enqueue` goes through, since they all
+    /// take built messages.
     pub fn build(self) -> Result<NewMessage> {
-        self.msg.checked_with.check_fields(&self.msg)?;
-        Ok(self.msg)
+        let msg = self.msg;
+        msg.checked_with.check_fields(&msg)?;
+        #[cfg(feature = "otel")]
+        let msg = {
+            let mut msg = msg;
+            crate::otel::capture_current(&mut msg.headers, &msg.checked_with);
+            msg
+        };
+        Ok(msg)
     }
 }
 

@@ -114,6 +114,8 @@ impl<'r> Batch<'r> {
             count = messages.len(),
             first_id = %messages[0].id,
         );
+        #[cfg(feature = "otel")]
+        crate::otel::link_messages(&span, &messages);
         let mut report = DispatchReport::default();
         let outcomes = self.outcomes(&messages, &mut report).instrument(span).await;
 

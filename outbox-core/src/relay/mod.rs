@@ -56,6 +56,17 @@
 //! [`RelayHandle::is_running`] is a liveness check.
 //! - [`Relay::dispatch_ids`] is not cancel-safe: if its future is dropped mid-way, the
 //!   messages it claimed wait for their lease to lapse (and may publish twice).
+//!
+//! # Tracing
+//!
+//! Spans, for filtering and for trace backends:
+//!
+//! - `outbox.relay` (info, field `relay`): the loop of [`Relay::spawn`];
+//! - `outbox.claim` (debug, field `limit`): one claim of the loop;
+//! - `outbox.claim_ids` (info, field `count`): the claim of [`Relay::dispatch_ids`];
+//! - `outbox.publish` (info, fields `relay`, `count`, `first_id`): one call to
+//!   [`Publisher::publish`]. With the feature `otel` it links to the trace context
+//!   each message carries (see the `otel` module).
 
 mod batch;
 mod config;
