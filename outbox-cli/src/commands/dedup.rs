@@ -19,35 +19,20 @@ struct DedupPurgeJson {
 pub(super) async fn purge(db: &Db, args: &DedupPurgeArgs, term: &Term) -> Result<(), Failure> {
     let inbox = db.inbox(Some(args.older_than))?;
     let place = format!("{} at {}", inbox.name(), db.url());
-    let (mut purged, mut batches) = (0u64, 0u64);
-    loop {
-        let n = inbox
-            .store()
-            .purge_expired(args.batch)
-            .await
-            .map_err(|e| {
-                let mut f = Failure::from_library("purging dedup records", &place, &e);
-                if purged > 0 {
-                    f.message.push_str(&format!(" ({purged} deleted before that)"));
-                }
-                if e.kind() == outbox_core::ErrorKind::Schema {
-                    f = f.hint("is the inbox installed there? Check --url, --schema and --inbox-table; `outbox schema install --inbox` creates it");
-                }
+    let (purged, batches) = super::in_batches(
+        term,
+        args.batch,
+        || inbox.store().purge_expired(args.batch),
+        |e| {
+            let f = Failure::from_library("purging dedup records", &place, e);
+            if e.kind() == outbox_core::ErrorKind::Schema {
+                f.hint("is the inbox installed there? Check --url, --schema and --inbox-table; `outbox schema install --inbox` creates it")
+            } else {
                 f
-            })?;
-        batches += 1;
-        purged += n;
-        if n == args.batch as u64 {
-            // Another batch follows: say how far it got.
-            term.note(&format!(
-                "purged {purged} so far ({})",
-                plural(batches, "batch", "batches")
-            ));
-        }
-        if n < args.batch as u64 {
-            break;
-        }
-    }
+            }
+        },
+    )
+    .await?;
     if term.json() {
         term.json_out(&DedupPurgeJson {
             table: inbox.name(),

@@ -70,3 +70,42 @@ impl Place {
         Failure::from_library(what, &self.description, err)
     }
 }
+
+/// Delete in bounded batches: call `batch_of` (one batch of at most `batch` rows,
+/// returning how many it deleted) until a batch comes back short, noting progress
+/// between full batches. A failure says how many were deleted before it. Returns the
+/// rows deleted and the batches run.
+async fn in_batches<F, Fut>(
+    term: &Term,
+    batch: usize,
+    mut batch_of: F,
+    failed: impl Fn(&outbox_core::Error) -> Failure,
+) -> Result<(u64, u64), Failure>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = outbox_core::Result<u64>>,
+{
+    let full = u64::try_from(batch).unwrap_or(u64::MAX);
+    let (mut deleted, mut batches) = (0u64, 0u64);
+    loop {
+        let n = batch_of().await.map_err(|e| {
+            let mut f = failed(&e);
+            if deleted > 0 {
+                f.message
+                    .push_str(&format!(" ({deleted} deleted before that)"));
+            }
+            f
+        })?;
+        batches += 1;
+        deleted += n;
+        // A short batch means nothing older was left (rows a concurrent purge holds
+        // are skipped, and are that purge's to delete).
+        if n < full {
+            return Ok((deleted, batches));
+        }
+        term.note(&format!(
+            "purged {deleted} so far ({})",
+            crate::output::plural(batches, "batch", "batches")
+        ));
+    }
+}

@@ -43,34 +43,13 @@ pub(super) async fn run(place: &Place, args: &PurgeArgs, term: &Term) -> Result<
         }
         return Ok(());
     }
-    let (mut purged, mut batches) = (0u64, 0u64);
-    loop {
-        let n = admin
-            .purge_dispatched(args.older_than, args.batch)
-            .await
-            .map_err(|e| {
-                let mut f = place.failed("purging dispatched messages", &e);
-                if purged > 0 {
-                    f.message
-                        .push_str(&format!(" ({purged} deleted before that)"));
-                }
-                f
-            })?;
-        batches += 1;
-        purged += n;
-        if n == args.batch as u64 {
-            // Another batch follows: say how far it got.
-            term.note(&format!(
-                "purged {purged} so far ({})",
-                plural(batches, "batch", "batches")
-            ));
-        }
-        // A short batch means nothing older was left (rows locked by a concurrent
-        // purge are skipped, and are that purge's to delete).
-        if n < args.batch as u64 {
-            break;
-        }
-    }
+    let (purged, batches) = super::in_batches(
+        term,
+        args.batch,
+        || admin.purge_dispatched(args.older_than, args.batch),
+        |e| place.failed("purging dispatched messages", e),
+    )
+    .await?;
     if term.json() {
         term.json_out(&PurgeJson {
             dry_run: false,
