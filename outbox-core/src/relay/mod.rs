@@ -265,6 +265,12 @@ impl Relay {
     }
 
     /// Totals since the relay was created, across the loop and explicit dispatches.
+    ///
+    /// They count what the relay saw acknowledged. After
+    /// [`RelayHandle::abort`] (or a crash) they can fall short of what happened in
+    /// storage: a complete that landed while the relay was killed waiting for its
+    /// answer is not counted. Read [`OutboxAdmin::stats`](crate::OutboxAdmin::stats)
+    /// for the store's own figures.
     pub fn report(&self) -> DispatchReport {
         self.inner.tally.snapshot()
     }
