@@ -177,15 +177,7 @@ async fn every_message_reaches_the_ledger_once_through_jetstream_while_relays_cr
     );
     println!("  ledger: {ledger:?}");
 
-    ledger.assert_exactly_once();
-    assert_eq!(produced, MESSAGES);
-    assert_eq!(
-        relay_totals.crashes,
-        common::CRASHES,
-        "every planned crash happened"
-    );
-    assert_eq!(relay_totals.dead_lettered, 0);
-    assert_eq!(relay_totals.panics, 0);
+    common::assert_story(&ledger, produced, &relay_totals);
     assert_eq!(stored, MESSAGES, "JetStream stored each message id once");
     assert!(
         repeats >= common::CRASHES,

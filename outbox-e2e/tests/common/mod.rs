@@ -22,7 +22,7 @@ use sqlx::PgPool;
 use tokio::sync::{watch, OnceCell};
 use tokio::task::JoinHandle;
 
-pub use relays::{Connect, Relays, Wakeups, CRASHES};
+pub use relays::{Connect, RelayTotals, Relays, Wakeups, CRASHES};
 
 /// Messages the producer enqueues.
 pub const MESSAGES: u64 = 2_000;
@@ -326,6 +326,17 @@ impl Ledger {
             "the outbox is empty: {o:?}"
         );
     }
+}
+
+/// What every broker's run must end with: each order applied exactly once and the
+/// outbox empty, every message produced, every planned crash made, and no dead letter
+/// or panic on the way.
+pub fn assert_story(ledger: &Ledger, produced: u64, relays: &RelayTotals) {
+    ledger.assert_exactly_once();
+    assert_eq!(produced, MESSAGES);
+    assert_eq!(relays.crashes, CRASHES, "every planned crash happened");
+    assert_eq!(relays.dead_lettered, 0);
+    assert_eq!(relays.panics, 0);
 }
 
 /// The consumer's counts, shared by its workers.
