@@ -12,6 +12,7 @@ mod common;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use common::private::PrivateRabbit;
 use outbox_core::{Error, ErrorKind, Publisher, Result};
 use outbox_rabbitmq::lapin::message::Delivery;
 use outbox_rabbitmq::lapin::options::{
@@ -21,7 +22,9 @@ use outbox_rabbitmq::lapin::options::{
 use outbox_rabbitmq::lapin::types::{AMQPValue, FieldTable};
 use outbox_rabbitmq::lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use outbox_rabbitmq::{RabbitPublisher, RabbitPublisherConfig, Routing};
-use outbox_testkit::{PublisherFeatures, PublisherHarness, PublisherNamespace, Received};
+use outbox_testkit::{
+    PublisherFeatures, PublisherHarness, PublisherNamespace, Received, RestartableNamespace,
+};
 
 struct RabbitHarness {
     url: String,
@@ -46,20 +49,64 @@ impl PublisherHarness for RabbitHarness {
         features.unroutable_is_permanent = true;
         // RabbitMQ keeps no dedup window: consumers deduplicate on message-id.
         features.dedup_window = false;
+        // A private node (common::private) is stopped and started.
+        features.broker_restart = true;
         features
     }
 
     async fn namespace(&self) -> Result<Box<dyn PublisherNamespace>> {
-        let connection = Connection::connect(
-            &self.url,
-            ConnectionProperties::default().with_connection_name(common::unique("conf").into()),
-        )
+        Ok(Box::new(RabbitNamespace::declare(&self.url, None).await?))
+    }
+
+    async fn restartable_namespace(&self) -> Result<Box<dyn RestartableNamespace>> {
+        let node = PrivateRabbit::start().await?;
+        let url = node.url();
+        Ok(Box::new(RabbitNamespace::declare(&url, Some(node)).await?))
+    }
+}
+
+/// The test's own connection and channel, to declare and read back.
+async fn open(url: &str) -> Result<(Connection, Channel)> {
+    let connection = Connection::connect(
+        url,
+        ConnectionProperties::default().with_connection_name(common::unique("conf").into()),
+    )
+    .await
+    .map_err(|e| broker_error("connecting", e))?;
+    let channel = connection
+        .create_channel()
         .await
-        .map_err(|e| broker_error("connecting", e))?;
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(|e| broker_error("opening a channel", e))?;
+        .map_err(|e| broker_error("opening a channel", e))?;
+    Ok((connection, channel))
+}
+
+struct RabbitNamespace {
+    url: String,
+    exchange: String,
+    queue: String,
+    /// The test's connection; reopened when a restart of a private node broke it.
+    link: tokio::sync::Mutex<(Connection, Channel)>,
+    /// Everything taken from the queue so far, in queue order.
+    drained: tokio::sync::Mutex<Vec<Delivery>>,
+    /// The private node a restartable namespace runs on, `None` on the shared one.
+    node: Option<PrivateRabbit>,
+}
+
+impl std::fmt::Debug for RabbitNamespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitNamespace")
+            .field("exchange", &self.exchange)
+            .field("queue", &self.queue)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RabbitNamespace {
+    /// A topic exchange and one durable queue bound to it with `routed.#`. On a private
+    /// node the exchange is durable too, so both survive its restart; on the shared one
+    /// it is auto-deleted with its binding.
+    async fn declare(url: &str, node: Option<PrivateRabbit>) -> Result<Self> {
+        let (connection, channel) = open(url).await?;
         let exchange = common::unique("conf-ex");
         let queue = common::unique("conf-q");
         channel
@@ -67,7 +114,8 @@ impl PublisherHarness for RabbitHarness {
                 exchange.as_str().into(),
                 ExchangeKind::Topic,
                 ExchangeDeclareOptions {
-                    auto_delete: true,
+                    durable: node.is_some(),
+                    auto_delete: node.is_none(),
                     ..ExchangeDeclareOptions::default()
                 },
                 FieldTable::default(),
@@ -99,33 +147,40 @@ impl PublisherHarness for RabbitHarness {
             )
             .await
             .map_err(|e| broker_error("binding the queue", e))?;
-        Ok(Box::new(RabbitNamespace {
-            url: self.url.clone(),
+        Ok(RabbitNamespace {
+            url: url.to_owned(),
             exchange,
             queue,
-            connection,
-            channel,
+            link: tokio::sync::Mutex::new((connection, channel)),
             drained: tokio::sync::Mutex::new(Vec::new()),
-        }))
+            node,
+        })
+    }
+
+    /// The test's channel, reopened if a restart closed it.
+    async fn channel(&self) -> Result<Channel> {
+        let mut link = self.link.lock().await;
+        if !link.1.status().connected() {
+            *link = open(&self.url).await?;
+        }
+        Ok(link.1.clone())
+    }
+
+    fn node(&self) -> Result<&PrivateRabbit> {
+        self.node
+            .as_ref()
+            .ok_or_else(|| Error::config("this namespace is on the shared node"))
     }
 }
 
-struct RabbitNamespace {
-    url: String,
-    exchange: String,
-    queue: String,
-    connection: Connection,
-    channel: Channel,
-    /// Everything taken from the queue so far, in queue order.
-    drained: tokio::sync::Mutex<Vec<Delivery>>,
-}
+#[async_trait]
+impl RestartableNamespace for RabbitNamespace {
+    async fn stop_broker(&self) -> Result<()> {
+        self.node()?.stop().await
+    }
 
-impl std::fmt::Debug for RabbitNamespace {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RabbitNamespace")
-            .field("exchange", &self.exchange)
-            .field("queue", &self.queue)
-            .finish_non_exhaustive()
+    async fn start_broker(&self) -> Result<()> {
+        self.node()?.start_again().await
     }
 }
 
@@ -157,9 +212,9 @@ impl PublisherNamespace for RabbitNamespace {
 
     async fn received(&self, destination: &str) -> Result<Vec<Received>> {
         let mut drained = self.drained.lock().await;
+        let channel = self.channel().await?;
         // A confirm means every queue accepted the message: all of it is there to get.
-        while let Some(got) = self
-            .channel
+        while let Some(got) = channel
             .basic_get(self.queue.as_str().into(), BasicGetOptions { no_ack: true })
             .await
             .map_err(|e| broker_error("basic.get", e))?
@@ -174,19 +229,19 @@ impl PublisherNamespace for RabbitNamespace {
     }
 
     async fn teardown(&self) -> Result<()> {
-        self.channel
+        let channel = self.channel().await?;
+        channel
             .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
             .await
             .map_err(|e| broker_error("deleting the queue", e))?;
         // Usually gone with its binding already (auto-delete).
-        let _ = self
-            .channel
+        let _ = channel
             .exchange_delete(
                 self.exchange.as_str().into(),
                 ExchangeDeleteOptions::default(),
             )
             .await;
-        let _ = self.connection.close(200, "done".into()).await;
+        let _ = self.link.lock().await.0.close(200, "done".into()).await;
         Ok(())
     }
 }

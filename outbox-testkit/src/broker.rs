@@ -20,6 +20,8 @@ struct State {
     stored: Vec<(String, Received)>,
     /// When each id was last stored, for the dedup window.
     seen: HashMap<MessageId, Instant>,
+    /// Stopped by [`MemoryBroker::stop`]: every publish is retryable until started.
+    down: bool,
 }
 
 /// An in-memory broker that behaves the way the publisher contract asks of a real one:
@@ -68,6 +70,18 @@ impl MemoryBroker {
         self.state().bound.push(prefix.into());
     }
 
+    /// Stop the broker: until [`start`](Self::start), every message of every publish is
+    /// [`Retryable`](PublishOutcome::Retryable), as with a broker that is restarting.
+    /// What it stored is kept.
+    pub fn stop(&self) {
+        self.state().down = true;
+    }
+
+    /// Start a stopped broker again.
+    pub fn start(&self) {
+        self.state().down = false;
+    }
+
     /// What the broker holds for `destination`, in the order it stored it.
     pub fn received(&self, destination: &str) -> Vec<Received> {
         self.state()
@@ -79,6 +93,9 @@ impl MemoryBroker {
     }
 
     fn publish_one(&self, state: &mut State, message: &Message) -> PublishOutcome {
+        if state.down {
+            return PublishOutcome::Retryable("the broker is down".to_owned());
+        }
         if !state
             .bound
             .iter()

@@ -16,8 +16,9 @@
 //! - [`RecordingPublisher`]: a publisher that records, fails, slows down or rejects;
 //! - the [`Publisher`](outbox_core::Publisher) suite for brokers: [`publisher_suite!`]
 //!   over a [`PublisherHarness`] (a publisher into an isolated [`PublisherNamespace`] and
-//!   a way to read back what the broker stored), proven against [`MemoryBroker`], the
-//!   reference broker;
+//!   a way to read back what the broker stored, and, for the restart case, a
+//!   [`RestartableNamespace`] on a private broker the case stops and starts), proven
+//!   against [`MemoryBroker`], the reference broker;
 //! - [`FaultyStore`]: a store wrapper whose claims and settles fail, panic or stall on
 //!   cue, for testing how relays cope;
 //! - [`service_url`]: gating integration tests on a service URL, with a visible skip
@@ -185,6 +186,7 @@ pub use memory::{MemoryStore, MemoryTx};
 pub use memory_harness::MemoryHarness;
 pub use publisher_harness::{
     MemoryPublisherHarness, PublisherFeatures, PublisherHarness, PublisherNamespace, Received,
+    RestartableNamespace,
 };
 pub use publishers::{Gate, RecordingPublisher};
 pub use wait::{poll_for, wait_until, within};

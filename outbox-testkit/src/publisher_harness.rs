@@ -8,7 +8,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use outbox_core::{Headers, Publisher, Result};
+use outbox_core::{Error, ErrorKind, Headers, Publisher, Result};
 
 use crate::broker::MemoryBroker;
 
@@ -27,6 +27,10 @@ pub struct PublisherFeatures {
     /// [`Permanent`](outbox_core::PublishOutcome::Permanent) without failing the rest of
     /// the batch.
     pub unroutable_is_permanent: bool,
+    /// The harness can run a broker of its own that a case stops and starts again
+    /// ([`PublisherHarness::restartable_namespace`]), to check what a publisher does
+    /// while its broker restarts.
+    pub broker_restart: bool,
 }
 
 impl PublisherFeatures {
@@ -35,6 +39,7 @@ impl PublisherFeatures {
         PublisherFeatures {
             dedup_window: true,
             unroutable_is_permanent: true,
+            broker_restart: true,
         }
     }
 }
@@ -127,6 +132,19 @@ pub trait PublisherNamespace: Send + Sync + fmt::Debug {
     }
 }
 
+/// A namespace on a broker that belongs to one case alone, which the case may stop and
+/// start again. Never the shared broker other tests use: stopping it would fail them.
+#[async_trait]
+pub trait RestartableNamespace: PublisherNamespace {
+    /// Stop the broker abruptly, as a crash or a restart does (no goodbye to its
+    /// clients), and return once it accepts no more connections.
+    async fn stop_broker(&self) -> Result<()>;
+
+    /// Start the broker again on the same address with the same storage, and return once
+    /// it accepts connections. What it stored before the stop is still there.
+    async fn start_broker(&self) -> Result<()>;
+}
+
 /// Hands out isolated [`PublisherNamespace`]s, one per case.
 #[async_trait]
 pub trait PublisherHarness: Send + Sync + 'static {
@@ -135,6 +153,16 @@ pub trait PublisherHarness: Send + Sync + 'static {
 
     /// A fresh, empty namespace of the broker, so cases can run in parallel.
     async fn namespace(&self) -> Result<Box<dyn PublisherNamespace>>;
+
+    /// A namespace on a private broker of its own that the case may stop and start.
+    /// Called only when [`PublisherFeatures::broker_restart`] is declared; the default
+    /// refuses with [`ErrorKind::Unsupported`].
+    async fn restartable_namespace(&self) -> Result<Box<dyn RestartableNamespace>> {
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            "this harness runs no private broker to restart",
+        ))
+    }
 }
 
 /// Runs the publisher suite against [`MemoryBroker`], which declares every feature.
@@ -151,14 +179,38 @@ impl PublisherHarness for MemoryPublisherHarness {
     }
 
     async fn namespace(&self) -> Result<Box<dyn PublisherNamespace>> {
-        let broker = MemoryBroker::new();
-        broker.bind(ROUTED);
-        Ok(Box::new(MemoryNamespace(broker)))
+        Ok(Box::new(MemoryNamespace::new()))
+    }
+
+    async fn restartable_namespace(&self) -> Result<Box<dyn RestartableNamespace>> {
+        Ok(Box::new(MemoryNamespace::new()))
     }
 }
 
+/// A broker of its own per namespace, so stopping it touches no other case.
 #[derive(Debug)]
 struct MemoryNamespace(MemoryBroker);
+
+impl MemoryNamespace {
+    fn new() -> Self {
+        let broker = MemoryBroker::new();
+        broker.bind(ROUTED);
+        MemoryNamespace(broker)
+    }
+}
+
+#[async_trait]
+impl RestartableNamespace for MemoryNamespace {
+    async fn stop_broker(&self) -> Result<()> {
+        self.0.stop();
+        Ok(())
+    }
+
+    async fn start_broker(&self) -> Result<()> {
+        self.0.start();
+        Ok(())
+    }
+}
 
 #[async_trait]
 impl PublisherNamespace for MemoryNamespace {

@@ -29,6 +29,7 @@ macro_rules! publisher_suite {
             publisher_unroutable_is_permanent_and_spares_the_batch,
             publisher_concurrent_calls_all_land,
             publisher_large_batch,
+            publisher_broker_restart_is_retryable_and_the_publisher_recovers,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {

@@ -3,6 +3,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod private;
+
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -13,7 +15,10 @@ use outbox_nats::{
     NatsPublisher, NatsPublisherConfig, CONTENT_TYPE_HEADER, MESSAGE_ID_HEADER,
     PARTITION_KEY_HEADER,
 };
-use outbox_testkit::{PublisherFeatures, PublisherHarness, PublisherNamespace, Received};
+use outbox_testkit::{
+    PublisherFeatures, PublisherHarness, PublisherNamespace, Received, RestartableNamespace,
+};
+use private::PrivateNats;
 use tokio::sync::OnceCell;
 
 /// The variable naming the NATS server.
@@ -75,13 +80,24 @@ async fn delete_stale_streams(js: &jetstream::Context) {
     .await;
 }
 
-/// A stream named `name` storing `<name>.<routed>.>`, duplicates dropped for two
-/// minutes.
+/// A stream named `name` storing `<name>.<routed>.>` in memory, duplicates dropped for
+/// two minutes.
 pub async fn create_stream(js: &jetstream::Context, name: &str, routed: &str) {
+    create_stream_in(js, name, routed, stream::StorageType::Memory).await;
+}
+
+/// [`create_stream`] with the storage given: a stream that must outlive a server
+/// restart is stored in files.
+pub async fn create_stream_in(
+    js: &jetstream::Context,
+    name: &str,
+    routed: &str,
+    storage: stream::StorageType,
+) {
     js.create_stream(stream::Config {
         name: name.to_owned(),
         subjects: vec![format!("{name}.{routed}.>")],
-        storage: stream::StorageType::Memory,
+        storage,
         duplicate_window: Duration::from_secs(120),
         ..Default::default()
     })
@@ -110,6 +126,20 @@ impl PublisherHarness for NatsHarness {
             url: self.url.clone(),
             js,
             name,
+            server: None,
+        }))
+    }
+
+    async fn restartable_namespace(&self) -> Result<Box<dyn RestartableNamespace>> {
+        let server = PrivateNats::start().await?;
+        let js = jetstream(&server.url()).await;
+        let name = unique_name();
+        create_stream_in(&js, &name, ROUTED, stream::StorageType::File).await;
+        Ok(Box::new(NatsNamespace {
+            url: server.url(),
+            js,
+            name,
+            server: Some(server),
         }))
     }
 }
@@ -121,11 +151,38 @@ pub struct NatsNamespace {
     url: String,
     js: jetstream::Context,
     name: String,
+    /// The private server a restartable namespace runs on, `None` on the shared one.
+    server: Option<PrivateNats>,
 }
+
+/// How long a publisher on a private server waits for an ack: short, so a publish the
+/// server's death interrupts returns soon.
+const PRIVATE_ACK_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl NatsNamespace {
     pub fn config(&self) -> NatsPublisherConfig {
-        NatsPublisherConfig::new(&self.url).with_subject_prefix(&self.name)
+        let config = NatsPublisherConfig::new(&self.url).with_subject_prefix(&self.name);
+        match self.server {
+            Some(_) => config.with_ack_timeout(PRIVATE_ACK_TIMEOUT),
+            None => config,
+        }
+    }
+
+    fn server(&self) -> Result<&PrivateNats> {
+        self.server
+            .as_ref()
+            .ok_or_else(|| Error::config("this namespace is on the shared server"))
+    }
+}
+
+#[async_trait]
+impl RestartableNamespace for NatsNamespace {
+    async fn stop_broker(&self) -> Result<()> {
+        self.server()?.stop()
+    }
+
+    async fn start_broker(&self) -> Result<()> {
+        self.server()?.start_again().await
     }
 }
 

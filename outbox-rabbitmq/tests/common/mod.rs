@@ -3,6 +3,7 @@
 //! publisher off from the broker.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod private;
 pub mod proxy;
 
 use std::str::FromStr;

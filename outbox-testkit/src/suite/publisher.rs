@@ -2,14 +2,15 @@
 //! window, unroutable destinations, concurrency and large batches.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use outbox_core::{Headers, Message, MessageId, MessageParts, PublishOutcome, Publisher};
 use tokio::sync::Barrier;
 
 use crate::publisher_harness::{PublisherFeatures, PublisherHarness, PublisherNamespace, Received};
-use crate::wait::within;
+use crate::wait::{wait_until, within};
 
 /// How many tasks publish at once in the concurrency case, and how many publishers
 /// (relay processes) they share.
@@ -20,6 +21,8 @@ const BATCHES_PER_TASK: usize = 3;
 const BATCH: usize = 10;
 /// The large batch.
 const LARGE: usize = 1_000;
+/// The batches a relay publishes while its broker restarts.
+const RESTART_BATCH: usize = 100;
 
 async fn namespace(h: &dyn PublisherHarness) -> Box<dyn PublisherNamespace> {
     h.namespace()
@@ -389,5 +392,153 @@ pub async fn publisher_large_batch(h: &dyn PublisherHarness) {
     payloads.sort();
     sent.sort();
     assert_eq!(payloads, sent, "payloads changed on the way");
+    teardown(ns).await;
+}
+
+/// A broker that stops while a relay publishes batch after batch (once a batch landed)
+/// and starts again: every call returns (no hang, no `Err`) with every
+/// message `Published` or `Retryable`, never `Permanent`, and some are `Retryable`; a
+/// call while the broker is down is `Retryable` for every message; once the broker is
+/// back, the same publisher (a relay does not rebuild it) publishes everything that was
+/// retryable, and the broker holds every message, once where it drops repeats within a
+/// window.
+pub async fn publisher_broker_restart_is_retryable_and_the_publisher_recovers(
+    h: &dyn PublisherHarness,
+) {
+    const CASE: &str = "publisher_broker_restart_is_retryable_and_the_publisher_recovers";
+    if !supports(h, CASE, |f| f.broker_restart) {
+        return;
+    }
+    let ns = h
+        .restartable_namespace()
+        .await
+        .unwrap_or_else(|e| panic!("harness could not start a private broker: {}", e.report()));
+    let publisher = publisher(&*ns).await;
+    let destination = ns.destination("restart");
+    let warm = numbered(&destination, BATCH);
+    assert_all_published(&publish(&*publisher, &warm).await);
+
+    // A relay publishing batch after batch when the broker dies: stop it once a call
+    // came back all published (the broker holds part of the stream), then let the loop
+    // see the stop. Progress is the loop's own: reading the broker while it publishes
+    // could chase a queue that never empties.
+    let stopped = Arc::new(AtomicBool::new(false));
+    let landed = Arc::new(AtomicUsize::new(0));
+    let relay = tokio::spawn({
+        let (publisher, stopped, landed, destination) = (
+            Arc::clone(&publisher),
+            Arc::clone(&stopped),
+            Arc::clone(&landed),
+            destination.clone(),
+        );
+        async move {
+            let mut sent = Vec::new();
+            while !stopped.load(Ordering::SeqCst) {
+                let batch = numbered(&destination, RESTART_BATCH);
+                let outcomes = publisher.publish(&batch).await;
+                if let Ok(outcomes) = &outcomes {
+                    if outcomes.iter().all(|o| *o == PublishOutcome::Published) {
+                        landed.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                sent.push((batch, outcomes));
+            }
+            sent
+        }
+    });
+    wait_until("a batch of the stream to land", || {
+        let landed = landed.load(Ordering::SeqCst) > 0;
+        async move { landed }
+    })
+    .await;
+    within("stopping the private broker", ns.stop_broker())
+        .await
+        .unwrap_or_else(|e| panic!("could not stop the private broker: {}", e.report()));
+    stopped.store(true, Ordering::SeqCst);
+    let calls = within("the publish calls the broker stopped under", relay)
+        .await
+        .expect("the publishing task panicked");
+    let (mut in_flight, mut pending) = (Vec::new(), Vec::new());
+    for (batch, outcomes) in calls {
+        let outcomes = outcomes
+            .unwrap_or_else(|e| panic!("a restart must give outcomes, not Err: {}", e.report()));
+        assert_eq!(outcomes.len(), batch.len(), "one outcome per message");
+        for (message, outcome) in batch.into_iter().zip(outcomes) {
+            match outcome {
+                PublishOutcome::Published => {}
+                PublishOutcome::Retryable(_) => pending.push(message.clone()),
+                PublishOutcome::Permanent(reason) => {
+                    panic!("a broker restart must never be Permanent, got {reason:?}")
+                }
+            }
+            in_flight.push(message);
+        }
+    }
+    assert!(
+        !pending.is_empty(),
+        "the calls running when the broker stopped must leave something Retryable"
+    );
+    eprintln!(
+        "{CASE}: {} of {} messages published around the stop were retryable",
+        pending.len(),
+        in_flight.len()
+    );
+
+    let during = numbered(&destination, BATCH);
+    for (i, outcome) in publish(&*publisher, &during).await.iter().enumerate() {
+        assert!(
+            matches!(outcome, PublishOutcome::Retryable(reason) if !reason.is_empty()),
+            "message {i} published while the broker was down must be Retryable with a \
+             reason, got {outcome:?}"
+        );
+    }
+    pending.extend(during.iter().cloned());
+
+    within("starting the private broker", ns.start_broker())
+        .await
+        .unwrap_or_else(|e| panic!("could not start the private broker: {}", e.report()));
+    within(
+        "the same publisher publishing what the restart left",
+        async {
+            let mut pause =
+                outbox_core::Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
+            while !pending.is_empty() {
+                let outcomes = publish(&*publisher, &pending).await;
+                let mut still = Vec::new();
+                for (message, outcome) in pending.drain(..).zip(outcomes) {
+                    match outcome {
+                        PublishOutcome::Published => {}
+                        PublishOutcome::Retryable(_) => still.push(message),
+                        PublishOutcome::Permanent(reason) => {
+                            panic!("after the restart a message was Permanent: {reason:?}")
+                        }
+                    }
+                }
+                pending = still;
+                if !pending.is_empty() {
+                    pause.wait().await;
+                }
+            }
+        },
+    )
+    .await;
+
+    let mut sent = ids_of(&warm);
+    sent.extend(ids_of(&in_flight));
+    sent.extend(ids_of(&during));
+    let got = received(&*ns, &destination).await;
+    if h.features().dedup_window {
+        assert_eq!(
+            dedup_ids(&got),
+            sent,
+            "the broker must hold every message once"
+        );
+    } else {
+        let held: HashSet<String> = got.iter().filter_map(|r| r.dedup_id.clone()).collect();
+        assert_eq!(
+            held, sent,
+            "the broker must hold every message, and nothing else"
+        );
+    }
     teardown(ns).await;
 }
