@@ -1,7 +1,60 @@
-//! # outbox-sqlserver
-//!
-//! SQL Server backend for the transactional outbox (tiberius + bb8, claims with
-//! `WITH (UPDLOCK, READPAST, ROWLOCK)`, `sp_getapplock` locks).
-//!
-//! **Not implemented yet.** This crate reserves the name and place in the workspace;
-//! its own issue fills it. It exports nothing.
+#![doc = include_str!("../README.md")]
+
+mod admin;
+mod config;
+mod connect;
+mod dedup;
+mod entity;
+mod error;
+mod exec;
+mod ident;
+mod lock;
+mod row;
+mod schema;
+mod sql;
+mod store;
+
+#[cfg(test)]
+mod statement_tests;
+
+pub use config::{MssqlDedupConfig, MssqlEntityConfig, MssqlOutboxConfig, MAX_PARTITION_KEY_LEN};
+pub use connect::{MssqlClient, MssqlConnection, MssqlManager, MssqlPool};
+pub use dedup::MssqlDedupStore;
+pub use entity::MssqlEntityStore;
+pub use ident::QualifiedName;
+pub use lock::MssqlDistributedLock;
+pub use schema::SCHEMA_VERSION;
+pub use store::MssqlOutbox;
+
+/// The tiberius this crate was built with: run your transactions on its `Client`.
+pub use tiberius;
+
+/// Compile-time checks that the public futures can be spawned on a multi-threaded
+/// runtime.
+#[cfg(test)]
+#[allow(dead_code)]
+mod send_checks {
+    use super::*;
+    use outbox_core::{
+        ClaimRequest, DeadLetterPage, DeadLetterSelection, OutboxAdmin, OutboxStore,
+    };
+
+    fn assert_send<T: Send>(_: T) {}
+
+    fn public_futures_are_send(
+        outbox: &MssqlOutbox,
+        dedup: &MssqlDedupStore,
+        client: &mut MssqlClient,
+        messages: &[outbox_core::NewMessage],
+        request: ClaimRequest,
+        page: &DeadLetterPage,
+        selection: &DeadLetterSelection,
+    ) {
+        assert_send(outbox.install());
+        assert_send(dedup.install());
+        assert_send(outbox.enqueue(client, messages));
+        assert_send(outbox.claim(request));
+        assert_send(outbox.dead_letters(page));
+        assert_send(outbox.requeue_dead(selection));
+    }
+}

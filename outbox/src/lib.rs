@@ -27,6 +27,10 @@ pub use outbox_sqlite as sqlite;
 #[cfg(feature = "postgres")]
 pub use outbox_postgres as postgres;
 
+/// The SQL Server backend (feature `sqlserver`).
+#[cfg(feature = "sqlserver")]
+pub use outbox_sqlserver as sqlserver;
+
 /// The NATS JetStream publisher (feature `nats`).
 #[cfg(feature = "nats")]
 pub use outbox_nats as nats;

@@ -1,0 +1,325 @@
+//! The [`OutboxAdmin`] side of [`MssqlOutbox`]: stats, dead letters, purges.
+//!
+//! Changes by filter and purges run in statements of at most
+//! [`DELETE_BATCH`](crate::sql::DELETE_BATCH) rows (`TOP (n)` with `READPAST`, so rows
+//! others hold are skipped), repeated until the caller's limit is reached or a
+//! statement finds fewer rows: no statement takes enough row locks to escalate to a
+//! table lock.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use outbox_core::admin::MAX_ADMIN_BATCH;
+use outbox_core::{
+    DeadLetter, DeadLetterFilter, DeadLetterOrder, DeadLetterPage, DeadLetterSelection,
+    OutboxAdmin, OutboxStats, Result, Retention,
+};
+
+use crate::error::from_tiberius;
+use crate::exec::{execute, row_count, row_opt_i64};
+use crate::ident::QualifiedName;
+use crate::row::decode_dead_letter;
+use crate::sql::{
+    age_micros, before, chunk_rows, id_list, limit_param, unix_us, Binder, Param, Stmt,
+    CLAIM_HINTS, DELETE_BATCH, NOW, PURGE_HINTS, UNDELIVERED,
+};
+use crate::store::MssqlOutbox;
+
+// ---- Statements ----------------------------------------------------------------
+
+/// The dead-letter filter's clauses (only those set), appended to `WHERE dead_at IS
+/// NOT NULL`. An empty id list matches nothing.
+fn dead_filter(b: &mut Binder, filter: &DeadLetterFilter) -> String {
+    let mut clauses = String::new();
+    if let Some(destination) = filter.destination() {
+        let p = b.bind(Param::Text(Some(destination.to_owned())));
+        clauses.push_str(&format!(" AND destination = {p}"));
+    }
+    if let Some(age) = filter.dead_for() {
+        let p = b.bind(Param::I64(age_micros(age)));
+        clauses.push_str(&format!(" AND dead_at <= {}", before(&p)));
+    }
+    if let Some(ids) = filter.ids() {
+        if ids.is_empty() {
+            clauses.push_str(" AND 1 = 0");
+        } else {
+            // Up to MAX_ADMIN_BATCH ids: one JSON array of hex strings, not one
+            // parameter each (SQL Server 2016+, compatibility level 130).
+            let hex: Vec<String> = ids
+                .iter()
+                .map(|id| id.as_uuid().simple().to_string())
+                .collect();
+            let p = b.bind(Param::Text(Some(serde_json::Value::from(hex).to_string())));
+            clauses.push_str(&format!(
+                " AND id IN (SELECT CONVERT(binary(16), [value], 2) FROM OPENJSON({p}))"
+            ));
+        }
+    }
+    clauses
+}
+
+/// A page of dead letters.
+pub(crate) fn dead_letters(
+    t: &QualifiedName,
+    filter: &DeadLetterFilter,
+    order: DeadLetterOrder,
+    limit: usize,
+    after_id: Option<[u8; 16]>,
+) -> Stmt {
+    let mut b = Binder::default();
+    let top = b.bind(Param::I64(limit_param(limit)));
+    let clauses = dead_filter(&mut b, filter);
+    let (cmp, direction) = match order {
+        DeadLetterOrder::Ascending => (">", ""),
+        DeadLetterOrder::Descending => ("<", " DESC"),
+    };
+    let cursor = match after_id {
+        Some(id) => format!(" AND id {cmp} {}", b.bind_id(id)),
+        None => String::new(),
+    };
+    let sql = format!(
+        "SELECT TOP ({top}) id, destination, partition_key, payload, content_type, headers, \
+         {created} AS created_us, attempts, last_error, {dead} AS dead_us \
+         FROM {t} WHERE dead_at IS NOT NULL{clauses}{cursor} ORDER BY id{direction};",
+        created = unix_us("created_at"),
+        dead = unix_us("dead_at"),
+    );
+    b.finish(sql)
+}
+
+/// How many dead letters match.
+pub(crate) fn count_dead(t: &QualifiedName, filter: &DeadLetterFilter) -> Stmt {
+    let mut b = Binder::default();
+    let clauses = dead_filter(&mut b, filter);
+    b.finish(format!(
+        "SELECT COUNT_BIG(*) AS n FROM {t} WHERE dead_at IS NOT NULL{clauses};"
+    ))
+}
+
+/// Requeue or discard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DeadChange {
+    /// Make due again, attempts reset.
+    Requeue,
+    /// Delete.
+    Discard,
+}
+
+fn dead_change_head(change: DeadChange, alias: &str) -> String {
+    match change {
+        DeadChange::Requeue => format!(
+            "UPDATE {alias} SET dead_at = NULL, attempts = 0, available_at = {NOW}, \
+             lease_token = NULL"
+        ),
+        DeadChange::Discard => format!("DELETE FROM {alias}"),
+    }
+}
+
+/// Requeue or discard dead letters among `ids` (a chunk).
+pub(crate) fn change_dead_ids(t: &QualifiedName, change: DeadChange, ids: &[[u8; 16]]) -> Stmt {
+    let mut b = Binder::default();
+    let list = id_list(&mut b, ids);
+    let head = dead_change_head(change, &format!("{t} WITH (ROWLOCK)"));
+    b.finish(format!(
+        "{head} WHERE dead_at IS NOT NULL AND id IN ({list});"
+    ))
+}
+
+/// Requeue or discard up to `limit` (at most [`DELETE_BATCH`]) dead letters matching
+/// `filter`, lowest id first, skipping rows locked elsewhere.
+pub(crate) fn change_dead_matching(
+    t: &QualifiedName,
+    change: DeadChange,
+    filter: &DeadLetterFilter,
+    limit: usize,
+) -> Stmt {
+    let mut b = Binder::default();
+    let top = b.bind(Param::I64(limit_param(limit.min(DELETE_BATCH))));
+    let clauses = dead_filter(&mut b, filter);
+    let head = dead_change_head(change, "picked");
+    b.finish(format!(
+        "WITH picked AS (SELECT TOP ({top}) * FROM {t} {CLAIM_HINTS} \
+         WHERE dead_at IS NOT NULL{clauses} ORDER BY id) {head};"
+    ))
+}
+
+/// Delete up to `limit` (at most [`DELETE_BATCH`]) rows dispatched more than `age_us`
+/// ago.
+pub(crate) fn purge_dispatched(t: &QualifiedName, age_us: i64, limit: usize) -> Stmt {
+    let mut b = Binder::default();
+    let top = b.bind(Param::I64(limit_param(limit.min(DELETE_BATCH))));
+    let age = b.bind(Param::I64(age_us));
+    b.finish(format!(
+        "DELETE TOP ({top}) FROM {t} {PURGE_HINTS} \
+         WHERE dispatched_at IS NOT NULL AND dispatched_at < {cutoff};",
+        cutoff = before(&age),
+    ))
+}
+
+/// How many rows a purge with this age would delete in all.
+pub(crate) fn count_dispatched(t: &QualifiedName, age_us: i64) -> Stmt {
+    let mut b = Binder::default();
+    let age = b.bind(Param::I64(age_us));
+    b.finish(format!(
+        "SELECT COUNT_BIG(*) AS n FROM {t} \
+         WHERE dispatched_at IS NOT NULL AND dispatched_at < {cutoff};",
+        cutoff = before(&age),
+    ))
+}
+
+/// The counts of `OutboxStats`, in one statement.
+pub(crate) fn stats(t: &QualifiedName) -> Stmt {
+    Stmt::text(format!(
+        "SELECT \
+         COUNT_BIG(CASE WHEN lease_token IS NULL OR available_at <= {NOW} THEN 1 END) AS pending, \
+         COUNT_BIG(CASE WHEN lease_token IS NOT NULL AND available_at > {NOW} THEN 1 END) \
+         AS in_flight, \
+         DATEDIFF_BIG(MICROSECOND, MIN(created_at), {NOW}) AS oldest_us, \
+         (SELECT COUNT_BIG(*) FROM {t} WHERE dead_at IS NOT NULL) AS dead, \
+         (SELECT COUNT_BIG(*) FROM {t} WHERE dispatched_at IS NOT NULL) AS dispatched \
+         FROM {t} WHERE {UNDELIVERED};"
+    ))
+}
+
+// ---- The trait ------------------------------------------------------------------
+
+impl MssqlOutbox {
+    /// Requeue or discard the selected dead letters; returns how many changed.
+    async fn change_dead(
+        &self,
+        change: DeadChange,
+        selection: &DeadLetterSelection,
+    ) -> Result<u64> {
+        selection.validate()?;
+        let what = match change {
+            DeadChange::Requeue => "requeue dead letters",
+            DeadChange::Discard => "discard dead letters",
+        };
+        let name = self.qualified_name();
+        let mut client = self.client(what).await?;
+        let mut changed = 0;
+        match selection {
+            DeadLetterSelection::Ids(ids) => {
+                // In id order, like the settles, so overlapping calls lock rows in one
+                // order.
+                let mut ids: Vec<[u8; 16]> =
+                    ids.iter().map(|id| *id.as_uuid().as_bytes()).collect();
+                ids.sort_unstable();
+                ids.dedup();
+                for chunk in ids.chunks(chunk_rows(1, 0).min(DELETE_BATCH)) {
+                    changed += execute(&mut client, change_dead_ids(name, change, chunk))
+                        .await
+                        .map_err(|e| from_tiberius(what, e))?;
+                }
+            }
+            DeadLetterSelection::Matching { filter, limit } => {
+                let limit = u64::try_from(*limit).unwrap_or(u64::MAX);
+                while changed < limit {
+                    let step = usize::try_from(limit - changed)
+                        .unwrap_or(DELETE_BATCH)
+                        .min(DELETE_BATCH);
+                    let done = execute(
+                        &mut client,
+                        change_dead_matching(name, change, filter, step),
+                    )
+                    .await
+                    .map_err(|e| from_tiberius(what, e))?;
+                    changed += done;
+                    if done < step as u64 {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(changed)
+    }
+}
+
+#[async_trait]
+impl OutboxAdmin for MssqlOutbox {
+    async fn stats(&self) -> Result<OutboxStats> {
+        let rows = self.rows("stats", stats(self.qualified_name())).await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| crate::error::decode_error("stats returned no row"))?;
+        let oldest = row_opt_i64(row, "oldest_us")?
+            .map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0)));
+        Ok(OutboxStats::new(
+            row_count(row, "pending")?,
+            row_count(row, "in_flight")?,
+            row_count(row, "dead")?,
+            row_count(row, "dispatched")?,
+            oldest,
+        ))
+    }
+
+    async fn dead_letters(&self, page: &DeadLetterPage) -> Result<Vec<DeadLetter>> {
+        let after = page.after_id().map(|id| *id.as_uuid().as_bytes());
+        let stmt = dead_letters(
+            self.qualified_name(),
+            page.filter(),
+            page.order(),
+            page.limit(),
+            after,
+        );
+        let rows = self.rows("list dead letters", stmt).await?;
+        rows.iter().map(decode_dead_letter).collect()
+    }
+
+    async fn count_dead(&self, filter: &DeadLetterFilter) -> Result<u64> {
+        let rows = self
+            .rows(
+                "count dead letters",
+                count_dead(self.qualified_name(), filter),
+            )
+            .await?;
+        rows.first().map_or(Ok(0), |row| row_count(row, "n"))
+    }
+
+    async fn requeue_dead(&self, selection: &DeadLetterSelection) -> Result<u64> {
+        self.change_dead(DeadChange::Requeue, selection).await
+    }
+
+    async fn discard_dead(&self, selection: &DeadLetterSelection) -> Result<u64> {
+        self.change_dead(DeadChange::Discard, selection).await
+    }
+
+    /// As the trait says; a `limit` above [`MAX_ADMIN_BATCH`] is taken as that, and
+    /// rows are deleted in statements of at most 2,000 rows (below lock escalation).
+    async fn purge_dispatched(&self, older_than: Duration, limit: usize) -> Result<u64> {
+        if limit == 0 || self.config().retention() == Retention::Delete {
+            return Ok(0);
+        }
+        let what = "purge dispatched";
+        let limit = limit.min(MAX_ADMIN_BATCH) as u64;
+        let age = age_micros(older_than);
+        let mut client = self.client(what).await?;
+        let mut purged = 0;
+        while purged < limit {
+            let step = usize::try_from(limit - purged)
+                .unwrap_or(DELETE_BATCH)
+                .min(DELETE_BATCH);
+            let done = execute(
+                &mut client,
+                purge_dispatched(self.qualified_name(), age, step),
+            )
+            .await
+            .map_err(|e| from_tiberius(what, e))?;
+            purged += done;
+            if done < step as u64 {
+                break;
+            }
+        }
+        Ok(purged)
+    }
+
+    async fn count_dispatched(&self, older_than: Duration) -> Result<u64> {
+        if self.config().retention() == Retention::Delete {
+            return Ok(0);
+        }
+        let stmt = count_dispatched(self.qualified_name(), age_micros(older_than));
+        let rows = self.rows("count dispatched", stmt).await?;
+        rows.first().map_or(Ok(0), |row| row_count(row, "n"))
+    }
+}

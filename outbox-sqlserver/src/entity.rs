@@ -1,0 +1,196 @@
+//! [`MssqlEntityStore`]: the entity store of the decoupled consumer
+//! ([`DecoupledConsumer`](outbox_core::consumer::DecoupledConsumer)) in a SQL Server
+//! table.
+//!
+//! One row per entity: `state` and `outbox` as JSON text, `version` for the optimistic
+//! check. A persist is one statement whose `WHERE` is the check (`INSERT ... WHERE NOT
+//! EXISTS (... WITH (UPDLOCK, HOLDLOCK))` to create, `UPDATE ... WHERE version =
+//! @expected` to replace), so concurrent writers cannot both succeed; a conflict is a
+//! value ([`Persisted::Conflict`]), and a unique-key violation of a racing create (2627)
+//! is reported the same way.
+//!
+//! ## Limitations
+//!
+//! - Use the primary replica: the dedup store of the same algorithm must read its
+//!   writes.
+//! - Do not delete the row of an entity that may still receive messages: re-created,
+//!   its versions start over at 1.
+
+use async_trait::async_trait;
+
+use outbox_core::consumer::{EntityRecord, EntityStore, Loaded, Persisted, Version};
+use outbox_core::{EntityKey, Error, ErrorKind, Result};
+
+use crate::config::MssqlEntityConfig;
+use crate::connect::{dedicated, MssqlPool};
+use crate::error::{from_pool, from_tiberius, has_number};
+use crate::exec::{query_rows, row_i64, row_str};
+use crate::ident::QualifiedName;
+use crate::schema::{entity_ddl, entity_objects, install};
+use crate::sql::{Binder, Param, Stmt, NOW};
+
+pub(crate) fn load(t: &QualifiedName, key: &str) -> Stmt {
+    let mut b = Binder::default();
+    let key = b.bind(Param::Text(Some(key.to_owned())));
+    b.finish(format!(
+        "SELECT state, outbox, version FROM {t} WHERE entity_key = {key};"
+    ))
+}
+
+pub(crate) fn create(t: &QualifiedName, key: &str, state: String, outbox: String) -> Stmt {
+    let mut b = Binder::default();
+    let key = b.bind(Param::Text(Some(key.to_owned())));
+    let state = b.bind(Param::Text(Some(state)));
+    let outbox = b.bind(Param::Text(Some(outbox)));
+    b.finish(format!(
+        "INSERT INTO {t} (entity_key, state, outbox, version, updated_at) \
+         OUTPUT INSERTED.version \
+         SELECT {key}, {state}, {outbox}, 1, {NOW} WHERE NOT EXISTS \
+         (SELECT 1 FROM {t} WITH (UPDLOCK, HOLDLOCK) WHERE entity_key = {key});"
+    ))
+}
+
+pub(crate) fn replace(
+    t: &QualifiedName,
+    key: &str,
+    state: String,
+    outbox: String,
+    expected: i64,
+) -> Stmt {
+    let mut b = Binder::default();
+    let key = b.bind(Param::Text(Some(key.to_owned())));
+    let state = b.bind(Param::Text(Some(state)));
+    let outbox = b.bind(Param::Text(Some(outbox)));
+    let expected = b.bind(Param::I64(expected));
+    b.finish(format!(
+        "UPDATE {t} SET state = {state}, outbox = {outbox}, version = version + 1, \
+         updated_at = {NOW} OUTPUT INSERTED.version \
+         WHERE entity_key = {key} AND version = {expected};"
+    ))
+}
+
+/// Entities of a [`DecoupledConsumer`](outbox_core::consumer::DecoupledConsumer) in a
+/// SQL Server table, with optimistic concurrency on a `version` column.
+#[derive(Debug, Clone)]
+pub struct MssqlEntityStore {
+    pool: MssqlPool,
+    name: QualifiedName,
+}
+
+impl MssqlEntityStore {
+    /// A store on `pool` with `config`. Runs no SQL.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] for a bad schema or table name.
+    pub fn new(pool: MssqlPool, config: MssqlEntityConfig) -> Result<Self> {
+        let name = config.qualified_name()?;
+        Ok(MssqlEntityStore { pool, name })
+    }
+
+    /// The DDL for this store's table, idempotent, for your migration tool.
+    pub fn ddl(&self) -> String {
+        entity_ddl(&self.name)
+    }
+
+    /// Create the schema and table if missing and record the layout version.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Schema`] when the table exists at another layout version; mapped
+    /// driver errors otherwise.
+    pub async fn install(&self) -> Result<()> {
+        let mut client = dedicated(&self.pool, "schema install").await?;
+        install(&mut client, &self.name, &entity_objects(&self.name)).await
+    }
+}
+
+fn version_of(stored: i64) -> Result<Version> {
+    u64::try_from(stored).map(Version::new).map_err(|_| {
+        Error::new(
+            ErrorKind::Decode,
+            format!("entity version {stored} is negative"),
+        )
+    })
+}
+
+fn stored_version(v: Version) -> Result<i64> {
+    i64::try_from(v.get()).map_err(|_| {
+        Error::invalid_input(format!("entity version {} does not fit a bigint", v.get()))
+    })
+}
+
+fn json(what: &str, text: &str) -> Result<serde_json::Value> {
+    serde_json::from_str(text).map_err(|e| {
+        Error::new(
+            ErrorKind::Decode,
+            format!("the {what} of an entity is not JSON"),
+        )
+        .with_source(e)
+    })
+}
+
+#[async_trait]
+impl EntityStore for MssqlEntityStore {
+    async fn load(&self, key: &EntityKey) -> Result<Option<Loaded>> {
+        let what = "load entity";
+        let mut client = self.pool.get().await.map_err(|e| from_pool(what, e))?;
+        let rows = query_rows(&mut client, load(&self.name, key.as_str()))
+            .await
+            .map_err(|e| from_tiberius(what, e))?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let state = json("state", &row_str(row, "state")?)?;
+        let outbox = serde_json::from_value(json("outbox state", &row_str(row, "outbox")?)?)
+            .map_err(|e| {
+                Error::new(
+                    ErrorKind::Decode,
+                    format!("the outbox state of entity {key} does not decode"),
+                )
+                .with_source(e)
+            })?;
+        Ok(Some(Loaded {
+            record: EntityRecord { state, outbox },
+            version: version_of(row_i64(row, "version")?)?,
+        }))
+    }
+
+    async fn persist(
+        &self,
+        key: &EntityKey,
+        expected: Option<Version>,
+        record: &EntityRecord,
+    ) -> Result<Persisted> {
+        let what = "persist entity";
+        let outbox = serde_json::to_string(&record.outbox).map_err(|e| {
+            Error::invalid_input("the outbox state does not serialize").with_source(e)
+        })?;
+        let state = record.state.to_string();
+        let stmt = match expected {
+            None => create(&self.name, key.as_str(), state, outbox),
+            Some(v) => replace(&self.name, key.as_str(), state, outbox, stored_version(v)?),
+        };
+        let mut client = self.pool.get().await.map_err(|e| from_pool(what, e))?;
+        let rows = match query_rows(&mut client, stmt).await {
+            Ok(rows) => rows,
+            // A racing create of the same key: the same conflict.
+            Err(e) if has_number(&e, &[2627, 2601]) => return Ok(Persisted::Conflict),
+            Err(e) => return Err(from_tiberius(what, e)),
+        };
+        match rows.first() {
+            Some(row) => Ok(Persisted::Stored(version_of(row_i64(row, "version")?)?)),
+            None => Ok(Persisted::Conflict),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_convert_or_fail_typed() {
+        assert!(version_of(-1).is_err());
+        assert_eq!(version_of(3).unwrap(), Version::new(3));
+        assert!(stored_version(Version::new(u64::MAX)).is_err());
+    }
+}
