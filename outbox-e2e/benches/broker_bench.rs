@@ -1,0 +1,787 @@
+//! The relay with a real broker, against that broker's own client, in one run.
+//!
+//! ```text
+//! eval "$(scripts/services.sh)"
+//! cargo bench -p outbox-e2e --bench broker_bench              # about two minutes
+//! cargo bench -p outbox-e2e --bench broker_bench -- --quick   # about half a minute
+//! ```
+//!
+//! For NATS JetStream (a file-stored stream) and RabbitMQ (a durable queue, persistent
+//! messages, publisher confirms):
+//!
+//! 1. **Throughput.** The same messages (an order event of about 120 bytes, a content
+//!    type, the id as the broker's dedup id) are published (a) by the broker's raw
+//!    client in a loop keeping as many messages unacknowledged as one relay's batch
+//!    keeps in flight, and (b) by relays draining a PostgreSQL outbox pre-loaded
+//!    with them (loading not timed), batch [`BATCHES`], through `NatsPublisher` /
+//!    `RabbitPublisher`. The ratio is relay msgs/s over raw msgs/s; each figure is the
+//!    median of the runs, raw and relay taking turns.
+//! 2. **Latency.** One open-loop producer commits [`RATE`] transactions per second, one
+//!    message each; a relay woken by `LISTEN/NOTIFY` publishes them. Latency is from
+//!    the producer's `COMMIT` returning to the publish call returning with the broker's
+//!    acks (the last ack of the message's batch), both on one monotonic clock.
+//!
+//! Two more figures split the relay's time: the library's publisher alone (batch-sized
+//! calls one at a time, no database), and relays with a no-op publisher (PostgreSQL alone).
+//!
+//! Reads `OUTBOX_PG_URL`, `OUTBOX_NATS_URL`, `OUTBOX_AMQP_URL`. Everything it creates
+//! (an `obx_bench_broker_*` schema, stream, exchange and queue) is removed at the end.
+//! It reports figures and asserts none.
+
+use std::collections::{HashMap, VecDeque};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use futures::{stream, StreamExt};
+use outbox_core::{
+    Message, MessageId, MessageParts, NewMessage, OutboxStore, PublishOutcome, Publisher, Relay,
+    RelayConfig,
+};
+use outbox_nats::async_nats::jetstream::{
+    self, context::PublishAckFuture, message::PublishMessage, stream::StorageType,
+};
+use outbox_nats::async_nats::HeaderMap;
+use outbox_nats::{NatsPublisher, NatsPublisherConfig, CONTENT_TYPE_HEADER, MESSAGE_ID_HEADER};
+use outbox_postgres::{spawn_listener, Notify, PgOutbox, PgOutboxConfig};
+use outbox_rabbitmq::lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions,
+};
+use outbox_rabbitmq::lapin::types::FieldTable;
+use outbox_rabbitmq::lapin::{
+    BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind, PublisherConfirm,
+};
+use outbox_rabbitmq::{RabbitPublisher, RabbitPublisherConfig, Routing};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// The relays' claim and publish batches; the raw loop keeps as many unacknowledged.
+const BATCHES: [usize; 2] = [100, 1_000];
+/// The latency scenario's offered rate, transactions (and messages) per second.
+const RATE: u32 = 1_000;
+/// Transactions in flight at most in the latency scenario: the producer's pool.
+const PRODUCERS: u32 = 16;
+/// Latency samples from the first this-long are not counted.
+const WARM_UP: Duration = Duration::from_millis(500);
+/// The destination every message goes to.
+const DESTINATION: &str = "orders.created";
+/// How long a drain or the latency tail may take before the bench gives up.
+const GIVE_UP: Duration = Duration::from_secs(120);
+
+#[derive(Debug, Clone, Copy)]
+struct Mode {
+    quick: bool,
+}
+
+impl Mode {
+    fn pick<T>(self, full: T, quick: T) -> T {
+        if self.quick {
+            quick
+        } else {
+            full
+        }
+    }
+}
+
+fn var(name: &str) -> Res<String> {
+    std::env::var(name).map_err(|_| {
+        format!("{name} is not set: run `eval \"$(scripts/services.sh)\"` first").into()
+    })
+}
+
+fn unique(prefix: &str) -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!("{prefix}_{secs}_{:08x}", fastrand::u32(..))
+}
+
+/// An order event of about 120 bytes, as the PostgreSQL bench sends.
+fn order(i: u64) -> Res<NewMessage> {
+    let payload = serde_json::to_vec(&serde_json::json!({
+        "order_id": i,
+        "customer": format!("customer-{:06}", i % 100_000),
+        "amount_cents": 1_000 + i % 9_000,
+        "currency": "EUR",
+        "note": "benchmark payload, roughly the size of a small domain event",
+    }))?;
+    Ok(NewMessage::builder(DESTINATION)
+        .content_type("application/json")
+        .payload(payload)
+        .build()?)
+}
+
+/// One broker under test: its publisher for relays and its raw client loop.
+#[async_trait]
+trait Broker: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// A publisher as one relay process would hold.
+    async fn publisher(&self) -> Res<Arc<dyn Publisher>>;
+    /// Publish `messages` with the raw client, `window` unacknowledged at most;
+    /// returns the elapsed time once every ack arrived (`None`: no raw client).
+    async fn raw(&self, messages: &[NewMessage], window: usize) -> Res<Option<Duration>>;
+    /// Empty what the broker stored so far (between runs).
+    async fn clear(&self) -> Res<()>;
+    /// Remove what the bench created.
+    async fn teardown(&self) -> Res<()>;
+}
+
+/// The control: relays publishing to nothing, what PostgreSQL alone allows.
+struct NoBroker;
+
+/// Accepts every message at once.
+#[derive(Debug)]
+struct Noop;
+
+#[async_trait]
+impl Publisher for Noop {
+    async fn publish(&self, batch: &[Message]) -> outbox_core::Result<Vec<PublishOutcome>> {
+        Ok(vec![PublishOutcome::Published; batch.len()])
+    }
+}
+
+#[async_trait]
+impl Broker for NoBroker {
+    fn name(&self) -> &'static str {
+        "none (no-op)"
+    }
+
+    async fn publisher(&self) -> Res<Arc<dyn Publisher>> {
+        Ok(Arc::new(Noop))
+    }
+
+    async fn raw(&self, _: &[NewMessage], _: usize) -> Res<Option<Duration>> {
+        Ok(None)
+    }
+
+    async fn clear(&self) -> Res<()> {
+        Ok(())
+    }
+
+    async fn teardown(&self) -> Res<()> {
+        Ok(())
+    }
+}
+
+struct Nats {
+    url: String,
+    js: jetstream::Context,
+    stream: String,
+}
+
+impl Nats {
+    async fn setup(url: &str) -> Res<Nats> {
+        let client = outbox_nats::async_nats::connect(url).await?;
+        let js = jetstream::new(client);
+        let stream = unique("obx_bench_broker");
+        js.create_stream(jetstream::stream::Config {
+            name: stream.clone(),
+            subjects: vec![format!("{stream}.>")],
+            storage: StorageType::File,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await?;
+        Ok(Nats {
+            url: url.to_owned(),
+            js,
+            stream,
+        })
+    }
+}
+
+#[async_trait]
+impl Broker for Nats {
+    fn name(&self) -> &'static str {
+        "NATS JetStream"
+    }
+
+    async fn publisher(&self) -> Res<Arc<dyn Publisher>> {
+        let config = NatsPublisherConfig::new(&self.url).with_subject_prefix(&self.stream);
+        Ok(Arc::new(NatsPublisher::connect(config).await?))
+    }
+
+    async fn raw(&self, messages: &[NewMessage], window: usize) -> Res<Option<Duration>> {
+        let subject = format!("{}.{DESTINATION}", self.stream);
+        let start = Instant::now();
+        let publishes: Vec<_> = messages
+            .iter()
+            .map(|m| nats_publish(&self.js, subject.clone(), m))
+            .collect();
+        let mut acks = stream::iter(publishes).buffer_unordered(window);
+        while let Some(ack) = acks.next().await {
+            ack?;
+        }
+        Ok(Some(start.elapsed()))
+    }
+
+    async fn clear(&self) -> Res<()> {
+        self.js.get_stream(&self.stream).await?.purge().await?;
+        Ok(())
+    }
+
+    async fn teardown(&self) -> Res<()> {
+        self.js.delete_stream(&self.stream).await?;
+        Ok(())
+    }
+}
+
+/// One raw JetStream publish with the message id as `Nats-Msg-Id`, awaiting its ack.
+async fn nats_publish(js: &jetstream::Context, subject: String, m: &NewMessage) -> Res<()> {
+    let mut headers = HeaderMap::new();
+    headers.insert(MESSAGE_ID_HEADER, m.id().to_string().as_str());
+    headers.insert(CONTENT_TYPE_HEADER, "application/json");
+    let publish = PublishMessage::build()
+        .payload(bytes::Bytes::copy_from_slice(m.payload()))
+        .headers(headers);
+    let ack: PublishAckFuture = js.send_publish(subject, publish).await?;
+    ack.await?;
+    Ok(())
+}
+
+struct Rabbit {
+    url: String,
+    connection: Connection,
+    channel: Channel,
+    exchange: String,
+    queue: String,
+}
+
+impl Rabbit {
+    async fn setup(url: &str) -> Res<Rabbit> {
+        let connection = Connection::connect(url, ConnectionProperties::default()).await?;
+        let channel = connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        let exchange = unique("obx-bench-broker");
+        let queue = exchange.clone();
+        channel
+            .exchange_declare(
+                exchange.as_str().into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..ExchangeDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                exchange.as_str().into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        Ok(Rabbit {
+            url: url.to_owned(),
+            connection,
+            channel,
+            exchange,
+            queue,
+        })
+    }
+}
+
+#[async_trait]
+impl Broker for Rabbit {
+    fn name(&self) -> &'static str {
+        "RabbitMQ"
+    }
+
+    async fn publisher(&self) -> Res<Arc<dyn Publisher>> {
+        let config = RabbitPublisherConfig::new(self.url.clone())
+            .with_routing(Routing::exchange(&self.exchange));
+        Ok(Arc::new(RabbitPublisher::connect(config).await?))
+    }
+
+    async fn raw(&self, messages: &[NewMessage], window: usize) -> Res<Option<Duration>> {
+        let options = BasicPublishOptions {
+            mandatory: true,
+            immediate: false,
+        };
+        let start = Instant::now();
+        let mut pending = VecDeque::with_capacity(window);
+        for m in messages {
+            if pending.len() >= window {
+                if let Some(confirm) = pending.pop_front() {
+                    settle(confirm).await?;
+                }
+            }
+            let properties = BasicProperties::default()
+                .with_message_id(m.id().to_string().into())
+                .with_delivery_mode(2)
+                .with_content_type("application/json".into());
+            let confirm = self
+                .channel
+                .basic_publish(
+                    self.exchange.as_str().into(),
+                    DESTINATION.into(),
+                    options,
+                    m.payload(),
+                    properties,
+                )
+                .await?;
+            pending.push_back(confirm);
+        }
+        for confirm in pending {
+            settle(confirm).await?;
+        }
+        Ok(Some(start.elapsed()))
+    }
+
+    async fn clear(&self) -> Res<()> {
+        self.channel
+            .queue_purge(self.queue.as_str().into(), QueuePurgeOptions::default())
+            .await?;
+        Ok(())
+    }
+
+    async fn teardown(&self) -> Res<()> {
+        self.channel
+            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
+            .await?;
+        self.channel
+            .exchange_delete(
+                self.exchange.as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
+            .await?;
+        self.connection.close(200, "done".into()).await?;
+        Ok(())
+    }
+}
+
+async fn settle(confirm: PublisherConfirm) -> Res<()> {
+    let confirmation = confirm.await?;
+    if confirmation.is_ack() && confirmation.take_message().is_none() {
+        Ok(())
+    } else {
+        Err("RabbitMQ did not confirm a raw publish".into())
+    }
+}
+
+/// The PostgreSQL side: a schema of the bench's own, an admin pool, and pools of their
+/// own for relays and producers (so a producer's backlog never queues a relay's claim
+/// behind it).
+struct Pg {
+    url: String,
+    admin: PgPool,
+    schema: String,
+}
+
+impl Pg {
+    async fn setup(url: &str) -> Res<Pg> {
+        Ok(Pg {
+            url: url.to_owned(),
+            admin: Pg::connect(url, 4).await?,
+            schema: unique("obx_bench_broker"),
+        })
+    }
+
+    async fn connect(url: &str, size: u32) -> Res<PgPool> {
+        Ok(PgPoolOptions::new()
+            .max_connections(size)
+            .connect(url)
+            .await?)
+    }
+
+    async fn pool(&self, size: u32) -> Res<PgPool> {
+        Pg::connect(&self.url, size).await
+    }
+
+    /// An installed outbox on the admin pool.
+    async fn outbox(&self, table: &str, notify: Notify) -> Res<PgOutbox> {
+        let config = PgOutboxConfig::default()
+            .with_schema(&self.schema)
+            .with_table(table)
+            .with_notify(notify);
+        let outbox = PgOutbox::new(self.admin.clone(), config)?;
+        outbox.install().await?;
+        Ok(outbox)
+    }
+
+    async fn teardown(&self) -> Res<()> {
+        sqlx::query(&format!(
+            "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+            self.schema
+        ))
+        .execute(&self.admin)
+        .await?;
+        self.admin.close().await;
+        Ok(())
+    }
+}
+
+/// Enqueue `messages`, 1,000 per transaction.
+async fn preload(outbox: &PgOutbox, messages: &[NewMessage]) -> Res<()> {
+    for chunk in messages.chunks(1_000) {
+        let mut tx = outbox.pool().begin().await?;
+        outbox.enqueue(&mut tx, chunk).await?;
+        tx.commit().await?;
+    }
+    Ok(())
+}
+
+/// Publish `messages` through one publisher in `batch`-sized calls, one call at a time,
+/// as a relay would but with no database: the publisher's share of a relay's time.
+async fn publisher_alone(
+    broker: &dyn Broker,
+    batch: usize,
+    messages: &[NewMessage],
+) -> Res<Duration> {
+    let publisher = broker.publisher().await?;
+    let claimed: Vec<Message> = messages
+        .iter()
+        .map(|m| {
+            Message::from(MessageParts {
+                id: m.id(),
+                destination: m.destination().to_owned(),
+                partition_key: m.partition_key().map(str::to_owned),
+                payload: m.payload().to_vec(),
+                content_type: m.content_type().map(str::to_owned),
+                headers: m.headers().clone(),
+                created_at: SystemTime::now(),
+                attempts: 1,
+                last_error: None,
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    for chunk in claimed.chunks(batch) {
+        let outcomes = publisher.publish(chunk).await?;
+        if outcomes.iter().any(|o| *o != PublishOutcome::Published) {
+            return Err("the publisher did not publish a whole batch".into());
+        }
+    }
+    Ok(start.elapsed())
+}
+
+/// Pre-load `messages` and drain them with `relays` relays, each with its own
+/// publisher; returns the time from the relays' start to the last dispatch.
+async fn relay_drain(
+    pg: &Pg,
+    outbox: &PgOutbox,
+    broker: &dyn Broker,
+    relays: usize,
+    batch: usize,
+    messages: &[NewMessage],
+) -> Res<Duration> {
+    preload(outbox, messages).await?;
+    let pool = pg.pool(u32::try_from(relays)? + 1).await?;
+    let store: Arc<dyn OutboxStore> =
+        Arc::new(PgOutbox::new(pool.clone(), outbox.config().clone())?);
+    let mut running = Vec::new();
+    for i in 0..relays {
+        let config = RelayConfig::default()
+            .name(format!("bench-{i}"))
+            .batch_size(batch)
+            .publish(batch, 1);
+        running.push(Relay::new(
+            store.clone(),
+            broker.publisher().await?,
+            config,
+        )?);
+    }
+    let n = u64::try_from(messages.len())?;
+    let start = Instant::now();
+    let handles: Vec<_> = running.iter().map(Relay::spawn).collect();
+    let dispatched = || running.iter().map(|r| r.report().dispatched).sum::<u64>();
+    while dispatched() < n {
+        if start.elapsed() > GIVE_UP {
+            return Err(format!("relays dispatched {} of {n} in {GIVE_UP:?}", dispatched()).into());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let took = start.elapsed();
+    for handle in handles {
+        let report = handle.shutdown().await?;
+        if report.retried + report.dead_lettered + report.leases_lost > 0 {
+            return Err(format!("a relay did more than dispatch: {report:?}").into());
+        }
+    }
+    pool.close().await;
+    Ok(took)
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+fn rate(n: usize, took: Duration) -> f64 {
+    n as f64 / took.as_secs_f64()
+}
+
+async fn throughput(mode: Mode, pg: &Pg, brokers: &[Box<dyn Broker>]) -> Res<()> {
+    let n: u64 = mode.pick(20_000, 5_000);
+    let runs = mode.pick(3, 1);
+    println!(
+        "\n## 1. Throughput: {n} messages, raw client loop (as many unacknowledged as the \
+         batch) vs relays draining a pre-loaded PostgreSQL outbox; median of {runs} run(s), \
+         taking turns\n"
+    );
+    println!(
+        "| {:<15} | {:>5} | {:>10} | {:>10} | {:>10} | {:>7} | {:>10} | {:>7} |",
+        "broker", "batch", "raw msg/s", "publisher", "relay x1", "ratio", "relay x2", "ratio"
+    );
+    println!(
+        "|{:-<17}|{:->7}|{:->12}|{:->12}|{:->12}|{:->9}|{:->12}|{:->9}|",
+        "", "", "", "", "", "", "", ""
+    );
+    let outbox = pg.outbox("drain", Notify::Off).await?;
+    let messages = || (0..n).map(order).collect::<Res<Vec<_>>>();
+    let cell = |x: f64, digits: usize| {
+        if x.is_finite() {
+            format!("{x:.digits$}")
+        } else {
+            "-".to_owned()
+        }
+    };
+    for broker in brokers {
+        for batch in BATCHES {
+            let (mut raw, mut alone, mut one, mut two) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..runs {
+                let sent = messages()?;
+                // With no broker there is no raw client, and the publisher alone is free.
+                if let Some(took) = broker.raw(&sent, batch).await? {
+                    raw.push(rate(sent.len(), took));
+                    broker.clear().await?;
+                    let sent = messages()?;
+                    let took = publisher_alone(&**broker, batch, &sent).await?;
+                    alone.push(rate(sent.len(), took));
+                    broker.clear().await?;
+                }
+                for (relays, rates) in [(1, &mut one), (2, &mut two)] {
+                    let sent = messages()?;
+                    let took = relay_drain(pg, &outbox, &**broker, relays, batch, &sent).await?;
+                    rates.push(rate(sent.len(), took));
+                    broker.clear().await?;
+                }
+            }
+            let (raw, alone) = (median(raw), median(alone));
+            let (one, two) = (median(one), median(two));
+            println!(
+                "| {:<15} | {batch:>5} | {:>10} | {:>10} | {one:>10.0} | {:>7} | {two:>10.0} | {:>7} |",
+                broker.name(),
+                cell(raw, 0),
+                cell(alone, 0),
+                cell(one / raw, 2),
+                cell(two / raw, 2),
+            );
+        }
+    }
+    println!(
+        "\npublisher = the library's publisher alone, batch-sized calls one at a time, no \
+         database; ratio = relay msgs/s / raw msgs/s (target for one relay: at least 0.80); \
+         the no-op rows are relays with no broker: what PostgreSQL alone allows"
+    );
+    Ok(())
+}
+
+/// Notes when the broker acknowledged each message: when the inner publish returned.
+#[derive(Debug)]
+struct Acked {
+    inner: Arc<dyn Publisher>,
+    at: Mutex<HashMap<MessageId, Instant>>,
+}
+
+#[async_trait]
+impl Publisher for Acked {
+    async fn publish(&self, batch: &[Message]) -> outbox_core::Result<Vec<PublishOutcome>> {
+        let outcomes = self.inner.publish(batch).await?;
+        let now = Instant::now();
+        let mut at = self.at.lock().unwrap_or_else(|e| e.into_inner());
+        for (m, outcome) in batch.iter().zip(&outcomes) {
+            if *outcome == PublishOutcome::Published {
+                at.entry(m.id).or_insert(now);
+            }
+        }
+        Ok(outcomes)
+    }
+}
+
+impl Acked {
+    fn count(&self) -> usize {
+        self.at.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// Nearest-rank percentile of a sorted sample.
+fn percentile(sorted: &[Duration], percent: usize) -> Duration {
+    sorted[(sorted.len() * percent).div_ceil(100).max(1) - 1]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1_000.0
+}
+
+async fn latency(mode: Mode, pg: &Pg, brokers: &[Box<dyn Broker>]) -> Res<()> {
+    let length = mode.pick(Duration::from_secs(10), Duration::from_secs(3));
+    println!(
+        "\n## 2. Commit-to-broker-ack latency: {RATE} msg/s offered for {length:?}, one \
+         message per transaction, one relay woken by NOTIFY; first {WARM_UP:?} not counted\n"
+    );
+    println!(
+        "| {:<15} | {:>11} | {:>7} | {:>7} | {:>7} | {:>7} |",
+        "broker", "committed/s", "samples", "p50 ms", "p99 ms", "max ms"
+    );
+    println!(
+        "|{:-<17}|{:->13}|{:->9}|{:->9}|{:->9}|{:->9}|",
+        "", "", "", "", "", ""
+    );
+    for (i, broker) in brokers.iter().enumerate() {
+        let outbox = pg.outbox(&format!("latency_{i}"), Notify::OnCommit).await?;
+        let acked = Arc::new(Acked {
+            inner: broker.publisher().await?,
+            at: Mutex::default(),
+        });
+        let relay_pool = pg.pool(4).await?;
+        let store: Arc<dyn OutboxStore> =
+            Arc::new(PgOutbox::new(relay_pool.clone(), outbox.config().clone())?);
+        let relay = Relay::new(store, acked.clone(), RelayConfig::default().name("latency"))?;
+        let channel = outbox
+            .config()
+            .notify_channel()
+            .ok_or("the latency outbox has no NOTIFY channel")?;
+        let listener = spawn_listener(relay_pool.clone(), channel, relay.wakeup())?;
+        let running = relay.spawn();
+        relay.wait_idle(Duration::from_secs(10)).await?;
+
+        let producers = pg.pool(PRODUCERS).await?;
+        let commits = produce(
+            &PgOutbox::new(producers.clone(), outbox.config().clone())?,
+            length,
+        )
+        .await?;
+        producers.close().await;
+        let deadline = Instant::now() + GIVE_UP;
+        while acked.count() < commits.len() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        running.shutdown().await?;
+        listener.stop().await;
+        relay_pool.close().await;
+        broker.clear().await?;
+
+        let at = acked.at.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let first = commits.first().map(|c| c.1).ok_or("no commits")?;
+        let last = commits.iter().map(|c| c.1).max().ok_or("no commits")?;
+        let mut lags = Vec::new();
+        for &(id, committed) in commits.iter().filter(|c| c.1 >= first + WARM_UP) {
+            let acked = at
+                .get(&id)
+                .ok_or_else(|| format!("message {id} was not acknowledged within {GIVE_UP:?}"))?;
+            lags.push(acked.saturating_duration_since(committed));
+        }
+        lags.sort_unstable();
+        let samples = lags.len();
+        let last_lag = *lags.last().ok_or("no samples")?;
+        println!(
+            "| {:<15} | {:>11.0} | {samples:>7} | {:>7.2} | {:>7.2} | {:>7.2} |",
+            broker.name(),
+            rate(commits.len(), last - first),
+            ms(percentile(&lags, 50)),
+            ms(percentile(&lags, 99)),
+            ms(last_lag),
+        );
+    }
+    println!(
+        "\nlatency = the publish call returning with the broker's acks - the producer's COMMIT \
+         returning; committed/s below {RATE} means PostgreSQL could not take the offered rate"
+    );
+    Ok(())
+}
+
+/// Offer [`RATE`] transactions per second for `length` (open loop: a slow commit does
+/// not delay the next); returns each message's id and when its commit returned.
+async fn produce(outbox: &PgOutbox, length: Duration) -> Res<Vec<(MessageId, Instant)>> {
+    let total = u64::try_from(length.as_millis())? * u64::from(RATE) / 1_000;
+    let interval = Duration::from_secs(1) / RATE;
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..total {
+        tokio::time::sleep_until((start + interval * u32::try_from(i)?).into()).await;
+        let outbox = outbox.clone();
+        tasks.push(tokio::spawn(async move {
+            let message = order(i)?;
+            let id = message.id();
+            let mut tx = outbox.pool().begin().await?;
+            outbox.enqueue(&mut tx, &[message]).await?;
+            tx.commit().await?;
+            Res::Ok((id, Instant::now()))
+        }));
+    }
+    let mut commits = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        commits.push(task.await??);
+    }
+    commits.sort_by_key(|c| c.1);
+    Ok(commits)
+}
+
+async fn run(mode: Mode) -> Res<()> {
+    let pg = Pg::setup(&var("OUTBOX_PG_URL")?).await?;
+    let brokers: Vec<Box<dyn Broker>> = vec![
+        Box::new(NoBroker),
+        Box::new(Nats::setup(&var("OUTBOX_NATS_URL")?).await?),
+        Box::new(Rabbit::setup(&var("OUTBOX_AMQP_URL")?).await?),
+    ];
+    println!(
+        "# broker_bench ({} mode, {} cores)",
+        if mode.quick { "quick" } else { "full" },
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    let result = async {
+        throughput(mode, &pg, &brokers).await?;
+        latency(mode, &pg, &brokers).await
+    }
+    .await;
+    for broker in &brokers {
+        broker.teardown().await?;
+    }
+    pg.teardown().await?;
+    result
+}
+
+fn main() -> ExitCode {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("broker_bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(Mode { quick })) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("broker_bench failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
