@@ -1,9 +1,11 @@
 //! The story both end-to-end tests tell, the broker aside: a PostgreSQL schema with the
 //! outbox, the inbox, the producer's `orders` and the consumer's `ledger`; the
 //! producer; relays that crash on cue and are restarted (`relays.rs`); what the
-//! consumer does with a delivery; and the checks at the end.
+//! consumer does with a delivery; and the checks at the end. `tests/otel.rs` uses only
+//! the schema.
 
-#![allow(unreachable_pub)]
+// Each test binary compiles this module and uses a part of it.
+#![allow(unreachable_pub, dead_code, unused_imports)]
 
 mod relays;
 
