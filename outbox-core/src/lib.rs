@@ -116,5 +116,6 @@ pub use relay::{DispatchReport, Relay, RelayConfig, RelayHandle, Wakeup};
 pub use retry::RetryPolicy;
 pub use store::{
     ClaimIds, ClaimRequest, ClaimedMessage, Disposition, Failure, KeyOrder, Lease, LeaseToken,
-    OutboxStore, OutboxStoreExt, Retention, Settled, StoreCapabilities,
+    OutboxStore, OutboxStoreExt, Renewed, Retention, Settled, SettledAndClaimed, Settlement,
+    StoreCapabilities,
 };

@@ -341,16 +341,91 @@ pub struct StoreCapabilities {
     pub ordering: KeyOrder,
     /// What completing does.
     pub retention: Retention,
+    /// Whether [`OutboxStore::renew`] extends leases. `false` (the default) for a store
+    /// that keeps the default method, which refuses: relays then never renew and a
+    /// claimed batch must be published within one lease, as
+    /// [`RelayConfig::validate`](crate::RelayConfig::validate) checks.
+    pub lease_renewal: bool,
 }
 
 impl StoreCapabilities {
-    /// Capabilities with this ordering and retention.
+    /// Capabilities with this ordering and retention, without lease renewal.
     pub fn new(ordering: KeyOrder, retention: Retention) -> Self {
         StoreCapabilities {
             ordering,
             retention,
+            lease_renewal: false,
         }
     }
+
+    /// The same, declaring whether [`OutboxStore::renew`] is implemented.
+    #[must_use]
+    pub fn with_lease_renewal(mut self, renews: bool) -> Self {
+        self.lease_renewal = renews;
+        self
+    }
+
+    /// Whether `other` asks for the same ordering and retention: what a store made for
+    /// `other` must match (the optional capabilities, such as
+    /// [`lease_renewal`](Self::lease_renewal), are the store's to declare).
+    pub fn same_semantics(&self, other: &StoreCapabilities) -> bool {
+        self.ordering == other.ordering && self.retention == other.retention
+    }
+}
+
+/// The leases to settle in one [`OutboxStore::settle_and_claim`] call: what a relay
+/// finished with batch N, settled as by [`complete`](OutboxStore::complete),
+/// [`fail`](OutboxStore::fail) and [`release`](OutboxStore::release).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Settlement<'a> {
+    /// Leases to complete.
+    pub complete: &'a [Lease],
+    /// Failed attempts to record.
+    pub fail: &'a [Failure],
+    /// Leases to give back unattempted.
+    pub release: &'a [Lease],
+}
+
+impl Settlement<'_> {
+    /// Whether there is nothing to settle.
+    pub fn is_empty(&self) -> bool {
+        self.complete.is_empty() && self.fail.is_empty() && self.release.is_empty()
+    }
+
+    /// Every message this settlement names.
+    pub fn ids(&self) -> impl Iterator<Item = MessageId> + '_ {
+        self.complete
+            .iter()
+            .map(|l| l.id)
+            .chain(self.fail.iter().map(|f| f.lease().id))
+            .chain(self.release.iter().map(|l| l.id))
+    }
+}
+
+/// What [`OutboxStore::settle_and_claim`] did: each part of the settlement, fenced as
+/// by its own method, and the claim that followed.
+#[derive(Debug)]
+#[must_use = "lost leases mean another claimer owns those messages; claimed messages must be published"]
+pub struct SettledAndClaimed {
+    /// The completes.
+    pub completed: Settled,
+    /// The failures.
+    pub failed: Settled,
+    /// The releases.
+    pub released: Settled,
+    /// The claim, made after the settles applied. An error here means the settles did
+    /// apply (as the fields above say) and only the claim failed.
+    pub claimed: Result<Vec<ClaimedMessage>>,
+}
+
+/// What [`OutboxStore::renew`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[must_use = "lost leases mean another claimer owns those messages"]
+pub struct Renewed {
+    /// The leases extended, with their new expiry (same ids and tokens).
+    pub leases: Vec<Lease>,
+    /// Messages whose leases were no longer held: nothing was changed for them.
+    pub lost: Vec<MessageId>,
 }
 
 /// The store a relay claims from: claim, claim ids, complete, fail, release.
@@ -394,6 +469,13 @@ impl StoreCapabilities {
 ///   enqueued before it is pending or in flight; dead letters do not block.
 /// - **Claim cost does not grow with history**: claims use an index (or key design)
 ///   that covers undelivered messages only.
+/// - **Settle and claim.** [`settle_and_claim`](Self::settle_and_claim) fences its
+///   settlement as the plain settles do, reports lost leases per part, and its claim
+///   skips locked rows and never returns a message the settlement named.
+/// - **Lease renewal**, when [`StoreCapabilities::lease_renewal`] is declared:
+///   [`renew`](Self::renew) with a stale token is rejected and changes nothing; a
+///   renewed lease is not claimable by others until its new expiry; a lease that is
+///   not renewed lapses at its expiry as usual.
 /// - **No row stops a claim.** A claimed row that does not make a valid message (its
 ///   content does not decode, a timestamp is out of range, it breaks the
 ///   [`MessageLimits`] rules because another tool wrote it, its
@@ -436,6 +518,113 @@ pub trait OutboxStore: Send + Sync + fmt::Debug {
 
     /// Give messages back unattempted: due at once, attempt count restored.
     async fn release(&self, leases: &[Lease]) -> Result<Settled>;
+
+    /// Settle what a relay finished with one batch and claim the next, in one round
+    /// trip where the store can: what a busy relay calls between batches.
+    ///
+    /// - The settlement applies first, each part fenced exactly as
+    ///   [`complete`](Self::complete), [`fail`](Self::fail) and
+    ///   [`release`](Self::release) fence it, lost leases reported per part.
+    /// - Then `next` is claimed as by [`claim`](Self::claim), skipping locked rows. The
+    ///   claim **never returns a message the settlement named**, even one that is due
+    ///   again by then (a lapsed lease that could not be settled, a failure retried at
+    ///   once, a release).
+    /// - `Err`: the settlement failed and nothing was claimed. As after any settle
+    ///   whose answer was lost, the settlement may or may not have applied; retry it
+    ///   with the plain methods (a lease reported lost then may be one this call
+    ///   settled).
+    /// - `Ok` with [`SettledAndClaimed::claimed`] an error: the settlement applied (as
+    ///   reported) and only the claim failed.
+    ///
+    /// The default calls `complete`, `fail` and `release` (skipping empty parts), then
+    /// `claim`, and releases at once (attempt given back) any claimed message the
+    /// settlement named: correct for every store, at one round trip per part. A store
+    /// that can do it in one statement overrides it (PostgreSQL: one data-modifying
+    /// statement completes and claims). The conformance suite checks either.
+    async fn settle_and_claim(
+        &self,
+        settlement: Settlement<'_>,
+        next: ClaimRequest,
+    ) -> Result<SettledAndClaimed> {
+        let completed = settle_part(
+            settlement.complete.len(),
+            self.complete(settlement.complete),
+        );
+        let completed = completed.await?;
+        let failed = settle_part(settlement.fail.len(), self.fail(settlement.fail)).await?;
+        let released = settle_part(settlement.release.len(), self.release(settlement.release));
+        let released = released.await?;
+        let claimed = match self.claim(next).await {
+            Ok(claimed) => exclude_settled(self, claimed, &settlement).await,
+            Err(err) => Err(err),
+        };
+        Ok(SettledAndClaimed {
+            completed,
+            failed,
+            released,
+            claimed,
+        })
+    }
+
+    /// Extend `leases` to `lease` from now, by the storage's clock, keeping their
+    /// tokens: what a relay calls while a long publish runs, so its leases do not lapse
+    /// and the messages publish twice.
+    ///
+    /// - Fenced like [`complete`](Self::complete): only leases whose token is still
+    ///   the message's current one are extended (a lease that lapsed but was not
+    ///   claimed again still is); the others are reported in [`Renewed::lost`] and
+    ///   their messages are not changed.
+    /// - A renewed message is not claimable until its new expiry.
+    /// - `lease` is checked with [`validate_lease`].
+    ///
+    /// # Errors
+    /// The default refuses with [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported):
+    /// a store that implements renewal declares it in
+    /// [`StoreCapabilities::lease_renewal`], and relays renew only then.
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for a lease out of
+    /// bounds.
+    async fn renew(&self, leases: &[Lease], lease: Duration) -> Result<Renewed> {
+        let _ = (leases, lease);
+        Err(Error::new(
+            crate::ErrorKind::Unsupported,
+            "this store does not renew leases (StoreCapabilities::lease_renewal is false)",
+        ))
+    }
+}
+
+/// `claimed` without the messages `settlement` named, which are released at once
+/// (attempt given back): how [`OutboxStore::settle_and_claim`]'s default keeps its
+/// rule with a plain claim, for stores that override it only in part.
+///
+/// # Errors
+/// The release's error; the claimed leases then lapse as after a crash.
+pub async fn exclude_settled<S: OutboxStore + ?Sized>(
+    store: &S,
+    claimed: Vec<ClaimedMessage>,
+    settlement: &Settlement<'_>,
+) -> Result<Vec<ClaimedMessage>> {
+    let named: std::collections::HashSet<MessageId> = settlement.ids().collect();
+    if !claimed.iter().any(|c| named.contains(&c.message.id)) {
+        return Ok(claimed);
+    }
+    let (again, kept): (Vec<ClaimedMessage>, Vec<ClaimedMessage>) = claimed
+        .into_iter()
+        .partition(|c| named.contains(&c.message.id));
+    let leases: Vec<Lease> = again.iter().map(|c| c.lease).collect();
+    let _ = store.release(&leases).await?;
+    Ok(kept)
+}
+
+/// One part of a settlement: nothing to do for an empty part.
+async fn settle_part(
+    count: usize,
+    call: impl std::future::Future<Output = Result<Settled>>,
+) -> Result<Settled> {
+    if count == 0 {
+        Ok(Settled::default())
+    } else {
+        call.await
+    }
 }
 
 /// `Arc<S>` is a store when `S` is, so a handle already behind an `Arc` can be passed
@@ -459,6 +648,16 @@ impl<S: OutboxStore + ?Sized> OutboxStore for std::sync::Arc<S> {
     }
     async fn release(&self, leases: &[Lease]) -> Result<Settled> {
         (**self).release(leases).await
+    }
+    async fn settle_and_claim(
+        &self,
+        settlement: Settlement<'_>,
+        next: ClaimRequest,
+    ) -> Result<SettledAndClaimed> {
+        (**self).settle_and_claim(settlement, next).await
+    }
+    async fn renew(&self, leases: &[Lease], lease: Duration) -> Result<Renewed> {
+        (**self).renew(leases, lease).await
     }
 }
 

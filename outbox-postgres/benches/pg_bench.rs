@@ -19,9 +19,12 @@
 //!    mode).
 //! 5. **Drain of an un-analyzed bulk load**: a table filled by one `INSERT ... SELECT`
 //!    and never analyzed, drained by 1 and 4 relays (batch 100).
+//! 6. **Enqueue cost**: the library's enqueue against `pgbench` sending the same
+//!    statement, and the cost of each index of the table.
 //!
 //! `OUTBOX_BENCH_ONLY` runs the scenarios named (`enqueue`, `drain`, `latency`,
-//! `history`, `cold_drain`), comma-separated; the others are `null` in the results.
+//! `history`, `cold_drain`, `enqueue_cost`), comma-separated; the others are `null` in
+//! the results.
 //!
 //! The bench reports figures and ratios; it asserts none. Results also go to
 //! `target/outbox-bench/results.json` (under `CARGO_TARGET_DIR` when set), next to
@@ -39,6 +42,8 @@ mod cold_drain;
 mod drain;
 #[path = "pg_bench/enqueue.rs"]
 mod enqueue;
+#[path = "pg_bench/enqueue_cost.rs"]
+mod enqueue_cost;
 #[path = "pg_bench/harness.rs"]
 mod harness;
 #[path = "pg_bench/history.rs"]
@@ -135,6 +140,7 @@ async fn run(mode: Mode) -> Res<()> {
         "commit_to_publish_latency": results[2],
         "claim_latency_vs_history": results[3],
         "drain_unanalyzed": results[4],
+        "enqueue_cost": results[5],
     });
     let path = env.out_dir.join("results.json");
     std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
@@ -147,7 +153,7 @@ async fn run(mode: Mode) -> Res<()> {
     Ok(())
 }
 
-async fn scenarios(env: &Env) -> Res<[serde_json::Value; 5]> {
+async fn scenarios(env: &Env) -> Res<[serde_json::Value; 6]> {
     let only = std::env::var("OUTBOX_BENCH_ONLY").unwrap_or_default();
     let wanted = |name: &str| only.trim().is_empty() || only.split(',').any(|n| n.trim() == name);
     let skip = || serde_json::Value::Null;
@@ -174,6 +180,11 @@ async fn scenarios(env: &Env) -> Res<[serde_json::Value; 5]> {
         },
         if wanted("cold_drain") {
             cold_drain::run(env).await?
+        } else {
+            skip()
+        },
+        if wanted("enqueue_cost") {
+            enqueue_cost::run(env).await?
         } else {
             skip()
         },

@@ -76,6 +76,7 @@ pub struct PgOutboxConfig {
     retention: Retention,
     limits: MessageLimits,
     notify: Notify,
+    prepared_complete_and_claim: bool,
 }
 
 impl Default for PgOutboxConfig {
@@ -87,6 +88,7 @@ impl Default for PgOutboxConfig {
             retention: Retention::default(),
             limits: MessageLimits::default(),
             notify: Notify::Off,
+            prepared_complete_and_claim: false,
         }
     }
 }
@@ -130,6 +132,24 @@ impl PgOutboxConfig {
         self.notify = notify;
         self
     }
+    /// Prepare the statement that completes a relay's batch and claims the next
+    /// ([`OutboxStore::settle_and_claim`](outbox_core::OutboxStore::settle_and_claim))
+    /// instead of planning it per call (default `false`).
+    ///
+    /// Prepared, it costs one round trip and no planning per batch instead of two round
+    /// trips and a plan: in `pg_bench`'s drains on a shared 2-core machine, 1.3x to
+    /// 2.8x the relay throughput at batch 10 and 1.0x to 1.3x at batch 100. The price
+    /// is the risk the settles avoid by being planned per call: PostgreSQL may cache a
+    /// generic plan made while the table was small and keep it as the table grows,
+    /// until statistics change. Made on ten rows and run on 100,000 never analyzed,
+    /// that plan completed 100 rows in 2.7 s. Turn it on only where the table's
+    /// statistics follow its size: autovacuum on (its auto-analyze replaces the cached
+    /// plan), or an `ANALYZE` after bulk loads.
+    #[must_use]
+    pub fn with_prepared_complete_and_claim(mut self, prepared: bool) -> Self {
+        self.prepared_complete_and_claim = prepared;
+        self
+    }
 
     /// The schema.
     pub fn schema(&self) -> &str {
@@ -154,6 +174,11 @@ impl PgOutboxConfig {
     /// The notification setting, as configured.
     pub fn notify(&self) -> &Notify {
         &self.notify
+    }
+    /// Whether complete-and-claim is prepared (see
+    /// [`with_prepared_complete_and_claim`](Self::with_prepared_complete_and_claim)).
+    pub fn prepared_complete_and_claim(&self) -> bool {
+        self.prepared_complete_and_claim
     }
     /// The channel enqueues notify, if any: the one named by [`Notify::Channel`], or
     /// the one derived from the schema and table for [`Notify::OnCommit`] (worked out

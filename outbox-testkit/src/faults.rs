@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use outbox_core::{
     ClaimIds, ClaimRequest, ClaimedMessage, Error, ErrorKind, ErrorStatus, Failure, Lease,
-    OutboxStore, Result, Settled, StoreCapabilities,
+    OutboxStore, Renewed, Result, Settled, StoreCapabilities,
 };
 
 /// A store operation faults can be injected into.
@@ -188,5 +188,13 @@ impl OutboxStore for FaultyStore {
 
     async fn release(&self, leases: &[Lease]) -> Result<Settled> {
         self.run(Op::Release, self.inner.release(leases)).await
+    }
+
+    // `settle_and_claim` keeps the default, so its parts go through the faults of
+    // complete, fail, release and claim above.
+
+    /// Passed through without faults.
+    async fn renew(&self, leases: &[Lease], lease: Duration) -> Result<Renewed> {
+        self.inner.renew(leases, lease).await
     }
 }

@@ -50,6 +50,14 @@ macro_rules! conformance_suite {
                         invalid_batch_writes_nothing,
             duplicate_ids_write_nothing,
             claim_skips_rows_locked_by_another_transaction,
+            settle_and_claim_settles_then_claims,
+            settle_and_claim_reports_lost_leases,
+            settle_and_claim_never_returns_what_it_settled,
+            settle_and_claim_skips_locked_rows,
+            renewal_with_a_stale_token_changes_nothing,
+            renewed_lease_is_not_claimable_by_others,
+            unrenewed_lease_lapses_at_expiry,
+            relay_renews_leases_across_publish_waves,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {

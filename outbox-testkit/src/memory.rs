@@ -11,7 +11,7 @@ use outbox_core::{
     ClaimIds, ClaimRequest, ClaimedMessage, DeadLetter, DeadLetterFilter, DeadLetterOrder,
     DeadLetterPage, DeadLetterSelection, Disposition, Error, ErrorKind, Failure, KeyOrder, Lease,
     LeaseToken, Message, MessageId, MessageLimits, MessageParts, NewMessage, OutboxAdmin,
-    OutboxStats, OutboxStore, Result, Retention, Settled, StoreCapabilities,
+    OutboxStats, OutboxStore, Renewed, Result, Retention, Settled, StoreCapabilities,
 };
 
 #[derive(Debug)]
@@ -207,7 +207,12 @@ impl State {
 }
 
 /// An in-memory [`OutboxStore`] that honours the whole contract, including per-key
-/// order, fencing, retention and row locks held by "another transaction".
+/// order, fencing, retention, lease renewal and row locks held by "another
+/// transaction".
+///
+/// [`renew`](OutboxStore::renew) always works; whether the store *declares* it
+/// ([`StoreCapabilities::lease_renewal`], which relays read) is the capabilities' it
+/// was made with, so relays can be tested both ways.
 ///
 /// It is the reference the conformance suite is checked against and a convenient
 /// store for unit-testing services. Clones share state.
@@ -491,6 +496,21 @@ impl OutboxStore for MemoryStore {
             row.token = None;
             row.message.attempts = row.message.attempts.saturating_sub(1);
         }))
+    }
+
+    async fn renew(&self, leases: &[Lease], lease: Duration) -> Result<Renewed> {
+        outbox_core::store::validate_lease(lease)?;
+        let expires_at = later(SystemTime::now(), lease)?;
+        let settled = self.settle(leases, |state, i| state.move_due(leases[i].id, expires_at));
+        let lost: HashSet<MessageId> = settled.lost.iter().copied().collect();
+        Ok(Renewed {
+            leases: leases
+                .iter()
+                .filter(|l| !lost.contains(&l.id))
+                .map(|l| Lease { expires_at, ..*l })
+                .collect(),
+            lost: settled.lost,
+        })
     }
 }
 

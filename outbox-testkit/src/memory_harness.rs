@@ -8,7 +8,8 @@ use outbox_core::{MessageId, NewMessage, OutboxAdmin, OutboxStore, Result, Store
 use crate::harness::{Features, Fixture, Harness, RowLock};
 use crate::memory::MemoryStore;
 
-/// Runs the suite against [`MemoryStore`]; every feature is supported.
+/// Runs the suite against [`MemoryStore`]; every feature is supported, and the stores
+/// declare lease renewal.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MemoryHarness;
 
@@ -20,7 +21,7 @@ impl Harness for MemoryHarness {
 
     async fn fixture(&self, capabilities: StoreCapabilities) -> Result<Box<dyn Fixture>> {
         Ok(Box::new(MemoryFixture(MemoryStore::with_capabilities(
-            capabilities,
+            capabilities.with_lease_renewal(true),
         ))))
     }
 }

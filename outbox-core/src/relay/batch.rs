@@ -4,6 +4,7 @@ use std::any::Any;
 use std::collections::HashSet;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -18,36 +19,158 @@ use crate::message::{Message, MessageId};
 use crate::publisher::PublishOutcome;
 use crate::store::{ClaimedMessage, Disposition, Failure, Lease, Settled};
 
+/// The settle of a batch's last chunk, left for the loop to send together with the
+/// next claim ([`OutboxStore::settle_and_claim`](crate::OutboxStore::settle_and_claim)).
+#[derive(Debug)]
+pub(super) struct Deferred {
+    /// Leases to complete.
+    pub(super) done: Vec<Lease>,
+    /// Failed attempts to record.
+    pub(super) failures: Vec<Failure>,
+    /// When the leases lapse by the relay's clock: settle retries stop there.
+    pub(super) deadline: Instant,
+}
+
 /// The messages one claim returned, with the time the claim started (their leases are
 /// measured from it, by the relay's clock).
 ///
 /// A batch is published in chunks of [`publish_batch_size`](super::RelayConfig), up to
 /// [`publish_concurrency`](super::RelayConfig) at once; each chunk settles its own
-/// leases as soon as its publish returns. Every count goes through
-/// [`Tally::record`](super::Tally) once, when the chunk is settled.
+/// leases as soon as its publish returns, except that the loop's batches leave the
+/// settle of the chunk that finishes last to the next claim (see [`Deferred`]). Every
+/// count goes through [`Tally::record`](super::Tally) once, when the chunk is settled.
+///
+/// On a store that renews leases, a chunk about to start renews the batch's unsettled
+/// leases when too little lease is left for its publish, so later waves never find
+/// their leases lapsing.
 pub(super) struct Batch<'r> {
     inner: &'r Inner,
     claimed: Vec<ClaimedMessage>,
-    claimed_at: Instant,
+    /// When the leases lapse by the relay's clock: the claim's start plus the lease,
+    /// moved on by each renewal (its start plus the lease).
+    deadline: Mutex<Instant>,
     /// Ids whose publish call started: if shutdown abandons the batch, these are
     /// failed (the broker may have them) and the rest released.
     started: Mutex<HashSet<MessageId>>,
+    /// Ids whose settle was sent (or deferred): renewals leave them out.
+    settling: Mutex<HashSet<MessageId>>,
+    /// Chunks not yet finished publishing.
+    unfinished: AtomicUsize,
+    /// Whether the last chunk to finish leaves its settle to the next claim.
+    defer_last: bool,
+    deferred: Mutex<Option<Deferred>>,
+    /// One renewal at a time: chunks that need one wait for it and re-check.
+    renewing: tokio::sync::Mutex<()>,
 }
 
 impl<'r> Batch<'r> {
     pub(super) fn new(inner: &'r Inner, claimed: Vec<ClaimedMessage>, claimed_at: Instant) -> Self {
+        let chunks = claimed
+            .len()
+            .div_ceil(inner.config.publish_batch_size.max(1));
         Batch {
             inner,
             claimed,
-            claimed_at,
+            deadline: Mutex::new(claimed_at + inner.config.lease),
             started: Mutex::default(),
+            settling: Mutex::default(),
+            unfinished: AtomicUsize::new(chunks),
+            defer_last: false,
+            deferred: Mutex::default(),
+            renewing: tokio::sync::Mutex::new(()),
         }
     }
 
+    /// Leave the settle of the chunk that finishes last to the caller
+    /// ([`take_deferred`](Self::take_deferred)), unless the relay is stopping by then.
+    pub(super) fn deferring_last_settle(mut self) -> Self {
+        self.defer_last = true;
+        self
+    }
+
+    /// The deferred settle of the last chunk, if it was deferred.
+    pub(super) fn take_deferred(&self) -> Option<Deferred> {
+        self.deferred
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
     /// When the leases lapse by the relay's clock (never later than by the storage's:
-    /// the claim stamped them after `claimed_at`).
+    /// the claim, and each renewal, stamped them after the relay sent it).
     fn lease_deadline(&self) -> Instant {
-        self.claimed_at + self.inner.config.lease
+        *self.deadline.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The one rule of [`RelayConfig::lease_allows_publish`](super::RelayConfig::lease_allows_publish),
+    /// applied to the lease left now.
+    fn lease_allows_publish(&self) -> bool {
+        let config = &self.inner.config;
+        let left = self
+            .lease_deadline()
+            .saturating_duration_since(Instant::now());
+        config.lease_allows_publish(config.lease.saturating_sub(left))
+    }
+
+    /// Whether a publish may start now; on a store that renews leases, renew the
+    /// batch's unsettled leases first when too little is left.
+    async fn lease_for_publish(&self) -> bool {
+        if self.lease_allows_publish() {
+            return true;
+        }
+        if !self.inner.renews {
+            return false;
+        }
+        let _one = self.renewing.lock().await;
+        if !self.lease_allows_publish() {
+            self.renew().await;
+        }
+        self.lease_allows_publish()
+    }
+
+    /// Extend every lease of the batch not yet being settled, fenced by its token. A
+    /// failure is logged and counted; the deadline then stays where it was.
+    async fn renew(&self) {
+        let inner = self.inner;
+        let leases: Vec<Lease> = {
+            let settling = self.settling.lock().unwrap_or_else(PoisonError::into_inner);
+            self.claimed
+                .iter()
+                .map(|c| c.lease)
+                .filter(|l| !settling.contains(&l.id))
+                .collect()
+        };
+        if leases.is_empty() {
+            return;
+        }
+        let sent = Instant::now();
+        match inner.store.renew(&leases, inner.config.lease).await {
+            Ok(renewed) => {
+                if !renewed.lost.is_empty() {
+                    tracing::warn!(
+                        count = renewed.lost.len(),
+                        "leases lost before they could be renewed; their settles will be fenced out"
+                    );
+                }
+                *self.deadline.lock().unwrap_or_else(PoisonError::into_inner) =
+                    sent + inner.config.lease;
+                tracing::debug!(count = renewed.leases.len(), "renewed leases");
+            }
+            Err(err) => {
+                tracing::warn!(count = leases.len(), error = %err.report(), "lease renewal failed");
+                inner.tally.record(&DispatchReport {
+                    store_errors: 1,
+                    ..DispatchReport::default()
+                });
+            }
+        }
+    }
+
+    fn mark_settling(&self, ids: impl Iterator<Item = MessageId>) {
+        self.settling
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(ids);
     }
 
     /// Publish every chunk and settle every lease.
@@ -98,7 +221,7 @@ impl<'r> Batch<'r> {
         if inner.stop.is_cancelled() {
             return self.release(&leases).await;
         }
-        if !config.lease_allows_publish(self.claimed_at.elapsed()) {
+        if !self.lease_for_publish().await {
             tracing::warn!(
                 count = leases.len(),
                 "too little lease left to publish safely; releasing (raise the lease or lower \
@@ -142,6 +265,17 @@ impl<'r> Batch<'r> {
                     failures.push(Failure::new(lease, error, Disposition::DeadLetter));
                 }
             }
+        }
+        self.mark_settling(leases_of(&done, &failures));
+        let last = self.unfinished.fetch_sub(1, AtomicOrdering::SeqCst) == 1;
+        if last && self.defer_last && !inner.stop.is_cancelled() {
+            inner.tally.record(&report);
+            *self.deferred.lock().unwrap_or_else(PoisonError::into_inner) = Some(Deferred {
+                done,
+                failures,
+                deadline: self.lease_deadline(),
+            });
+            return report;
         }
         report.add(&self.settle_outcomes(&done, &failures).await);
         inner.tally.record(&report);
@@ -190,36 +324,7 @@ impl<'r> Batch<'r> {
 
     /// Complete what was published and fail the rest, both at once.
     async fn settle_outcomes(&self, done: &[Lease], failures: &[Failure]) -> DispatchReport {
-        let store = &self.inner.store;
-        let (completed, failed) = futures::join!(
-            self.settle("complete", done.len(), || store.complete(done)),
-            self.settle("fail", failures.len(), || store.fail(failures)),
-        );
-        let mut report = DispatchReport::default();
-        match completed {
-            Ok(c) => {
-                report.dispatched = c.settled.applied as u64;
-                report.leases_lost += c.unambiguous_lost();
-            }
-            Err(()) => report.store_errors += 1,
-        }
-        match failed {
-            Ok(f) => {
-                let lost: HashSet<MessageId> = f.settled.lost.iter().copied().collect();
-                for failure in failures.iter().filter(|f| !lost.contains(&f.lease().id)) {
-                    match failure.disposition() {
-                        Disposition::Retry { .. } => report.retried += 1,
-                        Disposition::DeadLetter => {
-                            tracing::warn!(id = %failure.lease().id, error = failure.error(), "message dead-lettered");
-                            report.dead_lettered += 1;
-                        }
-                    }
-                }
-                report.leases_lost += f.unambiguous_lost();
-            }
-            Err(()) => report.store_errors += 1,
-        }
-        report
+        settle_outcomes(self.inner, done, failures, self.lease_deadline()).await
     }
 
     /// Give leases back unattempted. Leases already settled are fenced out by the store
@@ -271,10 +376,7 @@ impl<'r> Batch<'r> {
         report
     }
 
-    /// Run a settle call of `count` leases, retrying retryable storage errors with
-    /// backoff for as long as the leases may still be held: a settle that never lands
-    /// means the messages publish again after the lease lapses, and once it has lapsed
-    /// the store fences the settle out anyway. `Err(())` when it gave up (logged).
+    /// [`settle`] until this batch's leases lapse.
     async fn settle<F, Fut>(
         &self,
         what: &'static str,
@@ -285,46 +387,7 @@ impl<'r> Batch<'r> {
         F: Fn() -> Fut,
         Fut: Future<Output = Result<Settled>>,
     {
-        if count == 0 {
-            return Ok(SettleOutcome::default());
-        }
-        let deadline = self.lease_deadline();
-        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
-        let mut retried = false;
-        loop {
-            match call().await {
-                Ok(settled) => {
-                    if retried && !settled.lost.is_empty() {
-                        tracing::info!(
-                            count = settled.lost.len(),
-                            "{what} retried after an error; an earlier try may have applied \
-                             the leases now reported lost"
-                        );
-                    }
-                    return Ok(SettleOutcome { settled, retried });
-                }
-                Err(err) if err.is_retryable() => {
-                    let pause = backoff.next_delay();
-                    if Instant::now() + pause >= deadline {
-                        tracing::error!(
-                            count, error = %err.report(),
-                            "{what} failed until the leases lapsed; the messages publish again"
-                        );
-                        return Err(());
-                    }
-                    tracing::warn!(count, error = %err.report(), retry_in = ?pause, "{what} failed; retrying");
-                    tokio::time::sleep(pause).await;
-                    retried = true;
-                }
-                Err(err) => {
-                    tracing::error!(
-                        count, error = %err.report(),
-                        "{what} failed; leases will lapse and the messages publish again"
-                    );
-                    return Err(());
-                }
-            }
-        }
+        settle(self.lease_deadline(), what, count, call).await
     }
 
     fn mark_started(&self, leases: &[Lease]) {
@@ -340,9 +403,123 @@ impl<'r> Batch<'r> {
     }
 }
 
+/// Run a settle call of `count` leases, retrying retryable storage errors with
+/// backoff until `deadline`, while the leases may still be held: a settle that never lands
+/// means the messages publish again after the lease lapses, and once it has lapsed
+/// the store fences the settle out anyway. `Err(())` when it gave up (logged).
+pub(super) async fn settle<F, Fut>(
+    deadline: Instant,
+    what: &'static str,
+    count: usize,
+    call: F,
+) -> std::result::Result<SettleOutcome, ()>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<Settled>>,
+{
+    if count == 0 {
+        return Ok(SettleOutcome::default());
+    }
+    let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
+    let mut retried = false;
+    loop {
+        match call().await {
+            Ok(settled) => {
+                if retried && !settled.lost.is_empty() {
+                    tracing::info!(
+                        count = settled.lost.len(),
+                        "{what} retried after an error; an earlier try may have applied \
+                         the leases now reported lost"
+                    );
+                }
+                return Ok(SettleOutcome { settled, retried });
+            }
+            Err(err) if err.is_retryable() => {
+                let pause = backoff.next_delay();
+                if Instant::now() + pause >= deadline {
+                    tracing::error!(
+                        count, error = %err.report(),
+                        "{what} failed until the leases lapsed; the messages publish again"
+                    );
+                    return Err(());
+                }
+                tracing::warn!(count, error = %err.report(), retry_in = ?pause, "{what} failed; retrying");
+                tokio::time::sleep(pause).await;
+                retried = true;
+            }
+            Err(err) => {
+                tracing::error!(
+                    count, error = %err.report(),
+                    "{what} failed; leases will lapse and the messages publish again"
+                );
+                return Err(());
+            }
+        }
+    }
+}
+
+/// Complete what was published and fail the rest, both at once, retrying retryable
+/// errors until `deadline`.
+pub(super) async fn settle_outcomes(
+    inner: &Inner,
+    done: &[Lease],
+    failures: &[Failure],
+    deadline: Instant,
+) -> DispatchReport {
+    let store = &inner.store;
+    let (completed, failed) = futures::join!(
+        settle(deadline, "complete", done.len(), || store.complete(done)),
+        settle(deadline, "fail", failures.len(), || store.fail(failures)),
+    );
+    count_settled(completed, failed, failures)
+}
+
+/// The counts of a complete and a fail call (either given up on: `Err(())`).
+pub(super) fn count_settled(
+    completed: std::result::Result<SettleOutcome, ()>,
+    failed: std::result::Result<SettleOutcome, ()>,
+    failures: &[Failure],
+) -> DispatchReport {
+    let mut report = DispatchReport::default();
+    match completed {
+        Ok(c) => {
+            report.dispatched = c.settled.applied as u64;
+            report.leases_lost += c.unambiguous_lost();
+        }
+        Err(()) => report.store_errors += 1,
+    }
+    match failed {
+        Ok(f) => {
+            let lost: HashSet<MessageId> = f.settled.lost.iter().copied().collect();
+            for failure in failures.iter().filter(|f| !lost.contains(&f.lease().id)) {
+                match failure.disposition() {
+                    Disposition::Retry { .. } => report.retried += 1,
+                    Disposition::DeadLetter => {
+                        tracing::warn!(id = %failure.lease().id, error = failure.error(), "message dead-lettered");
+                        report.dead_lettered += 1;
+                    }
+                }
+            }
+            report.leases_lost += f.unambiguous_lost();
+        }
+        Err(()) => report.store_errors += 1,
+    }
+    report
+}
+
+/// The ids of a chunk's settle.
+fn leases_of<'a>(
+    done: &'a [Lease],
+    failures: &'a [Failure],
+) -> impl Iterator<Item = MessageId> + 'a {
+    done.iter()
+        .map(|l| l.id)
+        .chain(failures.iter().map(|f| f.lease().id))
+}
+
 /// The result of one settle call.
 #[derive(Default)]
-struct SettleOutcome {
+pub(super) struct SettleOutcome {
     settled: Settled,
     /// The call was retried after an error: an earlier try may have committed, so ids
     /// reported lost may in fact have been settled by this relay.
@@ -350,6 +527,20 @@ struct SettleOutcome {
 }
 
 impl SettleOutcome {
+    /// A call that landed at its first try.
+    pub(super) fn first_try(settled: Settled) -> Self {
+        SettleOutcome {
+            settled,
+            retried: false,
+        }
+    }
+
+    /// Mark the call as retried after an error (an earlier try may have applied).
+    pub(super) fn retried(mut self) -> Self {
+        self.retried = true;
+        self
+    }
+
     /// Lost leases to count: none when the call was retried, since an earlier try may
     /// have applied them.
     fn unambiguous_lost(&self) -> u64 {

@@ -149,14 +149,28 @@ impl RelayConfig {
             <= self.lease
     }
 
-    /// Check the values. Besides each value's own bounds, the lease must cover every
-    /// publish wave of a batch: [`lease_allows_publish`](Self::lease_allows_publish)
-    /// must hold when the last wave starts, `claim_allowance() + (publish_waves() - 1) ×
-    /// publish_timeout` after the claim was sent.
+    /// Check the values for a store that does not renew leases. Besides each value's
+    /// own bounds, the lease must cover every publish wave of a batch:
+    /// [`lease_allows_publish`](Self::lease_allows_publish) must hold when the last
+    /// wave starts, `claim_allowance() + (publish_waves() - 1) × publish_timeout` after
+    /// the claim was sent.
     ///
     /// # Errors
     /// [`ErrorKind::Config`](crate::ErrorKind::Config) naming the first bad value.
     pub fn validate(&self) -> Result<()> {
+        self.validate_for(false)
+    }
+
+    /// Check the values for a store that renews leases (`renewal`,
+    /// [`StoreCapabilities::lease_renewal`](crate::StoreCapabilities::lease_renewal)) or
+    /// not, as [`Relay::new`](super::Relay::new) does. With renewal, a batch renews its
+    /// leases before any wave that would not fit in what is left, so only the first
+    /// wave must fit: `lease_allows_publish(claim_allowance())`, whatever the number of
+    /// waves. Without it, as [`validate`](Self::validate).
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](crate::ErrorKind::Config) naming the first bad value.
+    pub fn validate_for(&self, renewal: bool) -> Result<()> {
         if self.batch_size == 0 || self.batch_size > MAX_CLAIM_BATCH {
             return Err(Error::config(format!(
                 "batch_size {} is outside 1..={MAX_CLAIM_BATCH}",
@@ -172,10 +186,14 @@ impl RelayConfig {
         if self.publish_timeout.is_zero() {
             return Err(Error::config("publish_timeout must be above zero"));
         }
-        let last_wave_starts = self.claim_allowance().saturating_add(
-            self.publish_timeout
-                .saturating_mul(self.publish_waves().saturating_sub(1)),
-        );
+        let waves_to_cover = if renewal {
+            0
+        } else {
+            self.publish_waves().saturating_sub(1)
+        };
+        let last_wave_starts = self
+            .claim_allowance()
+            .saturating_add(self.publish_timeout.saturating_mul(waves_to_cover));
         if !self.lease_allows_publish(last_wave_starts) {
             return Err(Error::config(format!(
                 "a batch of {} in publish calls of {} with {} in flight takes {} waves of up to \
@@ -281,6 +299,15 @@ mod tests {
         let wide = RelayConfig::default().batch_size(1000).publish(10, 4);
         assert_eq!(wide.publish_waves(), 25);
         assert!(kind(&wide).is_some());
+        wide.validate_for(true)
+            .expect("with renewal only the first wave must fit");
+        assert!(
+            RelayConfig::default()
+                .publish_timeout(Duration::from_secs(27))
+                .validate_for(true)
+                .is_err(),
+            "even with renewal one publish must fit in the lease with the margin"
+        );
         assert_eq!(
             RelayConfig::default()
                 .batch_size(101)

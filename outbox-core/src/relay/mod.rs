@@ -10,7 +10,13 @@
 //! 3. After each publish call, complete the published messages in one store call and
 //!    fail the rest in another: retryable failures are scheduled by the
 //!    [`RetryPolicy`](crate::RetryPolicy), permanent ones and last attempts are
-//!    dead-lettered. Both calls are fenced by the lease token.
+//!    dead-lettered. Both calls are fenced by the lease token. The publish call that
+//!    finishes last in a batch does not settle on its own: its completes and failures
+//!    go with the next claim in one store call,
+//!    [`OutboxStore::settle_and_claim`] (one statement on PostgreSQL), so a busy relay
+//!    pays one round trip between batches. If that call fails, the settle is retried
+//!    on its own and the claim made as usual; when the relay is stopping, the settle
+//!    goes on its own.
 //! 4. When a claim finds nothing, wait for a [`Wakeup`] or the poll interval, which
 //!    doubles on every empty claim up to [`RelayConfig::max_poll_interval`].
 //!
@@ -35,13 +41,17 @@
 //!   the broker accepted it but before completing, when publishing outlives the lease
 //!   (the complete is then rejected as a lost lease), and when shutdown drops a publish
 //!   in flight. Consumers deduplicate by message id.
-//! - Leases are not renewed. A claimed batch is published in waves of
-//!   [`RelayConfig::publish_concurrency`] calls, so the lease must cover every wave.
-//!   One rule, [`RelayConfig::lease_allows_publish`], decides both: a chunk whose
-//!   remaining lease is shorter than a publish plus a tenth of the lease is released
-//!   instead of published, and [`RelayConfig::validate`] refuses a config under which
-//!   the last wave could not start after a claim that took a twentieth of the lease
-//!   ([`RelayConfig::claim_allowance`]).
+//! - Leases are renewed only on stores that declare it
+//!   ([`StoreCapabilities::lease_renewal`](crate::StoreCapabilities::lease_renewal)).
+//!   A claimed batch is published in waves of [`RelayConfig::publish_concurrency`]
+//!   calls. One rule, [`RelayConfig::lease_allows_publish`], decides whether a chunk
+//!   may start: its remaining lease must cover a publish plus a tenth of the lease.
+//!   On a renewing store, a chunk that finds too little left first renews the batch's
+//!   unsettled leases ([`OutboxStore::renew`], fenced by token), so only the first wave
+//!   must fit in a lease ([`RelayConfig::validate_for`]). On other stores the chunk is
+//!   released instead of published, and [`RelayConfig::validate`] refuses a config
+//!   under which the last wave could not start after a claim that took a twentieth of
+//!   the lease ([`RelayConfig::claim_allowance`]).
 //! - Settles that hit retryable storage errors are retried with backoff until the
 //!   batch's lease lapses; then the leases are left to lapse and the messages publish
 //!   again.
@@ -92,8 +102,8 @@ use crate::backoff::Backoff;
 use crate::error::{Error, ErrorKind, Result};
 use crate::message::MessageId;
 use crate::publisher::Publisher;
-use crate::store::{ClaimIds, ClaimRequest, ClaimedMessage, OutboxStore};
-use batch::{panic_message, Batch};
+use crate::store::{ClaimIds, ClaimRequest, ClaimedMessage, OutboxStore, Settlement};
+use batch::{count_settled, panic_message, settle, settle_outcomes, Batch, Deferred};
 
 /// Counts of what a relay (or one dispatch call) did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -174,6 +184,9 @@ struct Inner {
     loops_ended: AtomicU64,
     tally: Tally,
     metrics: metrics::Handles,
+    /// The store declares lease renewal: batches renew their leases before a wave
+    /// that would not fit in what is left.
+    renews: bool,
 }
 
 /// Moves messages from an [`OutboxStore`] to a [`Publisher`].
@@ -213,7 +226,8 @@ impl Relay {
         publisher: Arc<dyn Publisher>,
         config: RelayConfig,
     ) -> Result<Self> {
-        config.validate()?;
+        let renews = store.capabilities().lease_renewal;
+        config.validate_for(renews)?;
         let metrics = metrics::Handles::new(&config.name);
         Ok(Relay {
             inner: Arc::new(Inner {
@@ -231,6 +245,7 @@ impl Relay {
                     metrics: metrics.clone(),
                 },
                 metrics,
+                renews,
             }),
         })
     }
@@ -307,18 +322,26 @@ impl Relay {
         let config = &inner.config;
         let mut woken = inner.wakeup.subscribe();
         let mut idle = Backoff::new(config.poll_interval, config.max_poll_interval);
+        // The settle of the last batch's last chunk, sent with the next claim.
+        let mut carried: Option<Deferred> = None;
         while !inner.stop.is_cancelled() {
             let poll = inner.polls.fetch_add(1, AtomicOrdering::SeqCst) + 1;
             woken.seen();
             let claimed_at = Instant::now();
             let step = AssertUnwindSafe(async {
-                let claimed = self.claim().await?;
+                let claimed = match carried.take() {
+                    Some(deferred) => match self.settle_and_claim(deferred).await? {
+                        Some(claimed) => claimed,
+                        None => self.claim().await?,
+                    },
+                    None => self.claim().await?,
+                };
                 if claimed.is_empty() {
                     return Ok(false);
                 }
-                Batch::new(inner, claimed, claimed_at)
-                    .publish_until(&inner.stop)
-                    .await;
+                let batch = Batch::new(inner, claimed, claimed_at).deferring_last_settle();
+                batch.publish_until(&inner.stop).await;
+                carried = batch.take_deferred();
                 Ok::<_, Error>(true)
             });
             match step.catch_unwind().await {
@@ -358,8 +381,92 @@ impl Relay {
                 }
             }
         }
+        if let Some(deferred) = carried {
+            // Stopped between a batch and the next claim: settle on its own.
+            let report =
+                settle_outcomes(inner, &deferred.done, &deferred.failures, deferred.deadline).await;
+            inner.tally.record(&report);
+        }
         tracing::info!("relay stopped");
         self.report()
+    }
+
+    /// Settle the last batch's deferred chunk and claim the next batch in one store
+    /// call ([`OutboxStore::settle_and_claim`]). When that call fails the settle is
+    /// retried on its own, as any settle is, and `Ok(None)` tells the caller to claim
+    /// as usual.
+    ///
+    /// # Errors
+    /// The claim's error, after the settle applied.
+    async fn settle_and_claim(&self, deferred: Deferred) -> Result<Option<Vec<ClaimedMessage>>> {
+        let inner = &*self.inner;
+        let config = &inner.config;
+        let request = ClaimRequest::new(config.batch_size, config.lease)?;
+        let settlement = Settlement {
+            complete: &deferred.done,
+            fail: &deferred.failures,
+            release: &[],
+        };
+        let started = Instant::now();
+        let outcome = inner
+            .store
+            .settle_and_claim(settlement, request)
+            .instrument(tracing::debug_span!(
+                "outbox.claim",
+                limit = config.batch_size
+            ))
+            .await;
+        inner
+            .metrics
+            .claim_seconds
+            .record(started.elapsed().as_secs_f64());
+        match outcome {
+            Ok(done) => {
+                let report = count_settled(
+                    Ok(batch::SettleOutcome::first_try(done.completed)),
+                    Ok(batch::SettleOutcome::first_try(done.failed)),
+                    &deferred.failures,
+                );
+                inner.tally.record(&report);
+                done.claimed.map(Some)
+            }
+            Err(err) if err.is_retryable() => {
+                tracing::warn!(
+                    count = deferred.done.len() + deferred.failures.len(),
+                    error = %err.report(),
+                    "settle and claim failed; retrying the settle on its own"
+                );
+                let store = &inner.store;
+                let (done, failures) = (&deferred.done, &deferred.failures);
+                let (completed, failed) = futures::join!(
+                    settle(deferred.deadline, "complete", done.len(), || store
+                        .complete(done)),
+                    settle(deferred.deadline, "fail", failures.len(), || store
+                        .fail(failures)),
+                );
+                // The first try may have applied: leases now reported lost may be ones
+                // it settled.
+                let report = count_settled(
+                    completed.map(batch::SettleOutcome::retried),
+                    failed.map(batch::SettleOutcome::retried),
+                    failures,
+                );
+                inner.tally.record(&report);
+                Ok(None)
+            }
+            Err(err) => {
+                tracing::error!(
+                    count = deferred.done.len() + deferred.failures.len(),
+                    error = %err.report(),
+                    "settle and claim failed; leases will lapse and the messages publish again"
+                );
+                inner.tally.record(&DispatchReport {
+                    store_errors: 1,
+                    ..DispatchReport::default()
+                });
+                Ok(None)
+            }
+        }
     }
 
     /// Count a failed step and back off before the next claim.

@@ -173,6 +173,24 @@ pub(crate) fn available() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// Run `script` with `clients` clients for `length` (`-T`, whole seconds, at least 1).
+pub(crate) async fn run_for(
+    env: &Env,
+    script: &Path,
+    clients: u32,
+    length: Duration,
+) -> Res<PgbenchRun> {
+    let seconds = length.as_secs().max(1);
+    run_args(
+        env,
+        script,
+        clients,
+        &["-T".to_owned(), seconds.to_string()],
+        &[],
+    )
+    .await
+}
+
 /// Run `script` with `clients` clients, `per_client` transactions each.
 pub(crate) async fn run(
     env: &Env,
@@ -181,17 +199,41 @@ pub(crate) async fn run(
     per_client: u64,
     batch: usize,
 ) -> Res<PgbenchRun> {
+    let variables = [
+        format!("limit={batch}"),
+        "lease_us=30000000".to_owned(),
+        format!("token={}", uuid::Uuid::new_v4()),
+    ];
+    run_args(
+        env,
+        script,
+        clients,
+        &["-t".to_owned(), per_client.to_string()],
+        &variables,
+    )
+    .await
+}
+
+/// Run `script` with `clients` clients, the length arguments given (`-t n` or `-T s`)
+/// and `-D` for each of `variables`.
+async fn run_args(
+    env: &Env,
+    script: &Path,
+    clients: u32,
+    length: &[String],
+    variables: &[String],
+) -> Res<PgbenchRun> {
     let threads = clients.min(u32::try_from(env.nproc)?).max(1);
     let mut command = Command::new("pgbench");
     command
         .args(["-n", "-M", "prepared", "-f"])
         .arg(script)
         .args(["-c", &clients.to_string(), "-j", &threads.to_string()])
-        .args(["-t", &per_client.to_string()])
-        .args(["-D", &format!("limit={batch}")])
-        .args(["-D", "lease_us=30000000"])
-        .args(["-D", &format!("token={}", uuid::Uuid::new_v4())])
-        .arg(&env.url);
+        .args(length);
+    for variable in variables {
+        command.args(["-D", variable]);
+    }
+    command.arg(&env.url);
     let output = tokio::task::spawn_blocking(move || command.output()).await??;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);

@@ -584,3 +584,110 @@ async fn the_per_key_claim_uses_its_indexes_without_statistics() {
         );
     }
 }
+
+/// The statement that completes a batch and claims the next is planned per call, like
+/// the settles: prepared, a generic plan made for a table of ten rows completed 100
+/// rows of 100,000 (never analyzed) in 2.7 s, a sequential scan joined to the ids.
+/// Checked by what the connection has cached after the table grew, and by the call
+/// still settling and claiming whole batches.
+#[tokio::test]
+async fn complete_and_claim_is_planned_per_call() {
+    let Some(url) = common::url("complete and claim after growth") else {
+        return;
+    };
+    let pool = common::pool(&url, 2).await;
+    let outbox = crate::outbox(&pool, PgOutboxConfig::default()).await;
+    no_autovacuum(&outbox).await;
+    let twin = twin(&outbox).await;
+    crate::enqueue(&outbox, &(0..12).map(crate::msg).collect::<Vec<_>>()).await;
+    let next = |n| ClaimRequest::new(n, LONG).unwrap();
+    let mut held: Vec<Lease> = twin
+        .claim(next(1))
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.lease)
+        .collect();
+    for _ in 0..10 {
+        let settlement = outbox_core::Settlement {
+            complete: &held,
+            ..outbox_core::Settlement::default()
+        };
+        let out = twin.settle_and_claim(settlement, next(1)).await.unwrap();
+        assert_eq!(out.completed.applied, 1);
+        held = out.claimed.unwrap().iter().map(|c| c.lease).collect();
+        assert_eq!(held.len(), 1);
+    }
+    load_without_statistics(&outbox, 100_000).await;
+    let settlement = outbox_core::Settlement {
+        complete: &held,
+        ..outbox_core::Settlement::default()
+    };
+    let out = twin.settle_and_claim(settlement, next(100)).await.unwrap();
+    assert_eq!(out.completed.applied, 1);
+    let held: Vec<Lease> = out.claimed.unwrap().iter().map(|c| c.lease).collect();
+    assert_eq!(held.len(), 100);
+    let settlement = outbox_core::Settlement {
+        complete: &held,
+        ..outbox_core::Settlement::default()
+    };
+    let out = twin.settle_and_claim(settlement, next(100)).await.unwrap();
+    assert_eq!(out.completed.applied, 100);
+    let cached: Vec<String> = prepared(twin.pool())
+        .await
+        .into_iter()
+        .map(|(_, statement)| statement.text)
+        .filter(|text| text.contains("m.lease_token = l.token"))
+        .collect();
+    assert!(
+        cached.is_empty(),
+        "complete and claim was prepared, so a plan made for the small table could be \
+         reused: {cached:?}"
+    );
+    twin.pool().close().await;
+}
+
+/// Opted in, complete-and-claim is prepared once per connection and reused.
+#[tokio::test]
+async fn complete_and_claim_is_prepared_when_the_config_says_so() {
+    let Some(url) = common::url("prepared complete and claim") else {
+        return;
+    };
+    let pool = common::pool(&url, 2).await;
+    let config = PgOutboxConfig::default().with_prepared_complete_and_claim(true);
+    let outbox = crate::outbox(&pool, config).await;
+    let twin = twin(&outbox).await;
+    crate::enqueue(&outbox, &(0..3).map(crate::msg).collect::<Vec<_>>()).await;
+    let next = || ClaimRequest::new(1, LONG).unwrap();
+    let mut held: Vec<Lease> = twin
+        .claim(next())
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.lease)
+        .collect();
+    let statement = prepared_one(&twin, "a prepared complete and claim", || async {
+        let settlement = outbox_core::Settlement {
+            complete: &held,
+            ..outbox_core::Settlement::default()
+        };
+        let out = twin.settle_and_claim(settlement, next()).await.unwrap();
+        assert_eq!(out.completed.applied, 1);
+        held = out.claimed.unwrap().iter().map(|c| c.lease).collect();
+    })
+    .await;
+    assert!(statement.text.contains("m.lease_token = l.token"));
+    assert!(statement.text.contains("c.id <> ALL($6::uuid[])"));
+    let again = prepared_by(&twin, || async {
+        let settlement = outbox_core::Settlement {
+            complete: &held,
+            ..outbox_core::Settlement::default()
+        };
+        let out = twin.settle_and_claim(settlement, next()).await.unwrap();
+        assert_eq!(out.completed.applied, 1);
+        assert_eq!(out.claimed.unwrap().len(), 1);
+    })
+    .await;
+    assert!(again.is_empty(), "reused, not prepared again: {again:?}");
+    twin.pool().close().await;
+}

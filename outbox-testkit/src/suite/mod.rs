@@ -15,8 +15,10 @@ mod lock;
 mod ordering;
 mod publisher;
 mod relay;
+mod renewal;
 mod retention;
 mod retry;
+mod settle_claim;
 
 pub use admin::*;
 pub use backend::*;
@@ -28,8 +30,10 @@ pub use lock::*;
 pub use ordering::*;
 pub use publisher::*;
 pub use relay::*;
+pub use renewal::*;
 pub use retention::*;
 pub use retry::*;
+pub use settle_claim::*;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,7 +46,7 @@ use outbox_core::{
 
 use crate::harness::{Features, Fixture, Harness};
 
-pub(crate) use crate::wait::{poll_for, wait_until, DEADLINE};
+pub(crate) use crate::wait::{poll_for, wait_until, within, DEADLINE};
 /// A lease long enough never to lapse during a case.
 pub(crate) const LONG_LEASE: Duration = Duration::from_secs(300);
 /// A lease short enough to lapse while a case waits for it.
@@ -53,10 +57,11 @@ pub(crate) async fn fixture(h: &dyn Harness, capabilities: StoreCapabilities) ->
         .fixture(capabilities)
         .await
         .expect("harness could not make a fixture");
-    assert_eq!(
-        fixture.store().capabilities(),
-        capabilities,
-        "the store must report the capabilities it was made with: relays read them"
+    assert!(
+        fixture.store().capabilities().same_semantics(&capabilities),
+        "the store must report the ordering and retention it was made with: relays read \
+         them ({:?} for {capabilities:?})",
+        fixture.store().capabilities()
     );
     fixture
 }
