@@ -10,6 +10,7 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use common::private::PrivateRabbit;
@@ -67,12 +68,15 @@ impl PublisherHarness for RabbitHarness {
 
 /// The test's own connection and channel, to declare and read back.
 async fn open(url: &str) -> Result<(Connection, Channel)> {
-    let connection = Connection::connect(
+    // Bounded: the client can hang instead of failing when a node is starting.
+    let connect = Connection::connect(
         url,
         ConnectionProperties::default().with_connection_name(common::unique("conf").into()),
-    )
-    .await
-    .map_err(|e| broker_error("connecting", e))?;
+    );
+    let connection = tokio::time::timeout(Duration::from_secs(10), connect)
+        .await
+        .map_err(|_| Error::new(ErrorKind::Timeout, "test broker: connecting took over 10 s"))?
+        .map_err(|e| broker_error("connecting", e))?;
     let channel = connection
         .create_channel()
         .await

@@ -2,15 +2,15 @@
 //! name, ports, data directory and an empty plugin list, started as a child process
 //! group and killed whole (never the shared node on 5672).
 
+use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use outbox_core::{Error, ErrorKind, Result};
-use outbox_rabbitmq::lapin::{Connection, ConnectionProperties};
 use outbox_testkit::wait_until;
 
 /// Debian's node script (the `/usr/sbin` wrapper would switch to the `rabbitmq` user,
@@ -46,6 +46,27 @@ fn free_port() -> Result<u16> {
         .map_err(|e| plumbing("read the port", e))?
         .port())
 }
+
+/// Whether the node answers an AMQP 0-9-1 protocol header with a method frame (its
+/// `connection.start`) within [`ATTEMPT`].
+fn answers_amqp(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect_timeout(&(Ipv4Addr::LOCALHOST, port).into(), ATTEMPT)
+    else {
+        return false;
+    };
+    let mut first = [0u8; 1];
+    stream.set_read_timeout(Some(ATTEMPT)).is_ok()
+        && stream.write_all(b"AMQP\x00\x00\x09\x01").is_ok()
+        && stream.read_exact(&mut first).is_ok()
+        && first[0] == FRAME_METHOD
+}
+
+/// The AMQP frame type of a method frame.
+const FRAME_METHOD: u8 = 1;
+/// How long one readiness probe may take.
+const ATTEMPT: Duration = Duration::from_secs(2);
+/// How long a node may take to boot.
+const BOOT: Duration = Duration::from_secs(25);
 
 fn accepts(port: u16) -> bool {
     TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok()
@@ -106,24 +127,32 @@ impl PrivateRabbit {
             .spawn()
             .map_err(|e| plumbing(&format!("spawn {SERVER}"), e))?;
         *self.child.lock().expect("child lock") = Some(child);
-        let url = self.url();
-        wait_until(
-            "the private RabbitMQ node to accept AMQP connections",
-            || {
-                let url = url.clone();
-                async move {
-                    match Connection::connect(&url, ConnectionProperties::default()).await {
-                        Ok(connection) => {
-                            let _ = connection.close(200, "ready".into()).await;
-                            true
-                        }
-                        Err(_) => false,
-                    }
-                }
-            },
-        )
-        .await;
-        Ok(())
+        // Plain TCP, so a probe racing the node's boot cannot wedge a client library;
+        // on a timeout the error carries the end of the node's own log.
+        let deadline = Instant::now() + BOOT;
+        let mut pause =
+            outbox_core::Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
+        loop {
+            let port = self.port;
+            let ready = tokio::task::spawn_blocking(move || answers_amqp(port))
+                .await
+                .unwrap_or(false);
+            if ready {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let log = std::fs::read_to_string(self.dir.join("node.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "private RabbitMQ node did not answer AMQP within {BOOT:?}; its log ends:\n{}",
+                        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                    ),
+                ));
+            }
+            pause.wait().await;
+        }
     }
 
     /// Kill the node's whole process group (SIGKILL: no goodbye to clients) and wait

@@ -2,7 +2,7 @@
 //! window, unroutable destinations, concurrency and large batches.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -24,26 +24,31 @@ const LARGE: usize = 1_000;
 /// The batches a relay publishes while its broker restarts.
 const RESTART_BATCH: usize = 100;
 
+// Every call into the harness is bounded: a hang fails the case, naming the call.
+
 async fn namespace(h: &dyn PublisherHarness) -> Box<dyn PublisherNamespace> {
-    h.namespace()
+    within("making a namespace", h.namespace())
         .await
         .unwrap_or_else(|e| panic!("harness could not make a namespace: {}", e.report()))
 }
 
 async fn publisher(ns: &dyn PublisherNamespace) -> Arc<dyn Publisher> {
-    ns.publisher()
+    within("making a publisher", ns.publisher())
         .await
         .unwrap_or_else(|e| panic!("namespace could not make a publisher: {}", e.report()))
 }
 
 async fn received(ns: &dyn PublisherNamespace, destination: &str) -> Vec<Received> {
-    ns.received(destination)
-        .await
-        .unwrap_or_else(|e| panic!("reading back {destination:?} failed: {}", e.report()))
+    within(
+        "reading back what the broker holds",
+        ns.received(destination),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("reading back {destination:?} failed: {}", e.report()))
 }
 
 async fn teardown(ns: Box<dyn PublisherNamespace>) {
-    ns.teardown()
+    within("the namespace's teardown", ns.teardown())
         .await
         .unwrap_or_else(|e| panic!("namespace teardown failed: {}", e.report()));
 }
@@ -409,8 +414,7 @@ pub async fn publisher_broker_restart_is_retryable_and_the_publisher_recovers(
     if !supports(h, CASE, |f| f.broker_restart) {
         return;
     }
-    let ns = h
-        .restartable_namespace()
+    let ns = within("starting a private broker", h.restartable_namespace())
         .await
         .unwrap_or_else(|e| panic!("harness could not start a private broker: {}", e.report()));
     let publisher = publisher(&*ns).await;
@@ -419,31 +423,31 @@ pub async fn publisher_broker_restart_is_retryable_and_the_publisher_recovers(
     assert_all_published(&publish(&*publisher, &warm).await);
 
     // A relay publishing batch after batch when the broker dies: stop it once a call
-    // came back all published (the broker holds part of the stream), then let the loop
-    // see the stop. Progress is the loop's own: reading the broker while it publishes
-    // could chase a queue that never empties.
-    let stopped = Arc::new(AtomicBool::new(false));
+    // came back all published (the broker holds part of the stream). The loop ends
+    // with the first call that is not all published, which the stop makes happen.
+    // Progress is the loop's own: reading the broker while it publishes could chase a
+    // queue that never empties.
     let landed = Arc::new(AtomicUsize::new(0));
     let relay = tokio::spawn({
-        let (publisher, stopped, landed, destination) = (
+        let (publisher, landed, destination) = (
             Arc::clone(&publisher),
-            Arc::clone(&stopped),
             Arc::clone(&landed),
             destination.clone(),
         );
         async move {
             let mut sent = Vec::new();
-            while !stopped.load(Ordering::SeqCst) {
+            loop {
                 let batch = numbered(&destination, RESTART_BATCH);
                 let outcomes = publisher.publish(&batch).await;
-                if let Ok(outcomes) = &outcomes {
-                    if outcomes.iter().all(|o| *o == PublishOutcome::Published) {
-                        landed.fetch_add(1, Ordering::SeqCst);
-                    }
-                }
+                let all_published = outcomes
+                    .as_ref()
+                    .is_ok_and(|outcomes| outcomes.iter().all(|o| *o == PublishOutcome::Published));
                 sent.push((batch, outcomes));
+                if !all_published {
+                    return sent;
+                }
+                landed.fetch_add(1, Ordering::SeqCst);
             }
-            sent
         }
     });
     wait_until("a batch of the stream to land", || {
@@ -454,7 +458,6 @@ pub async fn publisher_broker_restart_is_retryable_and_the_publisher_recovers(
     within("stopping the private broker", ns.stop_broker())
         .await
         .unwrap_or_else(|e| panic!("could not stop the private broker: {}", e.report()));
-    stopped.store(true, Ordering::SeqCst);
     let calls = within("the publish calls the broker stopped under", relay)
         .await
         .expect("the publishing task panicked");
