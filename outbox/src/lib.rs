@@ -31,6 +31,10 @@ pub use outbox_postgres as postgres;
 #[cfg(feature = "sqlserver")]
 pub use outbox_sqlserver as sqlserver;
 
+/// The DynamoDB backend (feature `dynamodb`).
+#[cfg(feature = "dynamodb")]
+pub use outbox_dynamodb as dynamodb;
+
 /// The NATS JetStream publisher (feature `nats`).
 #[cfg(feature = "nats")]
 pub use outbox_nats as nats;

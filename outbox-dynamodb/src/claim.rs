@@ -1,0 +1,411 @@
+//! Claims: find due messages on the sparse `due` index of every shard (strongly
+//! consistent queries, sorted by availability then enqueue order), then one conditional
+//! `UpdateItem` per message whose condition is the lease. The conditional write is the
+//! claim: of two relays racing for a message, DynamoDB lets exactly one write through.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+
+use aws_sdk_dynamodb::types::{ReturnConsumedCapacity, ReturnValue};
+use outbox_core::store::MAX_ATTEMPTS;
+use outbox_core::{ClaimIds, ClaimRequest, ClaimedMessage, Lease, LeaseToken, MessageId, Result};
+
+use crate::error::{from_sdk, is_condition_failed};
+use crate::item::{
+    self, candidate, decode_message, get_s, marker_partition, marker_prefix, message_partition, n,
+    now_us, s, shard_of, Candidate, Item, AVAILABLE, DUE, DUE_INDEX, DUE_SCALE, MARKED_ID, PK, SK,
+};
+use crate::store::{bounded, DynamoOutbox};
+
+/// Most stale order markers one head check removes before giving up on the key for
+/// this claim.
+const MAX_STALE_MARKERS: usize = 64;
+
+/// One shard's page of due-index entries and where the next page starts.
+#[derive(Debug)]
+struct Cursor {
+    shard: u16,
+    buffered: VecDeque<Candidate>,
+    next: Option<Item>,
+    exhausted: bool,
+    /// Pages read again after a refused write showed this one stale.
+    rereads: u32,
+}
+
+/// What one claim write came to.
+#[derive(Debug)]
+enum Taken {
+    Claimed(Box<ClaimedMessage>),
+    /// Another claimer won, or the message changed since it was read.
+    Refused,
+    /// Claimed, but not a valid message: dead-lettered.
+    Poison,
+}
+
+/// How many times the oldest candidates a spreading claim draws from.
+const SPREAD_WINDOW: usize = 4;
+/// How long claims keep spreading after a refused write (microseconds).
+const SPREAD_FOR_US: u64 = 1_000_000;
+/// Most times one claim reads a shard again after refused writes.
+const MAX_REREADS: u32 = 3;
+
+impl DynamoOutbox {
+    /// Claim up to `request.limit()` due messages, oldest `due` first across shards.
+    ///
+    /// A refused write means another claimer works the same messages: the shard's page
+    /// is stale, so it is read again, and the store switches to spreading for
+    /// [`SPREAD_FOR`]: each batch is drawn at random from the oldest
+    /// [`SPREAD_WINDOW`] × wanted candidates, so racing relays take different messages
+    /// instead of queueing behind each other's refused writes.
+    pub(crate) async fn claim_due(&self, request: ClaimRequest) -> Result<Vec<ClaimedMessage>> {
+        let now = now_us();
+        let page = i32::try_from((request.limit() * 4).clamp(100, 1000)).unwrap_or(1000);
+        let mut cursors: Vec<Cursor> = (0..self.shards())
+            .map(|shard| Cursor {
+                shard,
+                buffered: VecDeque::new(),
+                next: None,
+                exhausted: false,
+                rereads: 0,
+            })
+            .collect();
+        let mut heads: HashMap<String, Option<MessageId>> = HashMap::new();
+        let mut claimed = Vec::new();
+        loop {
+            let want = request.limit() - claimed.len();
+            let spread = self.inner.contended_until.load(Ordering::Relaxed) > now_us();
+            let window = if spread { want * SPREAD_WINDOW } else { want };
+            let mut batch = Vec::new();
+            while batch.len() < window {
+                self.refill(&mut cursors, now, page).await?;
+                let Some(next) = cursors
+                    .iter_mut()
+                    .filter(|c| !c.buffered.is_empty())
+                    .min_by_key(|c| c.buffered[0].due)
+                else {
+                    break;
+                };
+                let Some(c) = next.buffered.pop_front() else {
+                    break;
+                };
+                if self.is_head(&c, &mut heads).await? {
+                    batch.push(c);
+                }
+            }
+            if batch.is_empty() {
+                break;
+            }
+            if spread {
+                fastrand::shuffle(&mut batch);
+                batch.truncate(want);
+                batch.sort_by_key(|c| c.due);
+            }
+            let lease = request.lease();
+            let placed: Vec<(u16, u128)> = batch
+                .iter()
+                .map(|c| (self.shard_of_id(c.id), c.due))
+                .collect();
+            let taken: Vec<Taken> =
+                bounded(batch.into_iter().map(|c| self.take(c, lease)).collect()).await?;
+            for (outcome, (shard, due)) in taken.into_iter().zip(placed) {
+                match outcome {
+                    Taken::Claimed(m) => claimed.push((due, *m)),
+                    Taken::Poison => {}
+                    Taken::Refused => {
+                        self.inner
+                            .contended_until
+                            .fetch_max(now_us() + SPREAD_FOR_US, Ordering::Relaxed);
+                        let cursor = &mut cursors[usize::from(shard)];
+                        cursor.buffered.clear();
+                        cursor.next = None;
+                        cursor.rereads += 1;
+                        cursor.exhausted = cursor.rereads > MAX_REREADS;
+                    }
+                }
+            }
+            if claimed.len() >= request.limit() {
+                break;
+            }
+        }
+        claimed.sort_by_key(|(due, _)| *due);
+        Ok(claimed.into_iter().map(|(_, m)| m).collect())
+    }
+
+    fn shard_of_id(&self, id: MessageId) -> u16 {
+        shard_of(&[item::id_text(id).as_bytes()], self.shards())
+    }
+
+    /// Fetch the next page of every shard whose buffer ran dry and that has more.
+    async fn refill(&self, cursors: &mut [Cursor], now: u64, page: i32) -> Result<()> {
+        let upper = (u128::from(now) + 1) * DUE_SCALE;
+        let dry: Vec<&mut Cursor> = cursors
+            .iter_mut()
+            .filter(|c| c.buffered.is_empty() && !c.exhausted)
+            .collect();
+        if dry.is_empty() {
+            return Ok(());
+        }
+        let futures: Vec<_> = dry
+            .into_iter()
+            .map(|cursor| async move {
+                let out = self
+                    .inner
+                    .client
+                    .query()
+                    .table_name(self.table())
+                    .index_name(DUE_INDEX)
+                    .consistent_read(true)
+                    .key_condition_expression("#pk = :pk AND #due < :upper")
+                    .expression_attribute_names("#pk", PK)
+                    .expression_attribute_names("#due", DUE)
+                    .expression_attribute_values(":pk", s(message_partition(cursor.shard)))
+                    .expression_attribute_values(":upper", n(upper))
+                    .limit(page)
+                    .set_exclusive_start_key(cursor.next.take())
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                    .send()
+                    .await
+                    .map_err(|e| from_sdk("claim", e))?;
+                self.record_capacity(
+                    &self.inner.metrics.claim_read_units,
+                    out.consumed_capacity(),
+                );
+                for entry in out.items() {
+                    cursor.buffered.push_back(candidate(entry)?);
+                }
+                cursor.next = out.last_evaluated_key().cloned();
+                cursor.exhausted = cursor.next.is_none();
+                Ok::<_, outbox_core::Error>(())
+            })
+            .collect();
+        bounded(futures).await?;
+        Ok(())
+    }
+
+    /// Whether `c` may be claimed under the store's ordering: always when unordered or
+    /// unkeyed; under per-key order only when it is the oldest undelivered message of
+    /// its key (the first live order marker of the key).
+    async fn is_head(
+        &self,
+        c: &Candidate,
+        heads: &mut HashMap<String, Option<MessageId>>,
+    ) -> Result<bool> {
+        let (true, Some(key)) = (self.per_key(), c.key.as_deref()) else {
+            return Ok(true);
+        };
+        if let Some(head) = heads.get(key) {
+            return Ok(head.is_none_or(|h| h == c.id));
+        }
+        let head = self.head_of(key, c.id).await?;
+        heads.insert(key.to_owned(), head);
+        Ok(head.is_none_or(|h| h == c.id))
+    }
+
+    /// The oldest undelivered message of `key` by its order markers, removing markers
+    /// of messages that were delivered or dead-lettered; `None` when the key has no
+    /// live marker.
+    async fn head_of(&self, key: &str, candidate_id: MessageId) -> Result<Option<MessageId>> {
+        let partition = marker_partition(shard_of(&[key.as_bytes()], self.shards()));
+        for _ in 0..MAX_STALE_MARKERS {
+            let out = self
+                .inner
+                .client
+                .query()
+                .table_name(self.table())
+                .consistent_read(true)
+                .key_condition_expression("#pk = :pk AND begins_with(#sk, :prefix)")
+                .expression_attribute_names("#pk", PK)
+                .expression_attribute_names("#sk", SK)
+                .expression_attribute_values(":pk", s(&partition))
+                .expression_attribute_values(":prefix", s(marker_prefix(key)))
+                .limit(1)
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                .send()
+                .await
+                .map_err(|e| from_sdk("claim (order marker)", e))?;
+            self.record_capacity(
+                &self.inner.metrics.claim_read_units,
+                out.consumed_capacity(),
+            );
+            let Some(marker) = out.items().first() else {
+                return Ok(None);
+            };
+            let Some(first) = get_s(marker, MARKED_ID)
+                .and_then(|t| uuid::Uuid::parse_str(t).ok())
+                .map(MessageId::from_uuid)
+            else {
+                return Ok(None);
+            };
+            if first == candidate_id || self.undelivered(first).await? {
+                return Ok(Some(first));
+            }
+            let key_attrs: Item = marker
+                .iter()
+                .filter(|(k, _)| *k == PK || *k == SK)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            self.inner
+                .client
+                .delete_item()
+                .table_name(self.table())
+                .set_key(Some(key_attrs))
+                .send()
+                .await
+                .map_err(|e| from_sdk("claim (stale order marker)", e))?;
+        }
+        tracing::warn!(
+            key,
+            "too many stale order markers; the key waits for the next claim"
+        );
+        Ok(Some(MessageId::from_uuid(uuid::Uuid::nil())))
+    }
+
+    /// Whether message `id` exists and is undelivered (a strongly consistent read).
+    async fn undelivered(&self, id: MessageId) -> Result<bool> {
+        Ok(self
+            .read(id)
+            .await?
+            .is_some_and(|item| item.contains_key(DUE)))
+    }
+
+    /// Read message `id`'s item, strongly consistent.
+    pub(crate) async fn read(&self, id: MessageId) -> Result<Option<Item>> {
+        let out = self
+            .inner
+            .client
+            .get_item()
+            .table_name(self.table())
+            .set_key(Some(self.key_of(id)))
+            .consistent_read(true)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await
+            .map_err(|e| from_sdk("read message", e))?;
+        self.record_capacity(
+            &self.inner.metrics.claim_read_units,
+            out.consumed_capacity(),
+        );
+        Ok(out.item)
+    }
+
+    /// The conditional write that claims `c`: due (undelivered, available) at the time
+    /// of the write, attempts counted up to [`MAX_ATTEMPTS`]. `None` when another claimer
+    /// won or the message changed since it was read; rows that do not make a valid
+    /// message are dead-lettered under the new lease and left out.
+    async fn take(&self, c: Candidate, lease: std::time::Duration) -> Result<Taken> {
+        let now = now_us();
+        let expires = now.saturating_add(item::duration_us(lease));
+        let token = LeaseToken::new();
+        let counted = c.attempts < u64::from(MAX_ATTEMPTS);
+        let (update, guard) = if counted {
+            (
+                "SET #avail_us = :exp, #due = :due, #token = :token ADD #attempts :one",
+                "#attempts < :max",
+            )
+        } else {
+            (
+                "SET #avail_us = :exp, #due = :due, #token = :token",
+                "#attempts >= :max",
+            )
+        };
+        let condition = format!("attribute_exists(#due) AND #avail_us <= :now AND {guard}");
+        let mut request = self
+            .inner
+            .client
+            .update_item()
+            .table_name(self.table())
+            .set_key(Some(self.key_of(c.id)))
+            .set_expression_attribute_names(Some(item::names(&[update, &condition])))
+            .update_expression(update)
+            .condition_expression(condition)
+            .expression_attribute_values(":exp", n(expires))
+            .expression_attribute_values(
+                ":due",
+                n(u128::from(expires) * DUE_SCALE + u128::from(c.seq())),
+            )
+            .expression_attribute_values(":token", s(token.as_uuid().to_string()))
+            .expression_attribute_values(":now", n(now))
+            .expression_attribute_values(":max", n(MAX_ATTEMPTS))
+            .return_values(ReturnValue::AllNew)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total);
+        if counted {
+            request = request.expression_attribute_values(":one", n(1));
+        }
+        let item = match request.send().await {
+            Ok(out) => {
+                self.record_capacity(
+                    &self.inner.metrics.claim_write_units,
+                    out.consumed_capacity(),
+                );
+                out.attributes.unwrap_or_default()
+            }
+            Err(e) if is_condition_failed(&e) => {
+                self.inner.metrics.refused.fetch_add(1, Ordering::Relaxed);
+                return Ok(Taken::Refused);
+            }
+            Err(e) => return Err(from_sdk("claim", e)),
+        };
+        let lease = Lease {
+            id: c.id,
+            token,
+            expires_at: item::from_micros(expires),
+        };
+        let checked = decode_message(&item)
+            .and_then(|m| m.check_stored(self.inner.config.limits()).map(|()| m));
+        match checked {
+            Ok(message) => {
+                self.inner.metrics.claimed.fetch_add(1, Ordering::Relaxed);
+                Ok(Taken::Claimed(Box::new(ClaimedMessage { message, lease })))
+            }
+            Err(reason) => {
+                let reason = outbox_core::store::bounded_error(format!(
+                    "dead-lettered by the claim: {reason}"
+                ));
+                if let Err(e) = self.dead_letter(&lease, &reason).await {
+                    tracing::warn!(id = %c.id, error = %e.report(), "poison message not dead-lettered; its lease will lapse");
+                }
+                Ok(Taken::Poison)
+            }
+        }
+    }
+
+    /// Claim exactly the listed ids that are due: read each (strongly consistent), order
+    /// the due ones like [`claim_due`](Self::claim_due), check key heads, take them.
+    pub(crate) async fn claim_listed(&self, request: &ClaimIds) -> Result<Vec<ClaimedMessage>> {
+        if request.ids().is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = now_us();
+        let items: Vec<Option<Item>> =
+            bounded(request.ids().iter().map(|id| self.read(*id)).collect()).await?;
+        let mut due: Vec<Candidate> = Vec::new();
+        for item in items.into_iter().flatten() {
+            if !item.contains_key(DUE) {
+                continue;
+            }
+            let c = candidate(&item)?;
+            let available: Option<u64> = item::get_n(&item, AVAILABLE)?;
+            if available.is_some_and(|a| a <= now) {
+                due.push(c);
+            }
+        }
+        due.sort_by_key(|c| c.due);
+        let mut heads = HashMap::new();
+        let mut batch = Vec::new();
+        for c in due {
+            if self.is_head(&c, &mut heads).await? {
+                batch.push(c);
+            }
+        }
+        let lease = request.lease();
+        let taken: Vec<Taken> =
+            bounded(batch.into_iter().map(|c| self.take(c, lease)).collect()).await?;
+        Ok(taken
+            .into_iter()
+            .filter_map(|t| match t {
+                Taken::Claimed(m) => Some(*m),
+                Taken::Refused | Taken::Poison => None,
+            })
+            .collect())
+    }
+}

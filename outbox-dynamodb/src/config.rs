@@ -1,0 +1,280 @@
+//! Settings of the DynamoDB stores, validated before any request is sent.
+
+use std::time::Duration;
+
+use outbox_core::{Error, KeyOrder, MessageLimits, Result, Retention, StoreCapabilities};
+
+/// Most shard partitions a table may be spread over. Every claim queries every shard,
+/// so more shards cost more requests per claim; see the crate docs on picking a count.
+pub const MAX_SHARDS: u16 = 256;
+
+/// Default payload limit of the outbox: DynamoDB items are at most 400 KB, and the rest
+/// of the message (headers, destination, key) needs room too.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 256 * 1024;
+
+/// Check a DynamoDB table name: 3 to 255 characters of `a-z`, `A-Z`, `0-9`, `_`, `-`
+/// and `.` (the service's own rule).
+///
+/// # Errors
+/// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) naming `what` when `name`
+/// breaks it.
+pub fn validate_table_name(what: &str, name: &str) -> Result<()> {
+    let ok_chars = name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if ok_chars && (3..=255).contains(&name.len()) {
+        Ok(())
+    } else {
+        Err(Error::config(format!(
+            "{what} table name {name:?} must be 3 to 255 characters of a-z, A-Z, 0-9, _, - and ."
+        )))
+    }
+}
+
+fn check_shards(what: &str, shards: u16) -> Result<()> {
+    if shards == 0 || shards > MAX_SHARDS {
+        return Err(Error::config(format!(
+            "{what} shard count {shards} is outside 1..={MAX_SHARDS}"
+        )));
+    }
+    Ok(())
+}
+
+/// Settings of a [`DynamoOutbox`](crate::DynamoOutbox).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DynamoOutboxConfig {
+    table: String,
+    shards: u16,
+    ordering: KeyOrder,
+    retention: Retention,
+    limits: MessageLimits,
+}
+
+impl Default for DynamoOutboxConfig {
+    /// Table `outbox`, 16 shards, unordered, delete on complete, payloads up to
+    /// [`DEFAULT_MAX_PAYLOAD_BYTES`].
+    fn default() -> Self {
+        DynamoOutboxConfig {
+            table: "outbox".into(),
+            shards: 16,
+            ordering: KeyOrder::Unordered,
+            retention: Retention::Delete,
+            limits: MessageLimits::default().with_max_payload_bytes(DEFAULT_MAX_PAYLOAD_BYTES),
+        }
+    }
+}
+
+impl DynamoOutboxConfig {
+    /// Use table `name` (checked by [`validate`](Self::validate)).
+    pub fn with_table(mut self, name: impl Into<String>) -> Self {
+        self.table = name.into();
+        self
+    }
+    /// Spread messages over `shards` partitions (1 to [`MAX_SHARDS`]). Changing it on a
+    /// table that holds messages strands them: settles and claims no longer find them.
+    pub fn with_shards(mut self, shards: u16) -> Self {
+        self.shards = shards;
+        self
+    }
+    /// Whether claims keep per-key order.
+    pub fn with_ordering(mut self, ordering: KeyOrder) -> Self {
+        self.ordering = ordering;
+        self
+    }
+    /// What completing does.
+    pub fn with_retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
+    }
+    /// The message rules enqueue checks and claims apply to stored items.
+    pub fn with_limits(mut self, limits: MessageLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+    /// The table name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+    /// The shard count.
+    pub fn shards(&self) -> u16 {
+        self.shards
+    }
+    /// The message rules.
+    pub fn limits(&self) -> &MessageLimits {
+        &self.limits
+    }
+    /// What the store built from this config does.
+    pub fn capabilities(&self) -> StoreCapabilities {
+        StoreCapabilities::new(self.ordering, self.retention)
+    }
+
+    /// Check every setting.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad table name, a
+    /// shard count out of range or a `Keep` window of zero.
+    pub fn validate(&self) -> Result<()> {
+        validate_table_name("outbox", &self.table)?;
+        check_shards("outbox", self.shards)?;
+        if let Retention::Keep { window } = self.retention {
+            if window.is_zero() {
+                return Err(Error::config("a Keep retention window must be above zero"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Settings of a [`DynamoDedupStore`](crate::DynamoDedupStore).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DynamoDedupConfig {
+    table: String,
+    shards: u16,
+    retention: Duration,
+}
+
+impl Default for DynamoDedupConfig {
+    /// Table `outbox_dedup`, 16 shards, seven days of retention.
+    fn default() -> Self {
+        DynamoDedupConfig {
+            table: "outbox_dedup".into(),
+            shards: 16,
+            retention: Duration::from_secs(7 * 24 * 60 * 60),
+        }
+    }
+}
+
+impl DynamoDedupConfig {
+    /// Use table `name`.
+    pub fn with_table(mut self, name: impl Into<String>) -> Self {
+        self.table = name.into();
+        self
+    }
+    /// Spread records over `shards` partitions (1 to [`MAX_SHARDS`]); fixed for the
+    /// life of the table.
+    pub fn with_shards(mut self, shards: u16) -> Self {
+        self.shards = shards;
+        self
+    }
+    /// Remember ids for `retention` (above zero).
+    pub fn with_retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+    /// The table name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+    /// The shard count.
+    pub fn shards(&self) -> u16 {
+        self.shards
+    }
+    /// The retention period.
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+    /// Check every setting.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad table name, a
+    /// shard count out of range or a zero retention.
+    pub fn validate(&self) -> Result<()> {
+        validate_table_name("dedup", &self.table)?;
+        check_shards("dedup", self.shards)?;
+        if self.retention.is_zero() {
+            return Err(Error::config("dedup retention must be above zero"));
+        }
+        Ok(())
+    }
+}
+
+/// Settings of a [`DynamoEntityStore`](crate::DynamoEntityStore).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DynamoEntityConfig {
+    table: String,
+}
+
+impl Default for DynamoEntityConfig {
+    /// Table `outbox_entities`.
+    fn default() -> Self {
+        DynamoEntityConfig {
+            table: "outbox_entities".into(),
+        }
+    }
+}
+
+impl DynamoEntityConfig {
+    /// Use table `name`.
+    pub fn with_table(mut self, name: impl Into<String>) -> Self {
+        self.table = name.into();
+        self
+    }
+    /// The table name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+    /// Check every setting.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad table name.
+    pub fn validate(&self) -> Result<()> {
+        validate_table_name("entity", &self.table)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use outbox_core::ErrorKind;
+
+    #[test]
+    fn table_names_follow_the_service_rule() {
+        for ok in ["abc", "Orders_v1.outbox-2", &"t".repeat(255)] {
+            validate_table_name("outbox", ok).unwrap();
+        }
+        for bad in [
+            "",
+            "ab",
+            "has space",
+            "semi;colon",
+            "ü-table",
+            &"t".repeat(256),
+        ] {
+            let err = validate_table_name("outbox", bad).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Config, "{bad}");
+        }
+    }
+
+    #[test]
+    fn configs_validate() {
+        DynamoOutboxConfig::default().validate().unwrap();
+        DynamoDedupConfig::default().validate().unwrap();
+        DynamoEntityConfig::default().validate().unwrap();
+        for bad in [
+            DynamoOutboxConfig::default().with_shards(0),
+            DynamoOutboxConfig::default().with_shards(MAX_SHARDS + 1),
+            DynamoOutboxConfig::default().with_table("x"),
+            DynamoOutboxConfig::default().with_retention(Retention::Keep {
+                window: Duration::ZERO,
+            }),
+        ] {
+            assert_eq!(bad.validate().unwrap_err().kind(), ErrorKind::Config);
+        }
+        assert!(DynamoDedupConfig::default()
+            .with_retention(Duration::ZERO)
+            .validate()
+            .is_err());
+        assert!(DynamoEntityConfig::default()
+            .with_table("a b")
+            .validate()
+            .is_err());
+        let caps = DynamoOutboxConfig::default()
+            .with_ordering(KeyOrder::PerKey)
+            .capabilities();
+        assert_eq!(caps.ordering, KeyOrder::PerKey);
+        assert_eq!(
+            DynamoOutboxConfig::default().limits().max_payload_bytes,
+            DEFAULT_MAX_PAYLOAD_BYTES
+        );
+    }
+}

@@ -1,0 +1,83 @@
+//! Consumed capacity and refused conditional writes, as DynamoDB reports them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use aws_sdk_dynamodb::types::ConsumedCapacity;
+
+/// Capacity units are kept in millionths, so the atomics stay integers.
+const MICRO: f64 = 1_000_000.0;
+
+/// Counters shared by a store and its clones.
+#[derive(Debug, Default)]
+pub(crate) struct Metrics {
+    pub(crate) enqueue_units: AtomicU64,
+    pub(crate) enqueued: AtomicU64,
+    pub(crate) claim_read_units: AtomicU64,
+    pub(crate) claim_write_units: AtomicU64,
+    pub(crate) claimed: AtomicU64,
+    pub(crate) settle_units: AtomicU64,
+    pub(crate) refused: AtomicU64,
+}
+
+impl Metrics {
+    pub(crate) fn add(slot: &AtomicU64, c: Option<&ConsumedCapacity>) {
+        if let Some(units) = c.and_then(ConsumedCapacity::capacity_units) {
+            let micro = (units.max(0.0) * MICRO).round();
+            // Non-negative and far below u64::MAX for any real request.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            slot.fetch_add(micro as u64, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn enqueue(&self, capacity: &[ConsumedCapacity], messages: usize) {
+        for c in capacity {
+            Self::add(&self.enqueue_units, Some(c));
+        }
+        self.enqueued.fetch_add(
+            u64::try_from(messages).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    pub(crate) fn snapshot(&self) -> OutboxMetrics {
+        let units = |a: &AtomicU64| {
+            // Precision loss past 2^53 millionths is irrelevant for a counter.
+            #[allow(clippy::cast_precision_loss)]
+            let v = a.load(Ordering::Relaxed) as f64 / MICRO;
+            v
+        };
+        OutboxMetrics {
+            enqueue_units: units(&self.enqueue_units),
+            enqueued: self.enqueued.load(Ordering::Relaxed),
+            claim_read_units: units(&self.claim_read_units),
+            claim_write_units: units(&self.claim_write_units),
+            claimed: self.claimed.load(Ordering::Relaxed),
+            settle_units: units(&self.settle_units),
+            refused_writes: self.refused.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What a [`DynamoOutbox`](crate::DynamoOutbox) and its clones consumed so far, from
+/// the `ConsumedCapacity` DynamoDB returns with every request. Capacity units are read
+/// plus write units (transactions count double, as DynamoDB bills them).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[non_exhaustive]
+pub struct OutboxMetrics {
+    /// Units consumed by enqueue transactions sent through
+    /// [`DynamoOutbox::enqueue`](crate::DynamoOutbox::enqueue), your own writes included.
+    pub enqueue_units: f64,
+    /// Messages enqueued through [`DynamoOutbox::enqueue`](crate::DynamoOutbox::enqueue).
+    pub enqueued: u64,
+    /// Units read by claims: due-index queries, order-marker queries, item reads.
+    pub claim_read_units: f64,
+    /// Units written by claims' conditional updates that succeeded.
+    pub claim_write_units: f64,
+    /// Messages claimed.
+    pub claimed: u64,
+    /// Units consumed by complete, fail, release and dead-lettering.
+    pub settle_units: f64,
+    /// Conditional writes DynamoDB refused: claims that lost a race, settles of lost
+    /// leases. Each is billed and shows as a failed request in CloudWatch.
+    pub refused_writes: u64,
+}

@@ -1,0 +1,280 @@
+//! Table definitions and the idempotent creation helpers (on-demand billing, TTL).
+//!
+//! A table that already exists is checked, not changed: its key schema and local
+//! secondary indexes must be the ones this crate creates, or the install fails with
+//! [`ErrorKind::Schema`].
+
+use std::time::{Duration, Instant};
+
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, LocalSecondaryIndex, Projection,
+    ProjectionType, ScalarAttributeType, TableStatus, TimeToLiveSpecification, TimeToLiveStatus,
+};
+use aws_sdk_dynamodb::Client;
+use outbox_core::{Backoff, Error, ErrorKind, Result};
+
+use crate::error::{build_error, from_sdk};
+use crate::item::{
+    ATTEMPTS, CREATED, DEAD_ID, DEAD_INDEX, DONE_AT, DONE_INDEX, DUE, DUE_INDEX, PARTITION_KEY, PK,
+    SK, TOKEN,
+};
+
+/// How long an install waits for a new table to become `ACTIVE`.
+const ACTIVE_DEADLINE: Duration = Duration::from_secs(300);
+
+/// A table this crate creates: keys, attribute types, local secondary indexes, TTL.
+#[derive(Debug, Clone)]
+pub(crate) struct TableSpec {
+    pub(crate) name: String,
+    pub(crate) hash: &'static str,
+    pub(crate) range: Option<&'static str>,
+    /// Key attributes of the table and its indexes, with their types.
+    pub(crate) attributes: Vec<(&'static str, ScalarAttributeType)>,
+    /// `(index, sort key, projected non-key attributes)`; `None` projects all.
+    pub(crate) indexes: Vec<(&'static str, &'static str, Option<Vec<&'static str>>)>,
+    pub(crate) ttl: Option<&'static str>,
+}
+
+/// The outbox table: `pk`/`sk` strings and three sparse LSIs.
+pub(crate) fn outbox_table(name: &str) -> TableSpec {
+    TableSpec {
+        name: name.to_owned(),
+        hash: PK,
+        range: Some(SK),
+        attributes: vec![
+            (PK, ScalarAttributeType::S),
+            (SK, ScalarAttributeType::S),
+            (DUE, ScalarAttributeType::N),
+            (DEAD_ID, ScalarAttributeType::S),
+            (DONE_AT, ScalarAttributeType::N),
+        ],
+        indexes: vec![
+            (
+                DUE_INDEX,
+                DUE,
+                Some(vec![ATTEMPTS, PARTITION_KEY, TOKEN, CREATED]),
+            ),
+            (DEAD_INDEX, DEAD_ID, None),
+            (DONE_INDEX, DONE_AT, Some(vec![])),
+        ],
+        ttl: None,
+    }
+}
+
+/// The dedup table: `pk`/`sk` strings, an expiry LSI for bounded purges, TTL on `ttl`.
+pub(crate) fn dedup_table(name: &str) -> TableSpec {
+    TableSpec {
+        name: name.to_owned(),
+        hash: PK,
+        range: Some(SK),
+        attributes: vec![
+            (PK, ScalarAttributeType::S),
+            (SK, ScalarAttributeType::S),
+            (crate::dedup::EXPIRES, ScalarAttributeType::N),
+        ],
+        indexes: vec![(
+            crate::dedup::EXPIRY_INDEX,
+            crate::dedup::EXPIRES,
+            Some(vec![]),
+        )],
+        ttl: Some(crate::dedup::TTL),
+    }
+}
+
+/// The entity table: one item per entity under the `pk` string.
+pub(crate) fn entity_table(name: &str) -> TableSpec {
+    TableSpec {
+        name: name.to_owned(),
+        hash: PK,
+        range: None,
+        attributes: vec![(PK, ScalarAttributeType::S)],
+        indexes: vec![],
+        ttl: None,
+    }
+}
+
+fn key(name: &str, kind: KeyType) -> Result<KeySchemaElement> {
+    KeySchemaElement::builder()
+        .attribute_name(name)
+        .key_type(kind)
+        .build()
+        .map_err(|e| build_error("create table", e))
+}
+
+/// Create the table of `spec` on demand (pay per request) if it is missing, wait until
+/// it is active, enable its TTL; check an existing table's keys and indexes.
+pub(crate) async fn install(client: &Client, spec: &TableSpec) -> Result<()> {
+    let mut request = client
+        .create_table()
+        .table_name(&spec.name)
+        .billing_mode(BillingMode::PayPerRequest)
+        .key_schema(key(spec.hash, KeyType::Hash)?);
+    if let Some(range) = spec.range {
+        request = request.key_schema(key(range, KeyType::Range)?);
+    }
+    for (name, kind) in &spec.attributes {
+        request = request.attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name(*name)
+                .attribute_type(kind.clone())
+                .build()
+                .map_err(|e| build_error("create table", e))?,
+        );
+    }
+    for (index, sort, projected) in &spec.indexes {
+        let projection = match projected {
+            None => Projection::builder().projection_type(ProjectionType::All),
+            Some(attrs) if attrs.is_empty() => {
+                Projection::builder().projection_type(ProjectionType::KeysOnly)
+            }
+            Some(attrs) => attrs.iter().fold(
+                Projection::builder().projection_type(ProjectionType::Include),
+                |p, a| p.non_key_attributes(*a),
+            ),
+        };
+        request = request.local_secondary_indexes(
+            LocalSecondaryIndex::builder()
+                .index_name(*index)
+                .key_schema(key(spec.hash, KeyType::Hash)?)
+                .key_schema(key(sort, KeyType::Range)?)
+                .projection(projection.build())
+                .build()
+                .map_err(|e| build_error("create table", e))?,
+        );
+    }
+    match request.send().await {
+        Ok(_) => {}
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|s| s.is_resource_in_use_exception()) => {}
+        Err(e) => return Err(from_sdk("create table", e)),
+    }
+    wait_active(client, spec).await?;
+    if let Some(attr) = spec.ttl {
+        enable_ttl(client, &spec.name, attr).await?;
+    }
+    Ok(())
+}
+
+async fn wait_active(client: &Client, spec: &TableSpec) -> Result<()> {
+    let start = Instant::now();
+    let mut pause = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+    loop {
+        let described = client
+            .describe_table()
+            .table_name(&spec.name)
+            .send()
+            .await
+            .map_err(|e| from_sdk("describe table", e))?;
+        let table = described
+            .table()
+            .ok_or_else(|| Error::new(ErrorKind::Schema, "describe table returned no table"))?;
+        check_layout(spec, table)?;
+        if table.table_status() == Some(&TableStatus::Active) {
+            return Ok(());
+        }
+        if start.elapsed() > ACTIVE_DEADLINE {
+            return Err(Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "table {} did not become active in {ACTIVE_DEADLINE:?}",
+                    spec.name
+                ),
+            ));
+        }
+        pause.wait().await;
+    }
+}
+
+fn check_layout(spec: &TableSpec, table: &aws_sdk_dynamodb::types::TableDescription) -> Result<()> {
+    let keys: Vec<&str> = table
+        .key_schema()
+        .iter()
+        .map(|k| k.attribute_name())
+        .collect();
+    let want: Vec<&str> = std::iter::once(spec.hash).chain(spec.range).collect();
+    let indexes: Vec<&str> = table
+        .local_secondary_indexes()
+        .iter()
+        .filter_map(|i| i.index_name())
+        .collect();
+    let missing: Vec<&str> = spec
+        .indexes
+        .iter()
+        .map(|(name, _, _)| *name)
+        .filter(|name| !indexes.contains(name))
+        .collect();
+    if keys != want || !missing.is_empty() {
+        return Err(Error::new(
+            ErrorKind::Schema,
+            format!(
+                "table {} exists with keys {keys:?} and local indexes {indexes:?}; this store \
+                 needs keys {want:?} and indexes {:?}",
+                spec.name,
+                spec.indexes.iter().map(|i| i.0).collect::<Vec<_>>()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+async fn enable_ttl(client: &Client, table: &str, attr: &str) -> Result<()> {
+    let current = client
+        .describe_time_to_live()
+        .table_name(table)
+        .send()
+        .await
+        .map_err(|e| from_sdk("describe time to live", e))?;
+    if let Some(desc) = current.time_to_live_description() {
+        let on = matches!(
+            desc.time_to_live_status(),
+            Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling)
+        );
+        if on && desc.attribute_name() == Some(attr) {
+            return Ok(());
+        }
+    }
+    let spec = TimeToLiveSpecification::builder()
+        .enabled(true)
+        .attribute_name(attr)
+        .build()
+        .map_err(|e| build_error("update time to live", e))?;
+    client
+        .update_time_to_live()
+        .table_name(table)
+        .time_to_live_specification(spec)
+        .send()
+        .await
+        .map_err(|e| from_sdk("update time to live", e))?;
+    Ok(())
+}
+
+/// Delete a table (tests and tear-down tools); a missing table is not an error.
+pub(crate) async fn drop_table(client: &Client, table: &str) -> Result<()> {
+    match client.delete_table().table_name(table).send().await {
+        Ok(_) => Ok(()),
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|s| s.is_resource_not_found_exception()) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(from_sdk("delete table", e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outbox_indexes_are_sparse_keys_declared() {
+        let spec = outbox_table("t_outbox");
+        for (_, sort, _) in &spec.indexes {
+            assert!(spec.attributes.iter().any(|(a, _)| a == sort), "{sort}");
+        }
+        assert_eq!(spec.indexes.len(), 3, "DynamoDB allows 5 LSIs");
+        assert!(dedup_table("t").ttl.is_some());
+        assert!(entity_table("t").range.is_none());
+    }
+}

@@ -1,0 +1,314 @@
+//! Settles of [`DynamoOutbox`]: complete, fail, release and dead-lettering, each a
+//! conditional write fenced on `token = :token AND attribute_exists(due)`.
+
+use std::sync::atomic::Ordering;
+
+use aws_sdk_dynamodb::types::{
+    BatchStatementErrorCodeEnum, BatchStatementRequest, ReturnConsumedCapacity, ReturnValue,
+};
+use outbox_core::store::in_id_order;
+use outbox_core::{Disposition, Failure, Lease, MessageId, Result, Retention, Settled};
+
+use crate::error::{build_error, from_sdk, is_condition_failed};
+use crate::item::{
+    self, get_n, get_s, id_text, n, now_us, s, Item, ATTEMPTS, AVAILABLE, DEAD_AT, DEAD_ID,
+    DONE_AT, DUE, DUE_SCALE, LAST_ERROR, PARTITION_KEY, PK, SEQ, SK, TOKEN,
+};
+use crate::store::{bounded, DynamoOutbox};
+
+/// Most statements in one `BatchExecuteStatement` (DynamoDB's limit).
+pub(crate) const MAX_BATCH_STATEMENTS: usize = 25;
+
+impl DynamoOutbox {
+    /// Remove the order marker of a message that left the undelivered state (delivered
+    /// or dead), from the item as it was. Best effort: a marker left behind by a crash
+    /// here is found stale and removed by the next head check of its key.
+    pub(crate) async fn forget_marker(&self, item: &Item) {
+        if !self.per_key() {
+            return;
+        }
+        let (Some(key), Ok(Some(seq)), Some(id)) = (
+            get_s(item, PARTITION_KEY),
+            get_n::<u64>(item, SEQ),
+            item::candidate_id(item),
+        ) else {
+            return;
+        };
+        let marker = self.marker_item(key, seq, id);
+        let key: Item = marker
+            .into_iter()
+            .filter(|(k, _)| k == PK || k == SK)
+            .collect();
+        if let Err(e) = self
+            .inner
+            .client
+            .delete_item()
+            .table_name(self.table())
+            .set_key(Some(key))
+            .send()
+            .await
+        {
+            tracing::warn!(error = %from_sdk("delete order marker", e).report(), "order marker left behind");
+        }
+    }
+
+    /// Run `settle` for every lease in id order, at most [`CONCURRENCY`] at once, and
+    /// reconcile the ids it applied.
+    pub(crate) async fn settle_all<'a, T, F, Fut>(
+        &'a self,
+        items: &'a [T],
+        id: impl Fn(&T) -> MessageId,
+        settle: F,
+    ) -> Result<Settled>
+    where
+        F: Fn(&'a T) -> Fut,
+        Fut: std::future::Future<Output = Result<bool>> + 'a,
+    {
+        let ordered = in_id_order(items, &id);
+        let futures: Vec<_> = ordered
+            .into_iter()
+            .map(|t| {
+                let fut = settle(t);
+                let i = id(t);
+                async move { fut.await.map(|ok| ok.then_some(i)) }
+            })
+            .collect();
+        let applied: Vec<MessageId> = bounded(futures).await?.into_iter().flatten().collect();
+        Ok(Settled::reconcile(items.iter().map(id), applied))
+    }
+
+    /// One fenced update: applied unless the condition (token and undelivered) failed.
+    pub(crate) async fn fenced_update(
+        &self,
+        what: &str,
+        lease: &Lease,
+        update: String,
+        values: Vec<(&str, aws_sdk_dynamodb::types::AttributeValue)>,
+        extra_condition: &str,
+    ) -> Result<Option<Item>> {
+        let condition = format!("#token = :token AND attribute_exists(#due){extra_condition}");
+        let mut request = self
+            .inner
+            .client
+            .update_item()
+            .table_name(self.table())
+            .set_key(Some(self.key_of(lease.id)))
+            .set_expression_attribute_names(Some(item::names(&[&update, &condition])))
+            .update_expression(update)
+            .condition_expression(condition)
+            .expression_attribute_values(":token", s(lease.token.as_uuid().to_string()))
+            .return_values(self.settle_return())
+            .return_consumed_capacity(ReturnConsumedCapacity::Total);
+        for (name, value) in values {
+            request = request.expression_attribute_values(name, value);
+        }
+        match request.send().await {
+            Ok(out) => {
+                self.record_capacity(&self.inner.metrics.settle_units, out.consumed_capacity());
+                Ok(Some(out.attributes.unwrap_or_default()))
+            }
+            Err(e) if is_condition_failed(&e) => {
+                self.inner.metrics.refused.fetch_add(1, Ordering::Relaxed);
+                Ok(None)
+            }
+            Err(e) => Err(from_sdk(what, e)),
+        }
+    }
+
+    /// Complete up to [`MAX_BATCH_STATEMENTS`] leases under `Retention::Delete` with one
+    /// `BatchExecuteStatement`: each statement is its own conditional delete (the same
+    /// fence as [`complete_one`](Self::complete_one), one write unit each, not a
+    /// transaction), so a lost lease fails alone. Statements failing for another reason
+    /// (throttling) are retried one by one. Returns the ids applied.
+    pub(crate) async fn delete_batch(&self, leases: &[Lease]) -> Result<Vec<MessageId>> {
+        let statement = format!(
+            "DELETE FROM \"{}\" WHERE \"{PK}\" = ? AND \"{SK}\" = ? AND \"{TOKEN}\" = ? \
+             AND \"{DUE}\" IS NOT MISSING",
+            self.table()
+        );
+        let mut requests = Vec::with_capacity(leases.len());
+        for lease in leases {
+            let key = self.key_of(lease.id);
+            requests.push(
+                BatchStatementRequest::builder()
+                    .statement(&statement)
+                    .parameters(key[PK].clone())
+                    .parameters(key[SK].clone())
+                    .parameters(s(lease.token.as_uuid().to_string()))
+                    .build()
+                    .map_err(|e| build_error("complete", e))?,
+            );
+        }
+        let out = self
+            .inner
+            .client
+            .batch_execute_statement()
+            .set_statements(Some(requests))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await
+            .map_err(|e| from_sdk("complete", e))?;
+        for c in out.consumed_capacity() {
+            self.record_capacity(&self.inner.metrics.settle_units, Some(c));
+        }
+        let mut applied = Vec::with_capacity(leases.len());
+        for (lease, response) in leases.iter().zip(out.responses()) {
+            match response.error().and_then(|e| e.code()) {
+                None => applied.push(lease.id),
+                Some(BatchStatementErrorCodeEnum::ConditionalCheckFailed) => {
+                    self.inner.metrics.refused.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(_) => {
+                    if self.complete_one(lease).await? {
+                        applied.push(lease.id);
+                    }
+                }
+            }
+        }
+        Ok(applied)
+    }
+
+    pub(crate) async fn complete_one(&self, lease: &Lease) -> Result<bool> {
+        match self.inner.config.capabilities().retention {
+            Retention::Keep { .. } => {
+                let done = self
+                    .fenced_update(
+                        "complete",
+                        lease,
+                        format!("SET #{DONE_AT} = :now REMOVE #due, #token"),
+                        vec![(":now", n(now_us()))],
+                        "",
+                    )
+                    .await?;
+                if let Some(item) = &done {
+                    self.forget_marker(item).await;
+                }
+                Ok(done.is_some())
+            }
+            Retention::Delete => {
+                let sent = self
+                    .inner
+                    .client
+                    .delete_item()
+                    .table_name(self.table())
+                    .set_key(Some(self.key_of(lease.id)))
+                    .condition_expression("#token = :token AND attribute_exists(#due)")
+                    .expression_attribute_names("#token", TOKEN)
+                    .expression_attribute_names("#due", DUE)
+                    .expression_attribute_values(":token", s(lease.token.as_uuid().to_string()))
+                    .return_values(if self.per_key() {
+                        ReturnValue::AllOld
+                    } else {
+                        ReturnValue::None
+                    })
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                    .send()
+                    .await;
+                match sent {
+                    Ok(out) => {
+                        self.record_capacity(
+                            &self.inner.metrics.settle_units,
+                            out.consumed_capacity(),
+                        );
+                        self.forget_marker(&out.attributes.unwrap_or_default())
+                            .await;
+                        Ok(true)
+                    }
+                    Err(e) if is_condition_failed(&e) => {
+                        self.inner.metrics.refused.fetch_add(1, Ordering::Relaxed);
+                        Ok(false)
+                    }
+                    Err(e) => Err(from_sdk("complete", e)),
+                }
+            }
+        }
+    }
+
+    /// Dead-letter a message under `lease` with `reason`: out of the due index, into
+    /// the dead one. The lease fences it.
+    pub(crate) async fn dead_letter(&self, lease: &Lease, reason: &str) -> Result<bool> {
+        let done = self
+            .fenced_update(
+                "dead-letter",
+                lease,
+                format!(
+                    "SET #{DEAD_AT} = :now, #{DEAD_ID} = :id, #{LAST_ERROR} = :error \
+                     REMOVE #due, #token"
+                ),
+                vec![
+                    (":now", n(now_us())),
+                    (":id", s(id_text(lease.id))),
+                    (":error", s(reason)),
+                ],
+                "",
+            )
+            .await?;
+        if let Some(item) = &done {
+            self.forget_marker(item).await;
+        }
+        Ok(done.is_some())
+    }
+
+    pub(crate) async fn fail_one(&self, failure: &Failure) -> Result<bool> {
+        let lease = failure.lease();
+        match failure.disposition() {
+            Disposition::DeadLetter => self.dead_letter(lease, failure.error()).await,
+            Disposition::Retry { after } => {
+                let at = now_us().saturating_add(item::duration_us(after));
+                let done = self
+                    .fenced_update(
+                        "fail",
+                        lease,
+                        format!(
+                            "SET #{AVAILABLE} = :at, #due = :base + #{SEQ}, \
+                             #{LAST_ERROR} = :error REMOVE #token"
+                        ),
+                        vec![
+                            (":at", n(at)),
+                            (":base", n(u128::from(at) * DUE_SCALE)),
+                            (":error", s(failure.error())),
+                        ],
+                        "",
+                    )
+                    .await?;
+                Ok(done.is_some())
+            }
+        }
+    }
+
+    pub(crate) async fn release_one(&self, lease: &Lease) -> Result<bool> {
+        let now = now_us();
+        let values = || {
+            vec![
+                (":at", n(now)),
+                (":base", n(u128::from(now) * DUE_SCALE)),
+                (":one", n(1)),
+            ]
+        };
+        let set = format!("SET #{AVAILABLE} = :at, #due = :base + #{SEQ}");
+        let done = self
+            .fenced_update(
+                "release",
+                lease,
+                format!("{set}, #{ATTEMPTS} = #{ATTEMPTS} - :one REMOVE #token"),
+                values(),
+                &format!(" AND #{ATTEMPTS} >= :one"),
+            )
+            .await?;
+        if done.is_some() {
+            return Ok(true);
+        }
+        // The count was already 0 (a message written by another tool): release it
+        // without taking anything back.
+        let done = self
+            .fenced_update(
+                "release",
+                lease,
+                format!("{set} REMOVE #token"),
+                values(),
+                &format!(" AND #{ATTEMPTS} < :one"),
+            )
+            .await?;
+        Ok(done.is_some())
+    }
+}

@@ -1,0 +1,478 @@
+//! [`DynamoOutbox`]: enqueue into the caller's `TransactWriteItems`, and the settles
+//! (complete, fail, release) of [`OutboxStore`]. Claims live in `claim.rs`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{
+    ConsumedCapacity, Put, ReturnConsumedCapacity, ReturnValue, TransactWriteItem,
+};
+use aws_sdk_dynamodb::Client;
+use futures::stream::{self, StreamExt, TryStreamExt};
+use outbox_core::store::{check_enqueue, in_id_order};
+use outbox_core::{
+    ClaimIds, ClaimRequest, ClaimedMessage, Error, Failure, KeyOrder, Lease, MessageId, NewMessage,
+    OutboxStore, Result, Retention, Settled, StoreCapabilities,
+};
+
+use crate::config::DynamoOutboxConfig;
+use crate::error::{build_error, cancelled, from_sdk, reason_codes};
+use crate::item::{
+    self, b, id_text, item_size, marker_partition, marker_prefix, message_key, n, now_us, s,
+    shard_of, Item, ATTEMPTS, AVAILABLE, CONTENT_TYPE, CREATED, DESTINATION, DUE, DUE_SCALE,
+    HEADERS, MARKED_ID, MAX_ITEM_BYTES, MAX_TRANSACTION_ACTIONS, MAX_TRANSACTION_BYTES,
+    PARTITION_KEY, PAYLOAD, PK, SEQ, SK,
+};
+use crate::metrics::{Metrics, OutboxMetrics};
+use crate::settle::MAX_BATCH_STATEMENTS;
+
+/// Requests in flight at once for the per-item writes of one batch.
+pub(crate) const CONCURRENCY: usize = 16;
+
+/// Run `futures` at most [`CONCURRENCY`] at a time, results in input order. The
+/// futures are made up front: a lazily mapped stream trips the compiler's
+/// higher-ranked lifetime inference inside `async_trait` methods.
+pub(crate) async fn bounded<T, F>(futures: Vec<F>) -> Result<Vec<T>>
+where
+    F: std::future::Future<Output = Result<T>>,
+{
+    stream::iter(futures)
+        .buffered(CONCURRENCY)
+        .try_collect()
+        .await
+}
+
+/// A transactional outbox in a DynamoDB table; see the crate docs for the layout and
+/// the claim protocol. Clones share the client and the counters.
+///
+/// ```no_run
+/// # async fn demo(client: aws_sdk_dynamodb::Client) -> outbox_core::Result<()> {
+/// use outbox_core::NewMessage;
+/// use outbox_dynamodb::{DynamoOutbox, DynamoOutboxConfig};
+///
+/// let outbox = DynamoOutbox::new(client, DynamoOutboxConfig::default().with_table("orders_outbox"))?;
+/// outbox.install().await?;
+/// let paid = NewMessage::builder("orders.paid").payload(b"{\"order\":7}".to_vec()).build()?;
+/// // Your own writes (the order item, say) go first; the messages join them in one
+/// // TransactWriteItems, so both commit or neither does.
+/// let order_write: Vec<aws_sdk_dynamodb::types::TransactWriteItem> = Vec::new();
+/// outbox.enqueue(order_write, &[paid]).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct DynamoOutbox {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) config: DynamoOutboxConfig,
+    pub(crate) metrics: Metrics,
+    /// Until when (microseconds) claims spread over random candidates, after a refused
+    /// claim write showed other claimers at work.
+    pub(crate) contended_until: AtomicU64,
+}
+
+/// The enqueue sequence: microseconds of this process's clock, strictly increasing
+/// within the process, so a batch and successive enqueues keep their order.
+fn next_seq() -> u64 {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let mut prev = LAST.load(Ordering::Relaxed);
+    loop {
+        let next = now_us().max(prev + 1);
+        match LAST.compare_exchange_weak(prev, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return next,
+            Err(seen) => prev = seen,
+        }
+    }
+}
+
+/// Check a transaction against DynamoDB's limits before sending it: at most
+/// [`MAX_TRANSACTION_ACTIONS`] actions, at most [`MAX_TRANSACTION_BYTES`] of items, and
+/// no put item over [`MAX_ITEM_BYTES`]. Sizes are those of what the request carries
+/// (whole items for puts, keys and values for the other actions).
+///
+/// # Errors
+/// [`ErrorKind::InvalidInput`](outbox_core::ErrorKind::InvalidInput) naming the limit.
+pub fn check_transaction(writes: &[TransactWriteItem]) -> Result<()> {
+    if writes.len() > MAX_TRANSACTION_ACTIONS {
+        return Err(Error::invalid_input(format!(
+            "a transaction of {} actions exceeds DynamoDB's limit of {MAX_TRANSACTION_ACTIONS}; \
+             enqueue fewer messages per transaction (a keyed message under per-key order \
+             takes two actions)",
+            writes.len()
+        )));
+    }
+    let mut total = 0;
+    for (i, w) in writes.iter().enumerate() {
+        let size = write_size(w);
+        if w.put().is_some() && size > MAX_ITEM_BYTES {
+            return Err(Error::invalid_input(format!(
+                "action {i} puts an item of {size} bytes, over DynamoDB's item limit of \
+                 {MAX_ITEM_BYTES}"
+            )));
+        }
+        total += size;
+    }
+    if total > MAX_TRANSACTION_BYTES {
+        return Err(Error::invalid_input(format!(
+            "a transaction of {total} bytes exceeds DynamoDB's limit of {MAX_TRANSACTION_BYTES}"
+        )));
+    }
+    Ok(())
+}
+
+fn write_size(w: &TransactWriteItem) -> usize {
+    if let Some(p) = w.put() {
+        return item_size(p.item());
+    }
+    let values = |v: Option<&HashMap<String, aws_sdk_dynamodb::types::AttributeValue>>| {
+        v.map_or(0, item_size)
+    };
+    if let Some(u) = w.update() {
+        return item_size(u.key()) + values(u.expression_attribute_values());
+    }
+    if let Some(d) = w.delete() {
+        return item_size(d.key()) + values(d.expression_attribute_values());
+    }
+    if let Some(c) = w.condition_check() {
+        return item_size(c.key()) + values(c.expression_attribute_values());
+    }
+    0
+}
+
+impl DynamoOutbox {
+    /// A store over `client` with `config`. Sends nothing.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) when `config` does not
+    /// validate.
+    pub fn new(client: Client, config: DynamoOutboxConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(DynamoOutbox {
+            inner: Arc::new(Inner {
+                client,
+                config,
+                metrics: Metrics::default(),
+                contended_until: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &DynamoOutboxConfig {
+        &self.inner.config
+    }
+
+    /// The client.
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// Capacity consumed and conditional writes refused so far by this store and its
+    /// clones (every request asks for `ReturnConsumedCapacity = TOTAL`).
+    pub fn metrics(&self) -> OutboxMetrics {
+        self.inner.metrics.snapshot()
+    }
+
+    /// Create the table if it is missing (on-demand billing, the three local secondary
+    /// indexes of the crate docs) and wait until it is active; an existing table is
+    /// checked.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Schema`](outbox_core::ErrorKind::Schema) when the table exists with
+    /// another layout; mapped SDK errors otherwise.
+    pub async fn install(&self) -> Result<()> {
+        crate::schema::install(
+            &self.inner.client,
+            &crate::schema::outbox_table(self.table()),
+        )
+        .await
+    }
+
+    /// Delete the table and everything in it. A missing table is not an error.
+    ///
+    /// # Errors
+    /// Mapped SDK errors.
+    pub async fn drop_table(&self) -> Result<()> {
+        crate::schema::drop_table(&self.inner.client, self.table()).await
+    }
+
+    pub(crate) fn table(&self) -> &str {
+        self.inner.config.table()
+    }
+
+    pub(crate) fn shards(&self) -> u16 {
+        self.inner.config.shards()
+    }
+
+    pub(crate) fn per_key(&self) -> bool {
+        self.inner.config.capabilities().ordering == KeyOrder::PerKey
+    }
+
+    /// What settles ask back: the item (for its order marker) under per-key order,
+    /// nothing otherwise.
+    pub(crate) fn settle_return(&self) -> ReturnValue {
+        if self.per_key() {
+            ReturnValue::AllNew
+        } else {
+            ReturnValue::None
+        }
+    }
+
+    pub(crate) fn key_of(&self, id: MessageId) -> Item {
+        message_key(id, self.shards())
+    }
+
+    /// The writes that store `messages`, for your own `TransactWriteItems`: one
+    /// conditional put per message (`attribute_not_exists`, so a stored id cancels the
+    /// transaction), plus one order marker per keyed message under
+    /// [`KeyOrder::PerKey`]. Availability and enqueue order are stamped now, by this
+    /// process's clock.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](outbox_core::ErrorKind::InvalidInput) for a message
+    /// breaking the config's limits or making an item over [`MAX_ITEM_BYTES`];
+    /// [`ErrorKind::Conflict`](outbox_core::ErrorKind::Conflict) for an id given twice.
+    pub fn enqueue_writes(&self, messages: &[NewMessage]) -> Result<Vec<TransactWriteItem>> {
+        Ok(self
+            .build_writes(messages)?
+            .into_iter()
+            .map(|(w, _)| w)
+            .collect())
+    }
+
+    fn build_writes(
+        &self,
+        messages: &[NewMessage],
+    ) -> Result<Vec<(TransactWriteItem, Option<MessageId>)>> {
+        check_enqueue(messages, self.inner.config.limits())?;
+        let now = now_us();
+        let mut writes = Vec::with_capacity(messages.len());
+        for m in messages {
+            let seq = next_seq();
+            let avail = now.saturating_add(item::duration_us(m.delay()));
+            let mut item = self.key_of(m.id());
+            item.insert(DESTINATION.into(), s(m.destination()));
+            item.insert(PAYLOAD.into(), b(m.payload()));
+            item.insert(HEADERS.into(), s(m.headers().to_json().to_string()));
+            item.insert(CREATED.into(), n(now));
+            item.insert(AVAILABLE.into(), n(avail));
+            item.insert(SEQ.into(), n(seq));
+            item.insert(ATTEMPTS.into(), n(0));
+            item.insert(
+                DUE.into(),
+                n(u128::from(avail) * DUE_SCALE + u128::from(seq)),
+            );
+            if let Some(key) = m.partition_key() {
+                item.insert(PARTITION_KEY.into(), s(key));
+            }
+            if let Some(ct) = m.content_type() {
+                item.insert(CONTENT_TYPE.into(), s(ct));
+            }
+            let size = item_size(&item);
+            if size > MAX_ITEM_BYTES {
+                return Err(Error::invalid_input(format!(
+                    "message {} makes an item of {size} bytes, over DynamoDB's item limit of \
+                     {MAX_ITEM_BYTES}; keep payloads under the config's max_payload_bytes and \
+                     store large bodies elsewhere (S3) with a reference in the message",
+                    m.id()
+                )));
+            }
+            let put = Put::builder()
+                .table_name(self.table())
+                .set_item(Some(item))
+                .condition_expression("attribute_not_exists(#pk)")
+                .expression_attribute_names("#pk", PK)
+                .build()
+                .map_err(|e| build_error("enqueue", e))?;
+            writes.push((TransactWriteItem::builder().put(put).build(), Some(m.id())));
+            if let (true, Some(key)) = (self.per_key(), m.partition_key()) {
+                let marker = self.marker_item(key, seq, m.id());
+                let put = Put::builder()
+                    .table_name(self.table())
+                    .set_item(Some(marker))
+                    .build()
+                    .map_err(|e| build_error("enqueue", e))?;
+                writes.push((TransactWriteItem::builder().put(put).build(), None));
+            }
+        }
+        Ok(writes)
+    }
+
+    pub(crate) fn marker_item(&self, key: &str, seq: u64, id: MessageId) -> Item {
+        let shard = shard_of(&[key.as_bytes()], self.shards());
+        HashMap::from([
+            (PK.to_owned(), s(marker_partition(shard))),
+            (
+                SK.to_owned(),
+                s(format!("{}{seq:016}#{}", marker_prefix(key), id_text(id))),
+            ),
+            (MARKED_ID.to_owned(), s(id_text(id))),
+        ])
+    }
+
+    /// Send one `TransactWriteItems` holding `writes` (yours, first, in order) and the
+    /// writes of `messages`: your changes and the messages commit together or not at
+    /// all. The limits are checked before anything is sent. Nothing is sent when both
+    /// are empty.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](outbox_core::ErrorKind::InvalidInput) for a bad
+    /// message or a transaction over [`MAX_TRANSACTION_ACTIONS`] actions,
+    /// [`MAX_TRANSACTION_BYTES`] or an item over [`MAX_ITEM_BYTES`];
+    /// [`ErrorKind::Conflict`](outbox_core::ErrorKind::Conflict) naming ids already
+    /// stored (see [`Error::ids`]) or when one of your own conditions failed; mapped
+    /// SDK errors otherwise. In every error case nothing was written.
+    pub async fn enqueue(
+        &self,
+        writes: Vec<TransactWriteItem>,
+        messages: &[NewMessage],
+    ) -> Result<()> {
+        let ours = self.build_writes(messages)?;
+        let theirs = writes.len();
+        let ids: Vec<Option<MessageId>> = std::iter::repeat_n(None, theirs)
+            .chain(ours.iter().map(|(_, id)| *id))
+            .collect();
+        let all: Vec<TransactWriteItem> = writes
+            .into_iter()
+            .chain(ours.into_iter().map(|(w, _)| w))
+            .collect();
+        if all.is_empty() {
+            return Ok(());
+        }
+        check_transaction(&all)?;
+        let sent = self
+            .inner
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(all))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await;
+        match sent {
+            Ok(out) => {
+                self.inner
+                    .metrics
+                    .enqueue(out.consumed_capacity(), messages.len());
+                Ok(())
+            }
+            Err(e) => Err(enqueue_error(e, &ids, theirs)),
+        }
+    }
+
+    pub(crate) fn record_capacity(&self, slot: &AtomicU64, c: Option<&ConsumedCapacity>) {
+        Metrics::add(slot, c);
+    }
+}
+
+fn enqueue_error(
+    e: aws_sdk_dynamodb::error::SdkError<
+        TransactWriteItemsError,
+        aws_sdk_dynamodb::config::http::HttpResponse,
+    >,
+    ids: &[Option<MessageId>],
+    theirs: usize,
+) -> Error {
+    let reasons: Vec<Option<String>> = match e.as_service_error() {
+        Some(TransactWriteItemsError::TransactionCanceledException(c)) => {
+            reason_codes(c.cancellation_reasons())
+                .into_iter()
+                .map(|r| r.map(str::to_owned))
+                .collect()
+        }
+        _ => return from_sdk("enqueue", e),
+    };
+    let failed_condition =
+        |i: &usize| reasons.get(*i).and_then(Option::as_deref) == Some("ConditionalCheckFailed");
+    let stored: Vec<MessageId> = (theirs..ids.len())
+        .filter(failed_condition)
+        .filter_map(|i| ids[i])
+        .collect();
+    let borrowed: Vec<Option<&str>> = reasons.iter().map(Option::as_deref).collect();
+    if !stored.is_empty() && (0..theirs).all(|i| !failed_condition(&i)) {
+        return Error::already_stored(stored).with_source(e);
+    }
+    cancelled("enqueue", &borrowed, e)
+}
+
+#[async_trait]
+impl OutboxStore for DynamoOutbox {
+    fn capabilities(&self) -> StoreCapabilities {
+        self.inner.config.capabilities()
+    }
+
+    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedMessage>> {
+        self.claim_due(request).await
+    }
+
+    async fn claim_ids(&self, request: &ClaimIds) -> Result<Vec<ClaimedMessage>> {
+        self.claim_listed(request).await
+    }
+
+    async fn complete(&self, leases: &[Lease]) -> Result<Settled> {
+        if self.per_key() || self.inner.config.capabilities().retention != Retention::Delete {
+            return self
+                .settle_all(leases, |l| l.id, |l| self.complete_one(l))
+                .await;
+        }
+        let ordered: Vec<Lease> = in_id_order(leases, |l| l.id).into_iter().copied().collect();
+        let chunks: Vec<_> = ordered
+            .chunks(MAX_BATCH_STATEMENTS)
+            .map(|chunk| self.delete_batch(chunk))
+            .collect();
+        let applied: Vec<MessageId> = bounded(chunks).await?.into_iter().flatten().collect();
+        Ok(Settled::reconcile(leases.iter().map(|l| l.id), applied))
+    }
+
+    async fn fail(&self, failures: &[Failure]) -> Result<Settled> {
+        self.settle_all(failures, |f| f.lease().id, |f| self.fail_one(f))
+            .await
+    }
+
+    async fn release(&self, leases: &[Lease]) -> Result<Settled> {
+        self.settle_all(leases, |l| l.id, |l| self.release_one(l))
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_sdk_dynamodb::types::AttributeValue;
+
+    fn put_of(bytes: usize) -> TransactWriteItem {
+        let item = HashMap::from([("p".to_owned(), AttributeValue::B(vec![0u8; bytes].into()))]);
+        TransactWriteItem::builder()
+            .put(
+                Put::builder()
+                    .table_name("t")
+                    .set_item(Some(item))
+                    .build()
+                    .unwrap(),
+            )
+            .build()
+    }
+
+    #[test]
+    fn transaction_limits_are_checked_before_sending() {
+        check_transaction(&vec![put_of(10); MAX_TRANSACTION_ACTIONS]).unwrap();
+        let err = check_transaction(&vec![put_of(10); MAX_TRANSACTION_ACTIONS + 1]).unwrap_err();
+        assert_eq!(err.kind(), outbox_core::ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("100"), "{err}");
+        let err = check_transaction(&[put_of(MAX_ITEM_BYTES)]).unwrap_err();
+        assert!(err.to_string().contains("item limit"), "{err}");
+        let err = check_transaction(&vec![put_of(300 * 1024); 14]).unwrap_err();
+        assert!(err.to_string().contains("4194304"), "{err}");
+    }
+
+    #[test]
+    fn sequences_increase_strictly() {
+        let seqs: Vec<u64> = (0..1000).map(|_| next_seq()).collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]));
+    }
+}

@@ -1,0 +1,78 @@
+//! The dedup store's conditional put and expiry.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use outbox_core::{ConsumerName, Dedup, DedupStore, MessageId};
+use outbox_testkit::wait_until;
+
+use crate::common;
+
+/// 64 concurrent records of one id: the conditional put lets exactly one through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn conditional_put_race_gives_exactly_one_new() {
+    let Some(client) = common::client("outbox-dynamodb dedup race").await else {
+        return;
+    };
+    let store = Arc::new(
+        common::dedup(&client, Duration::from_secs(600))
+            .await
+            .unwrap(),
+    );
+    let consumer = ConsumerName::new("race").unwrap();
+    for _round in 0..3 {
+        let id = MessageId::new();
+        let racers: Vec<_> = (0..64)
+            .map(|_| {
+                let (store, consumer) = (Arc::clone(&store), consumer.clone());
+                tokio::spawn(async move { store.record(&consumer, id).await.unwrap() })
+            })
+            .collect();
+        let mut new = 0;
+        for r in racers {
+            if r.await.unwrap() == Dedup::New {
+                new += 1;
+            }
+        }
+        assert_eq!(new, 1, "exactly one of 64 concurrent records is New");
+        assert!(store.contains(&consumer, id).await.unwrap());
+    }
+}
+
+/// An expired record that TTL has not deleted yet (DynamoDB deletes within days; DynamoDB
+/// Local never) is absent to `contains` and `record`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_items_still_stored_count_as_absent() {
+    let Some(client) = common::client("outbox-dynamodb dedup expiry").await else {
+        return;
+    };
+    let store = common::dedup(&client, Duration::from_millis(300))
+        .await
+        .unwrap();
+    let consumer = ConsumerName::new("ttl").unwrap();
+    let id = MessageId::new();
+    assert_eq!(store.record(&consumer, id).await.unwrap(), Dedup::New);
+    assert_eq!(store.record(&consumer, id).await.unwrap(), Dedup::Duplicate);
+    wait_until("the record to expire", || async {
+        !store.contains(&consumer, id).await.unwrap()
+    })
+    .await;
+    // Still there, TTL attribute and all: only the expiry makes it absent.
+    let items = client
+        .scan()
+        .table_name(store.config().table())
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(items.count(), 1, "the expired item is still stored");
+    let item = &items.items()[0];
+    assert!(matches!(item.get("ttl"), Some(AttributeValue::N(_))));
+    assert_eq!(
+        store.record(&consumer, id).await.unwrap(),
+        Dedup::New,
+        "re-recorded"
+    );
+    assert!(store.contains(&consumer, id).await.unwrap());
+}

@@ -1,0 +1,13 @@
+//! What only DynamoDB can get wrong: conditional-write races, TTL-expired items still
+//! present, the item and transaction limits, crashes between the conditional writes, and
+//! per-key order across shards.
+//!
+//! Run: `eval "$(scripts/services.sh)" && cargo test -p outbox-dynamodb --test dynamodb`
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod dedup;
+mod limits;
+mod relay;
+mod store;
