@@ -17,11 +17,13 @@ use common::private::PrivateRabbit;
 use outbox_core::{Error, ErrorKind, Publisher, Result};
 use outbox_rabbitmq::lapin::message::Delivery;
 use outbox_rabbitmq::lapin::options::{
-    BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
+    ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use outbox_rabbitmq::lapin::types::{AMQPValue, FieldTable};
-use outbox_rabbitmq::lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use outbox_rabbitmq::lapin::{
+    BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind,
+};
 use outbox_rabbitmq::{RabbitPublisher, RabbitPublisherConfig, Routing};
 use outbox_testkit::{
     PublisherFeatures, PublisherHarness, PublisherNamespace, Received, RestartableNamespace,
@@ -184,7 +186,59 @@ impl RestartableNamespace for RabbitNamespace {
     }
 
     async fn start_broker(&self) -> Result<()> {
-        self.node()?.start_again().await
+        self.node()?.start_again().await?;
+        // A restarted node answers AMQP before it routes again: for a moment a
+        // mandatory publish to a bound key can come back NO_ROUTE (seen in CI), which
+        // the publisher must report Permanent. "Back" is when it routes: probe with a
+        // key of its own, which no read-back of a case's destinations returns.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let mut pause =
+            outbox_core::Backoff::new(Duration::from_millis(20), Duration::from_millis(200));
+        loop {
+            if self.routes("routed.probe").await {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    "the restarted node did not route to the namespace's queue within 20 s",
+                ));
+            }
+            pause.wait().await;
+        }
+    }
+}
+
+impl RabbitNamespace {
+    /// Whether a mandatory, confirmed publish to `key` is routed (not returned).
+    async fn routes(&self, key: &str) -> bool {
+        let probe = async {
+            let channel = self.channel().await.ok()?;
+            let confirms = channel.clone();
+            confirms
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .ok()?;
+            let confirm = channel
+                .basic_publish(
+                    self.exchange.as_str().into(),
+                    key.into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        immediate: false,
+                    },
+                    b"probe",
+                    BasicProperties::default(),
+                )
+                .await
+                .ok()?;
+            let confirmation = confirm.await.ok()?;
+            Some(confirmation.is_ack() && confirmation.take_message().is_none())
+        };
+        matches!(
+            tokio::time::timeout(Duration::from_secs(2), probe).await,
+            Ok(Some(true))
+        )
     }
 }
 
