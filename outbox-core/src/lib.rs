@@ -112,7 +112,10 @@ pub use monitor::StatsReporter;
 pub use names::{ConsumerName, EntityKey, LockName};
 pub use publisher::{PublishOutcome, Publisher};
 pub use purge::{PurgeRun, Purger};
-pub use relay::{DispatchReport, Relay, RelayConfig, RelayHandle, Wakeup};
+pub use relay::{
+    DispatchReport, Relay, RelayConfig, RelayHandle, Wakeup, DEFAULT_PIPELINE_DEPTH,
+    MAX_PIPELINE_DEPTH,
+};
 pub use retry::RetryPolicy;
 pub use store::{
     ClaimIds, ClaimRequest, ClaimedMessage, Disposition, Failure, KeyOrder, Lease, LeaseToken,

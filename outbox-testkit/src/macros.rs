@@ -59,6 +59,33 @@ macro_rules! conformance_suite {
             unrenewed_lease_lapses_at_expiry,
             relay_renews_leases_across_publish_waves,
         );
+        /// The cases that run relays, again with pipelining off (one claimed batch
+        /// per loop); the cases above run at the default depth.
+        mod pipelining_off {
+            use super::*;
+            $crate::conformance_suite!(@depth 1; $make;
+                last_attempt_dead_letters,
+                permanent_failure_dead_letters_at_once,
+                requeued_dead_letters_are_delivered,
+                per_key_order_holds_with_racing_relays,
+                shutdown_releases_leases,
+                shutdown_finishes_in_flight_and_releases_the_rest,
+                killed_relay_loses_nothing,
+                relays_deliver_all_without_duplicates,
+                explicit_dispatch_runs_alongside_sweeps,
+                explicit_dispatch_does_not_block_the_sweeper,
+                relay_renews_leases_across_publish_waves,
+            );
+        }
+    };
+    (@depth $depth:expr; $make:path; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let Some(harness) = $make().await else { return };
+                $crate::suite::with_pipeline_depth($depth, $crate::suite::$case(&harness)).await;
+            }
+        )*
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {
         $(

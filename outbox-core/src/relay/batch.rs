@@ -31,6 +31,21 @@ pub(super) struct Deferred {
     pub(super) deadline: Instant,
 }
 
+impl Deferred {
+    /// The settles of several batches as one, for one
+    /// [`settle_and_claim`](crate::OutboxStore::settle_and_claim) call; retries stop at
+    /// the earliest deadline. `None` for none.
+    pub(super) fn merge(mut all: Vec<Deferred>) -> Option<Deferred> {
+        let mut merged = all.pop()?;
+        for other in all {
+            merged.done.extend(other.done);
+            merged.failures.extend(other.failures);
+            merged.deadline = merged.deadline.min(other.deadline);
+        }
+        Some(merged)
+    }
+}
+
 /// The messages one claim returned, with the time the claim started (their leases are
 /// measured from it, by the relay's clock).
 ///

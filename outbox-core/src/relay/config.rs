@@ -41,7 +41,22 @@ pub struct RelayConfig {
     /// How long shutdown waits for publishes in flight before releasing their leases.
     /// Default 10 s.
     pub shutdown_grace: Duration,
+    /// Claimed batches one relay loop may have at once, 1 to [`MAX_PIPELINE_DEPTH`].
+    /// Above 1 the loop claims the next batch while earlier ones publish, so database
+    /// and broker latency overlap; each batch runs its own
+    /// [`publish_concurrency`](Self::publish_concurrency) calls, so up to
+    /// `pipeline_depth × publish_concurrency` publish calls are in flight. Default
+    /// [`DEFAULT_PIPELINE_DEPTH`].
+    pub pipeline_depth: usize,
 }
+
+/// The most batches one relay loop may have claimed at once
+/// ([`RelayConfig::pipeline_depth`]).
+pub const MAX_PIPELINE_DEPTH: usize = 16;
+
+/// The default [`RelayConfig::pipeline_depth`]: chosen by measurement (see the README's
+/// benchmarks).
+pub const DEFAULT_PIPELINE_DEPTH: usize = 2;
 
 impl Default for RelayConfig {
     fn default() -> Self {
@@ -56,6 +71,7 @@ impl Default for RelayConfig {
             max_poll_interval: Duration::from_secs(5),
             retry: RetryPolicy::default(),
             shutdown_grace: Duration::from_secs(10),
+            pipeline_depth: DEFAULT_PIPELINE_DEPTH,
         }
     }
 }
@@ -109,6 +125,13 @@ impl RelayConfig {
     #[must_use]
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
         self.shutdown_grace = grace;
+        self
+    }
+
+    /// Set the batches one loop may have claimed at once (1 turns pipelining off).
+    #[must_use]
+    pub fn pipeline_depth(mut self, depth: usize) -> Self {
+        self.pipeline_depth = depth;
         self
     }
 
@@ -182,6 +205,12 @@ impl RelayConfig {
             return Err(Error::config(
                 "publish_batch_size and publish_concurrency must be at least 1",
             ));
+        }
+        if self.pipeline_depth == 0 || self.pipeline_depth > MAX_PIPELINE_DEPTH {
+            return Err(Error::config(format!(
+                "pipeline_depth {} is outside 1..={MAX_PIPELINE_DEPTH}",
+                self.pipeline_depth
+            )));
         }
         if self.publish_timeout.is_zero() {
             return Err(Error::config("publish_timeout must be above zero"));
@@ -336,6 +365,8 @@ mod tests {
             RelayConfig::default().batch_size(crate::store::MAX_CLAIM_BATCH + 1),
             RelayConfig::default().publish(0, 1),
             RelayConfig::default().publish(1, 0),
+            RelayConfig::default().pipeline_depth(0),
+            RelayConfig::default().pipeline_depth(MAX_PIPELINE_DEPTH + 1),
             RelayConfig::default().publish_timeout(Duration::ZERO),
             RelayConfig::default().publish_timeout(Duration::from_secs(60)),
             RelayConfig::default().poll(Duration::ZERO, Duration::from_secs(1)),
@@ -350,6 +381,11 @@ mod tests {
         }
         RelayConfig::default()
             .poll(Duration::from_secs(1), Duration::from_secs(1))
+            .validate()
+            .unwrap();
+        RelayConfig::default().pipeline_depth(1).validate().unwrap();
+        RelayConfig::default()
+            .pipeline_depth(MAX_PIPELINE_DEPTH)
             .validate()
             .unwrap();
         RelayConfig::default()

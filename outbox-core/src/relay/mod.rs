@@ -20,6 +20,24 @@
 //! 4. When a claim finds nothing, wait for a [`Wakeup`] or the poll interval, which
 //!    doubles on every empty claim up to [`RelayConfig::max_poll_interval`].
 //!
+//! ## Pipelining
+//!
+//! One loop may have up to [`RelayConfig::pipeline_depth`] claimed batches at once (2
+//! by default). While batches publish, the loop claims the next one when a batch has
+//! finished (its deferred settle goes with the claim), when a [`Wakeup`] or the poll
+//! interval asks for one, or, while claims come back full (a backlog), once the newest
+//! batch has been publishing for as long as its claim took. A publish faster than a
+//! claim so ends before the next claim goes out, and the relay pays one statement per
+//! batch as without pipelining; a slower one has the next batch claimed while it runs,
+//! so database and broker round trips overlap instead of adding up. Nothing else changes: each
+//! batch has its own leases and tokens, each runs its own
+//! [`RelayConfig::publish_concurrency`] calls, and per-key order still holds because a
+//! store hands out only a key's oldest undelivered message, which stays undelivered
+//! while an earlier batch holds it. The settles of batches that finish while a claim
+//! is in flight are merged into the next claim's call. The loop counts as idle
+//! ([`Relay::wait_idle`]) only when a claim made with no batch in flight finds nothing,
+//! so every settle has landed by then. Depth 1 turns pipelining off.
+//!
 //! No lock is held across any of this: explicit [`Relay::dispatch_ids`] calls, other
 //! relays in the same or other processes, and this loop coordinate through the store's
 //! per-row leases only.
@@ -28,8 +46,8 @@
 //!
 //! [`RelayHandle::shutdown`] (or the signal given to [`Relay::with_shutdown`], such as
 //! a `tokio_util::sync::CancellationToken` of the service's shutdown tree) stops
-//! claiming at once; publish calls not yet started release their leases unattempted;
-//! calls in flight get [`RelayConfig::shutdown_grace`] to finish. After the grace they are dropped: their
+//! claiming at once; publish calls not yet started, in every batch in flight, release
+//! their leases unattempted; calls in flight get [`RelayConfig::shutdown_grace`] to finish. After the grace they are dropped: their
 //! messages are failed with a zero retry delay (the attempt counts, since the broker may
 //! have them) and the rest of the batch released, so another relay can take them at
 //! once. Explicit [`Relay::dispatch_ids`] calls in flight are not waited for; after
@@ -89,13 +107,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::FutureExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-pub use config::RelayConfig;
+pub use config::{RelayConfig, DEFAULT_PIPELINE_DEPTH, MAX_PIPELINE_DEPTH};
 pub use wake::Wakeup;
 
 use crate::backoff::Backoff;
@@ -320,75 +340,144 @@ impl Relay {
         // Cleared however the loop ends, including when its task is aborted.
         let _running = RunningGuard(inner);
         let config = &inner.config;
+        let depth = config.pipeline_depth.max(1);
         let mut woken = inner.wakeup.subscribe();
         let mut idle = Backoff::new(config.poll_interval, config.max_poll_interval);
-        // The settle of the last batch's last chunk, sent with the next claim.
-        let mut carried: Option<Deferred> = None;
+        // Batches claimed and publishing; each yields its deferred settle.
+        let mut batches: Batches<'_> = FuturesUnordered::new();
+        // Settles of finished batches, sent with the next claim.
+        let mut carried: Vec<Deferred> = Vec::new();
+        // When the next claim should go out ahead of the batches in flight, if they
+        // are still publishing then: set while the last claim came back full (more is
+        // probably due) to when the newest batch has published for as long as its
+        // claim took. A publish faster than a claim thus ends first and its settle goes
+        // with the next claim, as without pipelining; a slower one gets the next batch
+        // claimed while it runs.
+        let mut claim_ahead_at: Option<Instant> = None;
+        // A wakeup, the poll interval or `claim_ahead_at` asked for a claim while
+        // batches were in flight.
+        let mut asked = false;
         while !inner.stop.is_cancelled() {
+            let may_claim = batches.len() < depth;
+            let claim_now = may_claim && (batches.is_empty() || asked || !carried.is_empty());
+            if !claim_now {
+                let ahead = claim_ahead_at.filter(|_| may_claim);
+                tokio::select! {
+                    Some(done) = batches.next() => carried.extend(done),
+                    () = woken.woken(), if may_claim => asked = true,
+                    () = idle.wait(), if may_claim && ahead.is_none() => asked = true,
+                    () = sleep_until(ahead), if ahead.is_some() => asked = true,
+                    () = inner.stop.cancelled() => {}
+                }
+                continue;
+            }
+            asked = false;
             let poll = inner.polls.fetch_add(1, AtomicOrdering::SeqCst) + 1;
             woken.seen();
+            // With nothing in flight, this claim carries every settle: if it finds
+            // nothing, the relay has caught up.
+            let caught_up_if_empty = batches.is_empty();
             let claimed_at = Instant::now();
-            let step = AssertUnwindSafe(async {
-                let claimed = match carried.take() {
+            let deferred = Deferred::merge(std::mem::take(&mut carried));
+            let claim = AssertUnwindSafe(async {
+                match deferred {
                     Some(deferred) => match self.settle_and_claim(deferred).await? {
-                        Some(claimed) => claimed,
-                        None => self.claim().await?,
+                        Some(claimed) => Ok(claimed),
+                        None => self.claim().await,
                     },
-                    None => self.claim().await?,
-                };
-                if claimed.is_empty() {
-                    return Ok(false);
+                    None => self.claim().await,
                 }
-                let batch = Batch::new(inner, claimed, claimed_at).deferring_last_settle();
-                batch.publish_until(&inner.stop).await;
-                carried = batch.take_deferred();
-                Ok::<_, Error>(true)
-            });
-            match step.catch_unwind().await {
-                Ok(Ok(true)) => idle.reset(),
-                Ok(Ok(false)) => {
-                    inner.idle.send_replace(poll);
-                    tokio::select! {
-                        () = woken.woken() => idle.reset(),
-                        () = idle.wait() => {}
-                        () = inner.stop.cancelled() => {}
+            })
+            .catch_unwind();
+            let outcome = drive(&mut batches, &mut carried, claim).await;
+            let failed = match outcome {
+                Ok(Ok(claimed)) if !claimed.is_empty() => {
+                    let now = Instant::now();
+                    claim_ahead_at = (claimed.len() >= config.batch_size)
+                        .then(|| now + now.saturating_duration_since(claimed_at));
+                    idle.reset();
+                    batches.push(self.batch(claimed, claimed_at));
+                    continue;
+                }
+                Ok(Ok(_)) => {
+                    claim_ahead_at = None;
+                    if caught_up_if_empty && batches.is_empty() {
+                        inner.idle.send_replace(poll);
+                        tokio::select! {
+                            () = woken.woken() => idle.reset(),
+                            () = idle.wait() => {}
+                            () = inner.stop.cancelled() => {}
+                        }
                     }
+                    continue;
                 }
                 Ok(Err(err)) => {
                     tracing::warn!(error = %err.report(), "claim failed");
-                    self.after_failure(
-                        &mut idle,
-                        DispatchReport {
-                            store_errors: 1,
-                            ..DispatchReport::default()
-                        },
-                    )
-                    .await;
+                    DispatchReport {
+                        store_errors: 1,
+                        ..DispatchReport::default()
+                    }
                 }
                 Err(panic) => {
                     tracing::error!(
                         panic = %panic_message(&*panic),
-                        "relay step panicked; its leases lapse, the loop carries on"
+                        "relay claim panicked; the loop carries on"
                     );
-                    self.after_failure(
-                        &mut idle,
-                        DispatchReport {
-                            panics: 1,
-                            ..DispatchReport::default()
-                        },
-                    )
-                    .await;
+                    DispatchReport {
+                        panics: 1,
+                        ..DispatchReport::default()
+                    }
                 }
-            }
+            };
+            claim_ahead_at = None;
+            drive(
+                &mut batches,
+                &mut carried,
+                self.after_failure(&mut idle, failed),
+            )
+            .await;
         }
-        if let Some(deferred) = carried {
-            // Stopped between a batch and the next claim: settle on its own.
+        // Stopping: batches in flight finish within the shutdown grace (see `Batch`),
+        // then whatever settles they left go on their own.
+        while let Some(done) = batches.next().await {
+            carried.extend(done);
+        }
+        if let Some(deferred) = Deferred::merge(carried) {
             let report =
                 settle_outcomes(inner, &deferred.done, &deferred.failures, deferred.deadline).await;
             inner.tally.record(&report);
         }
         tracing::info!("relay stopped");
         self.report()
+    }
+
+    /// Publish a claimed batch of the loop and settle it, but for the settle of its
+    /// last publish call, which it yields for the next claim. A panic is caught, logged
+    /// and counted; the batch's leases then lapse.
+    fn batch(&self, claimed: Vec<ClaimedMessage>, claimed_at: Instant) -> BatchRun<'_> {
+        let inner = &*self.inner;
+        async move {
+            let run = AssertUnwindSafe(async {
+                let batch = Batch::new(inner, claimed, claimed_at).deferring_last_settle();
+                batch.publish_until(&inner.stop).await;
+                batch.take_deferred()
+            });
+            match run.catch_unwind().await {
+                Ok(deferred) => deferred,
+                Err(panic) => {
+                    tracing::error!(
+                        panic = %panic_message(&*panic),
+                        "relay batch panicked; its leases lapse, the loop carries on"
+                    );
+                    inner.tally.record(&DispatchReport {
+                        panics: 1,
+                        ..DispatchReport::default()
+                    });
+                    None
+                }
+            }
+        }
+        .boxed()
     }
 
     /// Settle the last batch's deferred chunk and claim the next batch in one store
@@ -568,6 +657,36 @@ impl Relay {
             .claim_seconds
             .record(started.elapsed().as_secs_f64());
         claimed
+    }
+}
+
+/// One claimed batch of the loop, publishing; yields its deferred settle.
+type BatchRun<'a> = BoxFuture<'a, Option<Deferred>>;
+/// The loop's batches in flight.
+type Batches<'a> = FuturesUnordered<BatchRun<'a>>;
+
+/// Await `work` while the batches in flight go on publishing; the settles of those that
+/// finish meanwhile join `carried`.
+async fn drive<F: Future>(
+    batches: &mut Batches<'_>,
+    carried: &mut Vec<Deferred>,
+    work: F,
+) -> F::Output {
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut work => return out,
+            Some(done) = batches.next(), if !batches.is_empty() => carried.extend(done),
+        }
+    }
+}
+
+/// Sleep until `at`; `None` never comes.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }
 

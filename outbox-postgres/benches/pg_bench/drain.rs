@@ -1,9 +1,11 @@
 //! Scenario 2: drain throughput with a no-op publisher, against two references.
 //!
-//! For every batch size and relay count the same pre-loaded backlog is drained four
-//! ways: by the library's [`Relay`]s on the new path (the settle of batch N and the
-//! claim of batch N+1 in one statement, [`OutboxStore::settle_and_claim`]) and on the
-//! old one (a complete, then a claim: the trait's default, through [`OldPath`]); by
+//! For every batch size and relay count the same pre-loaded backlog is drained five
+//! ways: by the library's [`Relay`]s as configured by default (pipelined: the next
+//! claim goes out while a batch publishes, [`RelayConfig::pipeline_depth`]), on the
+//! new path with pipelining off (the settle of batch N and the claim of batch N+1 in
+//! one statement, [`OutboxStore::settle_and_claim`]) and on the old one (a complete,
+//! then a claim: the trait's default, through [`OldPath`], pipelining off); by
 //! `pgbench` running the library's own claim + complete statements (the ceiling); and
 //! by pgmq's pure-Rust client (the peer). Each run starts from a truncated, freshly
 //! loaded and vacuumed table.
@@ -15,7 +17,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use outbox_core::{
     ClaimIds, ClaimRequest, ClaimedMessage, Failure, Lease, OutboxStore, Relay, RelayConfig,
-    Renewed, Settled, StoreCapabilities,
+    Renewed, Settled, StoreCapabilities, DEFAULT_PIPELINE_DEPTH,
 };
 use outbox_postgres::{Notify, PgOutbox, PgOutboxConfig};
 
@@ -40,12 +42,15 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
     );
     let repeats = env.mode.pick(3, 1);
     let with_pgbench = pgbench::available();
+    let depth = library_depth();
     env.heading(
         "2. Drain throughput (no-op publisher)",
         &format!(
             "msgs/s to empty a pre-loaded table: library Relays (claim batch = publish batch, \
-         1 publish call in flight; new path: settle + next claim in one statement planned per \
-         call; prepared: the same statement prepared; old path: complete, then claim) vs pgbench running the library's own claim + complete \
+         1 publish call in flight; library = the default relay: pipeline depth {depth}, settle + \
+         next claim in one statement planned per call; unpiped: the same with pipeline \
+         depth 1; prepared: the default with the statement prepared; old path: complete, then \
+         claim, depth 1) vs pgbench running the library's own claim + complete \
          SQL (-M prepared, clients = relays) vs pgmq::PGMQueue read_batch + delete_batch \
          (workers = relays, same batch); each figure is the median of {repeats} run(s), \
          the three systems taking turns"
@@ -78,9 +83,11 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
         "relays",
         "msgs",
         "library/s",
+        "unpiped/s",
         "prepared/s",
         "old path/s",
-        "new/old",
+        "lib/unpiped",
+        "unpiped/old",
         "prep/old",
         "pgbench/s",
         "lib/pgbench",
@@ -97,6 +104,10 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
                 runs.library.push(rate(
                     n,
                     library_drain(env, &outbox, batch, relays, n, RelayPath::New).await?,
+                ));
+                runs.unpiped.push(rate(
+                    n,
+                    library_drain(env, &outbox, batch, relays, n, RelayPath::Unpiped).await?,
                 ));
                 runs.prepared.push(rate(
                     n,
@@ -115,6 +126,7 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
             }
             let library = median(&runs.library);
             let old_path = median(&runs.old_path);
+            let unpiped = median(&runs.unpiped);
             let prepared = median(&runs.prepared);
             let ceiling = median(&runs.pgbench);
             let pgmq = median(&runs.pgmq);
@@ -127,9 +139,11 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
                 relays.to_string(),
                 n.to_string(),
                 format!("{library:.0}"),
+                format!("{unpiped:.0}"),
                 format!("{prepared:.0}"),
                 format!("{old_path:.0}"),
-                fmt_ratio(ratio(library, old_path)),
+                fmt_ratio(ratio(library, unpiped)),
+                fmt_ratio(ratio(unpiped, old_path)),
                 fmt_ratio(ratio(prepared, old_path)),
                 if ceiling.is_finite() {
                     format!("{ceiling:.0}")
@@ -147,6 +161,9 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
                 "messages": n,
                 "library_msgs_per_s": json_num(library),
                 "library_old_path_msgs_per_s": json_num(old_path),
+                "library_unpipelined_msgs_per_s": json_num(unpiped),
+                "library_vs_unpipelined": json_num(ratio(library, unpiped)),
+                "unpipelined_vs_old_path": json_num(ratio(unpiped, old_path)),
                 "new_vs_old_path": json_num(ratio(library, old_path)),
                 "library_prepared_msgs_per_s": json_num(prepared),
                 "prepared_vs_old_path": json_num(ratio(prepared, old_path)),
@@ -158,6 +175,7 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
                 "runs": {
                     "library": runs.library,
                     "library_old_path": runs.old_path,
+                    "library_unpipelined": runs.unpiped,
                     "library_prepared": runs.prepared,
                     "pgbench": runs.pgbench,
                     "pgmq": runs.pgmq,
@@ -186,6 +204,7 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
 #[derive(Debug, Default)]
 struct Runs {
     library: Vec<f64>,
+    unpiped: Vec<f64>,
     old_path: Vec<f64>,
     prepared: Vec<f64>,
     pgbench: Vec<f64>,
@@ -235,13 +254,15 @@ async fn ensure_empty(outbox: &PgOutbox, who: &str) -> Res<()> {
 /// Which relay path a library drain takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RelayPath {
-    /// `settle_and_claim` as PostgreSQL implements it: one statement, planned per
-    /// call (the default).
+    /// The default relay: `settle_and_claim` as PostgreSQL implements it (one
+    /// statement, planned per call), pipelined at the default depth.
     New,
+    /// As `New` with pipelining off (depth 1).
+    Unpiped,
     /// The same statement prepared
     /// (`PgOutboxConfig::with_prepared_complete_and_claim`).
     Prepared,
-    /// The trait's default: complete, then claim.
+    /// The trait's default: complete, then claim; pipelining off.
     Old,
 }
 
@@ -275,6 +296,15 @@ impl OutboxStore for OldPath {
     }
 }
 
+/// The pipeline depth of the default relay: `OUTBOX_BENCH_PIPELINE_DEPTH` when set
+/// (to compare depths), else the library's default.
+fn library_depth() -> usize {
+    std::env::var("OUTBOX_BENCH_PIPELINE_DEPTH")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(DEFAULT_PIPELINE_DEPTH)
+}
+
 /// Pre-load `n`, then run `relays` relays on one pool until all are dispatched.
 async fn library_drain(
     env: &Env,
@@ -285,14 +315,19 @@ async fn library_drain(
     path: RelayPath,
 ) -> Res<Duration> {
     reset(outbox, n).await?;
-    let pool = env.pool(relays + 1).await?;
+    let depth = match path {
+        RelayPath::New | RelayPath::Prepared => library_depth(),
+        RelayPath::Unpiped | RelayPath::Old => 1,
+    };
+    // A pipelined relay may have a claim and a settle on the wire for each batch.
+    let pool = env.pool(relays * u32::try_from(depth)? + 1).await?;
     let config = outbox
         .config()
         .clone()
         .with_prepared_complete_and_claim(path == RelayPath::Prepared);
     let pg = PgOutbox::new(pool.clone(), config)?;
     let store: Arc<dyn OutboxStore> = match path {
-        RelayPath::New | RelayPath::Prepared => Arc::new(pg),
+        RelayPath::New | RelayPath::Unpiped | RelayPath::Prepared => Arc::new(pg),
         RelayPath::Old => Arc::new(OldPath(pg)),
     };
     let publisher = noop_publisher();
@@ -301,7 +336,8 @@ async fn library_drain(
             let config = RelayConfig::default()
                 .name(format!("bench-{i}"))
                 .batch_size(batch)
-                .publish(batch, 1);
+                .publish(batch, 1)
+                .pipeline_depth(depth);
             Relay::new(store.clone(), publisher.clone(), config)
         })
         .collect::<Result<Vec<_>, _>>()?;

@@ -157,9 +157,28 @@ pub(crate) async fn claim_eventually(
     .await
 }
 
-/// Relay settings for fast tests: short polls, fast retries.
+tokio::task_local! {
+    /// The [`RelayConfig::pipeline_depth`] the relays of the running case use, when
+    /// set by [`with_pipeline_depth`].
+    static PIPELINE_DEPTH: usize;
+}
+
+/// Run `case` with every relay it makes at this
+/// [`pipeline_depth`](RelayConfig::pipeline_depth) instead of the default; the
+/// [`conformance_suite!`](crate::conformance_suite) runs the relay cases this way with
+/// pipelining off (depth 1), besides their run at the default depth.
+pub async fn with_pipeline_depth<F: std::future::Future>(depth: usize, case: F) -> F::Output {
+    PIPELINE_DEPTH.scope(depth, case).await
+}
+
+/// Relay settings for fast tests: short polls, fast retries, and the pipeline depth of
+/// [`with_pipeline_depth`] when the case runs inside it.
 pub(crate) fn fast_relay_config() -> RelayConfig {
+    let depth = PIPELINE_DEPTH
+        .try_with(|depth| *depth)
+        .unwrap_or(outbox_core::DEFAULT_PIPELINE_DEPTH);
     RelayConfig::default()
+        .pipeline_depth(depth)
         .lease(Duration::from_secs(30))
         .publish_timeout(Duration::from_secs(10))
         .poll(Duration::from_millis(10), Duration::from_millis(200))
