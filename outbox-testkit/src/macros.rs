@@ -1,6 +1,9 @@
 //! The macro that turns the suite into tests.
 
-/// Expands to one `#[tokio::test]` per conformance case.
+/// Expands to one `#[tokio::test]` per conformance case, and, in a module
+/// `pipelining_off`, one more per case that runs relays, with
+/// [`RelayConfig::pipeline_depth`](outbox_core::RelayConfig::pipeline_depth) 1 (the
+/// cases themselves run relays at the default depth).
 ///
 /// `$make` names an `async fn() -> Option<H>` where `H:`[`Harness`](crate::Harness);
 /// returning `None` skips the case (after [`service_url`](crate::service_url) printed
