@@ -1,5 +1,7 @@
--- outbox-postgres, layout version 1: the outbox table under its default names.
+-- outbox-postgres, layout version 1: the outbox table under its default names, for unordered claims.
 -- Generated: PgOutbox::ddl() for PgOutboxConfig::default() renders this text (a unit test keeps them equal).
+-- No "outbox_messages_key" index: only per-key claims read it. With KeyOrder::PerKey apply outbox_per_key.sql
+-- (on a table installed from this file it adds just that index); see the crate README.
 -- Idempotent; see the crate README for using it with sqlx migrate.
 CREATE SCHEMA IF NOT EXISTS "outbox";
 CREATE TABLE IF NOT EXISTS "outbox"."outbox_schema_versions" (
@@ -25,8 +27,6 @@ CREATE TABLE IF NOT EXISTS "outbox"."outbox_messages" (
 );
 CREATE INDEX IF NOT EXISTS "outbox_messages_due" ON "outbox"."outbox_messages" (available_at, seq)
     WHERE dispatched_at IS NULL AND dead_at IS NULL;
-CREATE INDEX IF NOT EXISTS "outbox_messages_key" ON "outbox"."outbox_messages" (partition_key, seq)
-    WHERE dispatched_at IS NULL AND dead_at IS NULL AND partition_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS "outbox_messages_dispatched" ON "outbox"."outbox_messages" (dispatched_at)
     WHERE dispatched_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS "outbox_messages_dead" ON "outbox"."outbox_messages" (id)

@@ -1,16 +1,31 @@
 //! The tables' DDL, rendered from a validated [`QualifiedName`], and the idempotent,
 //! versioned installer. The layout and the use with migration tools are described in
 //! the crate README; the DDL for the default names is checked in as `sql/outbox.sql`
-//! and `sql/inbox.sql` (a unit test keeps them equal to what is rendered here).
+//! (unordered), `sql/outbox_per_key.sql` (per-key order), `sql/inbox.sql` and
+//! `sql/entities.sql` (a unit test keeps them equal to what is rendered here).
 //!
 //! Each installed table is recorded with its layout version in
 //! `"<schema>".outbox_schema_versions`; [`install`] creates what is missing and fails
 //! with [`ErrorKind::Schema`] when a table was installed at another version. Concurrent
 //! installs are serialised with a transaction-scoped advisory lock per schema.
+//!
+//! # Indexes follow the configuration
+//!
+//! The outbox table has the same columns in every configuration, but not the same
+//! indexes: `<table>_key` (undelivered keyed rows by `(partition_key, seq)`) is read
+//! only by per-key claims, so only a [`KeyOrder::PerKey`] outbox renders and installs
+//! it. The layout version does not change with it: the version names the columns and
+//! what they mean, which every statement of every release at that version relies on,
+//! whereas an index is an access path no statement needs to be correct. Either table
+//! serves either configuration (per-key claims without the index are correct, only
+//! slow), so producers that enqueue through an unordered outbox and a per-key relay may
+//! share one table; a version per index set would make the first to install lock the
+//! other out. Instead, [`install_with`] adds the indexes a configuration needs to a
+//! table installed at this version, and never drops one.
 
 use sqlx::{Executor, PgPool};
 
-use outbox_core::{Error, ErrorKind, Result};
+use outbox_core::{Error, ErrorKind, KeyOrder, Result};
 
 use crate::error::from_sqlx;
 use crate::ident::QualifiedName;
@@ -27,10 +42,10 @@ pub(crate) const VERSION_TABLE: &str = "outbox_schema_versions";
 /// ([`crate::sql`]).
 pub(crate) const UNDELIVERED: &str = "dispatched_at IS NULL AND dead_at IS NULL";
 
-/// The complete, idempotent DDL for an outbox table: schema, version table, table,
-/// indexes and the version record.
-pub(crate) fn outbox_ddl(name: &QualifiedName) -> String {
-    ddl(name, &outbox_objects(name))
+/// The complete, idempotent DDL for an outbox table with the indexes `ordering` uses:
+/// schema, version table, table, indexes and the version record.
+pub(crate) fn outbox_ddl(name: &QualifiedName, ordering: KeyOrder) -> String {
+    ddl(name, &outbox_objects(name, ordering))
 }
 
 /// The complete, idempotent DDL for an inbox (dedup) table.
@@ -53,9 +68,9 @@ pub(crate) fn ddl(name: &QualifiedName, objects: &str) -> String {
     )
 }
 
-/// The outbox table and its indexes.
-pub(crate) fn outbox_objects(name: &QualifiedName) -> String {
-    format!(
+/// The outbox table and the indexes `ordering` uses ([`outbox_indexes`]).
+pub(crate) fn outbox_objects(name: &QualifiedName, ordering: KeyOrder) -> String {
+    let mut text = format!(
         r#"CREATE TABLE IF NOT EXISTS {name} (
     id uuid PRIMARY KEY,
     seq bigint GENERATED ALWAYS AS IDENTITY,
@@ -72,20 +87,64 @@ pub(crate) fn outbox_objects(name: &QualifiedName) -> String {
     dispatched_at timestamptz,
     dead_at timestamptz
 );
-CREATE INDEX IF NOT EXISTS {due} ON {name} (available_at, seq)
-    WHERE {UNDELIVERED};
-CREATE INDEX IF NOT EXISTS {key} ON {name} (partition_key, seq)
-    WHERE {UNDELIVERED} AND partition_key IS NOT NULL;
-CREATE INDEX IF NOT EXISTS {dispatched} ON {name} (dispatched_at)
-    WHERE dispatched_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS {dead} ON {name} (id)
-    WHERE dead_at IS NOT NULL;
-"#,
-        due = name.derived("due"),
-        key = name.derived("key"),
-        dispatched = name.derived("dispatched"),
-        dead = name.derived("dead"),
-    )
+"#
+    );
+    for index in outbox_indexes(name, ordering) {
+        text.push_str(&index.ddl);
+    }
+    text
+}
+
+/// A secondary index of a table: its name and the idempotent statement creating it.
+#[derive(Debug, Clone)]
+pub(crate) struct Index {
+    /// `"schema"."index"`, as `to_regclass` reads it.
+    pub(crate) name: String,
+    /// `CREATE INDEX IF NOT EXISTS ...;` and a newline.
+    pub(crate) ddl: String,
+}
+
+impl Index {
+    fn new(table: &QualifiedName, suffix: &str, columns: &str, predicate: &str) -> Index {
+        let index = table.derived(suffix);
+        Index {
+            name: format!("{}.{index}", table.quoted_schema()),
+            ddl: format!(
+                "CREATE INDEX IF NOT EXISTS {index} ON {table} ({columns})\n    WHERE {predicate};\n"
+            ),
+        }
+    }
+}
+
+/// The outbox table's secondary indexes under `ordering`, all partial:
+///
+/// - `<table>_due` (undelivered rows by `(available_at, seq)`): every claim.
+/// - `<table>_key` (undelivered keyed rows by `(partition_key, seq)`): the head-of-key
+///   probe of per-key claims, and nothing else, so only under [`KeyOrder::PerKey`].
+/// - `<table>_dispatched` (dispatched rows by `dispatched_at`): purges and counts of
+///   kept history, and the dispatched count of `stats` in every configuration. Under
+///   `Retention::Delete` no row is ever dispatched, so it stays empty and costs each
+///   insert or update only the check of its predicate.
+/// - `<table>_dead` (dead letters by `id`): the dead-letter admin statements and
+///   `stats`; empty until something is dead-lettered.
+pub(crate) fn outbox_indexes(name: &QualifiedName, ordering: KeyOrder) -> Vec<Index> {
+    let mut indexes = vec![Index::new(name, "due", "available_at, seq", UNDELIVERED)];
+    if ordering == KeyOrder::PerKey {
+        indexes.push(Index::new(
+            name,
+            "key",
+            "partition_key, seq",
+            &format!("{UNDELIVERED} AND partition_key IS NOT NULL"),
+        ));
+    }
+    indexes.push(Index::new(
+        name,
+        "dispatched",
+        "dispatched_at",
+        "dispatched_at IS NOT NULL",
+    ));
+    indexes.push(Index::new(name, "dead", "id", "dead_at IS NOT NULL"));
+    indexes
 }
 
 /// The complete, idempotent DDL for an entity table of the decoupled consumer.
@@ -138,7 +197,7 @@ CREATE TABLE IF NOT EXISTS {versions} (
     )
 }
 
-/// Create `name` with `objects` (idempotent DDL, such as [`outbox_objects`]) unless it
+/// Create `name` with `objects` (idempotent DDL, such as [`inbox_objects`]) unless it
 /// is already recorded, under a per-schema advisory lock, and record
 /// [`SCHEMA_VERSION`].
 ///
@@ -149,6 +208,31 @@ CREATE TABLE IF NOT EXISTS {versions} (
 /// [`ErrorKind::Schema`] when the table was installed at another layout version;
 /// mapped driver errors otherwise.
 pub(crate) async fn install(pool: &PgPool, name: &QualifiedName, objects: &str) -> Result<()> {
+    install_with(pool, name, objects, &[]).await
+}
+
+/// As [`install`], and on a table already installed at this version, create those of
+/// `indexes` that are missing (the indexes this configuration reads that another
+/// configuration may have installed the table without, see the module docs). Indexes
+/// present are found in the catalog and left alone: `CREATE INDEX IF NOT EXISTS` alone
+/// would take the table's `SHARE` lock even when the index exists, waiting for every
+/// open transaction that wrote to it and holding up enqueues meanwhile. No index is
+/// ever dropped.
+///
+/// A missing index is built inside the install's transaction, holding that lock (no
+/// writes to the table) for the build; on a large table, build it beforehand with
+/// `CREATE INDEX CONCURRENTLY` (the crate README says how).
+///
+/// # Errors
+/// As [`install`], and [`ErrorKind::Schema`] when one of `indexes` exists but is
+/// invalid (left so by a failed `CREATE INDEX CONCURRENTLY`), since creating it again
+/// would do nothing.
+pub(crate) async fn install_with(
+    pool: &PgPool,
+    name: &QualifiedName,
+    objects: &str,
+    indexes: &[Index],
+) -> Result<()> {
     let err = |e| from_sqlx("schema install", e);
     let versions = name.sibling(VERSION_TABLE);
     let mut tx = pool.begin().await.map_err(err)?;
@@ -168,7 +252,35 @@ pub(crate) async fn install(pool: &PgPool, name: &QualifiedName, objects: &str) 
     .await
     .map_err(err)?;
     match installed {
-        Some(SCHEMA_VERSION) => {}
+        Some(SCHEMA_VERSION) => {
+            for index in indexes {
+                // None for a missing index, false for an invalid one.
+                let valid: Option<bool> = sqlx::query_scalar(
+                    "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)",
+                )
+                .bind(&index.name)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(err)?;
+                match valid {
+                    Some(true) => {}
+                    Some(false) => {
+                        return Err(Error::new(
+                            ErrorKind::Schema,
+                            format!(
+                                "index {} of {name} is invalid (a failed CREATE INDEX \
+                                 CONCURRENTLY leaves it so): drop it or REINDEX it, then \
+                                 install again",
+                                index.name
+                            ),
+                        ))
+                    }
+                    None => {
+                        tx.execute(sqlx::raw_sql(&index.ddl)).await.map_err(err)?;
+                    }
+                }
+            }
+        }
         Some(other) => {
             return Err(Error::new(
                 ErrorKind::Schema,
@@ -203,31 +315,75 @@ mod tests {
 
     #[test]
     fn ddl_quotes_identifiers_and_is_idempotent() {
-        let text = outbox_ddl(&name("s1", "t1"));
-        assert!(text.contains("CREATE SCHEMA IF NOT EXISTS \"s1\";"));
-        assert!(text.contains("CREATE TABLE IF NOT EXISTS \"s1\".\"outbox_schema_versions\""));
-        assert!(text.contains("CREATE TABLE IF NOT EXISTS \"s1\".\"t1\" ("));
-        assert!(text.contains("\"t1_due\" ON \"s1\".\"t1\" (available_at, seq)"));
-        assert!(text.contains("VALUES ('t1', 1) ON CONFLICT (table_name) DO NOTHING"));
-        for line in text.lines().filter(|l| l.starts_with("CREATE")) {
-            assert!(line.contains("IF NOT EXISTS"), "{line}");
+        for ordering in [KeyOrder::Unordered, KeyOrder::PerKey] {
+            let text = outbox_ddl(&name("s1", "t1"), ordering);
+            assert!(text.contains("CREATE SCHEMA IF NOT EXISTS \"s1\";"));
+            assert!(text.contains("CREATE TABLE IF NOT EXISTS \"s1\".\"outbox_schema_versions\""));
+            assert!(text.contains("CREATE TABLE IF NOT EXISTS \"s1\".\"t1\" ("));
+            assert!(text.contains("\"t1_due\" ON \"s1\".\"t1\" (available_at, seq)"));
+            assert!(text.contains("VALUES ('t1', 1) ON CONFLICT (table_name) DO NOTHING"));
+            for line in text.lines().filter(|l| l.starts_with("CREATE")) {
+                assert!(line.contains("IF NOT EXISTS"), "{line}");
+            }
         }
+    }
+
+    fn index_names(text: &str) -> Vec<&str> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("CREATE INDEX IF NOT EXISTS "))
+            .map(|l| l.split(' ').next().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn only_per_key_order_gets_the_key_index() {
+        let t = name("s", "t");
+        let unordered = outbox_ddl(&t, KeyOrder::Unordered);
+        let per_key = outbox_ddl(&t, KeyOrder::PerKey);
+        assert_eq!(
+            index_names(&unordered),
+            ["\"t_due\"", "\"t_dispatched\"", "\"t_dead\""]
+        );
+        assert_eq!(
+            index_names(&per_key),
+            ["\"t_due\"", "\"t_key\"", "\"t_dispatched\"", "\"t_dead\""]
+        );
+        assert!(per_key.contains(
+            "CREATE INDEX IF NOT EXISTS \"t_key\" ON \"s\".\"t\" (partition_key, seq)\n    \
+             WHERE dispatched_at IS NULL AND dead_at IS NULL AND partition_key IS NOT NULL;\n"
+        ));
+        // The same table either way: only the index differs.
+        let without_key: String = per_key
+            .split_inclusive('\n')
+            .filter(|l| !l.contains("\"t_key\"") && !l.contains("partition_key IS NOT NULL"))
+            .collect();
+        assert_eq!(without_key, unordered);
+        let names: Vec<String> = outbox_indexes(&t, KeyOrder::PerKey)
+            .into_iter()
+            .map(|i| i.name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "\"s\".\"t_due\"",
+                "\"s\".\"t_key\"",
+                "\"s\".\"t_dispatched\"",
+                "\"s\".\"t_dead\""
+            ]
+        );
     }
 
     #[test]
     fn index_names_are_distinct_for_long_tables() {
-        let text = outbox_ddl(&name("s", &"t".repeat(63)));
-        let names: std::collections::HashSet<&str> = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("CREATE INDEX IF NOT EXISTS "))
-            .map(|l| l.split(' ').next().unwrap())
-            .collect();
+        let text = outbox_ddl(&name("s", &"t".repeat(63)), KeyOrder::PerKey);
+        let names: std::collections::HashSet<&str> = index_names(&text).into_iter().collect();
         assert_eq!(names.len(), 4, "{names:?}");
         assert!(names.iter().all(|n| n.len() <= 63 + 2));
     }
 
-    /// The checked-in files are what the default configs render; regenerate them with
-    /// `PgOutbox::ddl()` / `PgDedupStore::ddl()` when the layout changes.
+    /// The checked-in files are what the default configs (and the default with per-key
+    /// order) render; regenerate them with `PgOutbox::ddl()` / `PgDedupStore::ddl()` /
+    /// `PgEntityStore::ddl()` when the layout changes.
     #[test]
     fn checked_in_sql_files_match_the_rendered_ddl() {
         // The files open with `--` comments saying where they come from.
@@ -237,8 +393,15 @@ mod tests {
                 .map(|l| format!("{l}\n"))
                 .collect()
         };
-        let outbox = outbox_ddl(&name("outbox", "outbox_messages"));
-        assert_eq!(statements(include_str!("../sql/outbox.sql")), outbox);
+        let outbox = name("outbox", "outbox_messages");
+        assert_eq!(
+            statements(include_str!("../sql/outbox.sql")),
+            outbox_ddl(&outbox, KeyOrder::Unordered)
+        );
+        assert_eq!(
+            statements(include_str!("../sql/outbox_per_key.sql")),
+            outbox_ddl(&outbox, KeyOrder::PerKey)
+        );
         let inbox = inbox_ddl(&name("outbox", "outbox_inbox"));
         assert_eq!(statements(include_str!("../sql/inbox.sql")), inbox);
         let entities = entity_ddl(&name("outbox", "outbox_entities"));

@@ -12,6 +12,10 @@
 //!   the due rows from the bottom, and from the top the rows whose `available_at` lies
 //!   past what chrono can hold (one probe that finds nothing in a healthy table), so
 //!   that such a row is dead-lettered instead of never coming due.
+//! - Under per-key order, the claim also probes the partial `<table>_key` index for the
+//!   head of each keyed candidate's key. No other statement reads that index, so only
+//!   a per-key outbox installs it ([`crate::schema`]), and the enqueues and claims of
+//!   a table installed unordered do not pay for maintaining it.
 //! - **Settles** (complete, fail, release, dead-lettering what a claim could not
 //!   deliver) reach rows by primary key. They join the bound ids (sorted, so rows are
 //!   locked in id order) on `id` and state "undelivered" as
@@ -38,7 +42,10 @@
 //! - **Enqueue** reads nothing: `ON CONFLICT (id) DO NOTHING` finds stored ids through
 //!   the primary key's uniqueness check.
 //! - **Admin** statements on dead letters read the `<table>_dead` index (or the primary
-//!   key for explicit ids).
+//!   key for explicit ids); purges and counts of dispatched history read
+//!   `<table>_dispatched`. Stats count dead and dispatched rows through those two
+//!   indexes in every configuration (under `Retention::Delete` the dispatched one is
+//!   always empty, so its count costs one probe).
 
 use std::time::Duration;
 

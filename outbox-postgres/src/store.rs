@@ -152,21 +152,41 @@ impl PgOutbox {
     }
 
     /// The DDL for this outbox's table: idempotent statements creating the schema, the
-    /// table and its indexes, and recording the layout version, for your migration tool
-    /// (the default names' DDL is checked in as `sql/outbox.sql`; see the crate README).
+    /// table and the indexes this configuration reads, and recording the layout
+    /// version, for your migration tool. The `<table>_key` index is rendered only under
+    /// [`KeyOrder::PerKey`](outbox_core::KeyOrder::PerKey), the one configuration that
+    /// reads it. The default names' DDL is checked in as `sql/outbox.sql` (unordered)
+    /// and `sql/outbox_per_key.sql`; see the crate README.
     pub fn ddl(&self) -> String {
-        schema::outbox_ddl(&self.inner.name)
+        schema::outbox_ddl(&self.inner.name, self.inner.config.ordering())
     }
 
     /// Create the schema, table and indexes if missing, and record the layout version.
     /// Safe to call from every process at start-up.
     ///
+    /// On a table already installed at this layout version, it creates the indexes of
+    /// this configuration that are missing and changes nothing else: a per-key outbox
+    /// adds `<table>_key` to a table an unordered one installed (building it while
+    /// holding off writes to the table; the crate README says how to build it
+    /// beforehand on a large table), and an unordered outbox leaves an existing
+    /// `<table>_key` alone (drop it yourself if nothing claims in per-key order).
+    /// Indexes present are looked up in the catalog, so an install that finds
+    /// nothing to do takes no lock on the table.
+    ///
     /// # Errors
     /// [`ErrorKind::Schema`](outbox_core::ErrorKind::Schema) when the table exists at
-    /// another layout version; mapped driver errors otherwise.
+    /// another layout version, or one of its indexes is invalid (a failed
+    /// `CREATE INDEX CONCURRENTLY`); mapped driver errors otherwise.
     pub async fn install(&self) -> Result<()> {
         let name = &self.inner.name;
-        schema::install(&self.pool, name, &schema::outbox_objects(name)).await
+        let ordering = self.inner.config.ordering();
+        schema::install_with(
+            &self.pool,
+            name,
+            &schema::outbox_objects(name, ordering),
+            &schema::outbox_indexes(name, ordering),
+        )
+        .await
     }
 
     /// Enqueue `messages` on `conn`, which should be inside your open transaction (pass

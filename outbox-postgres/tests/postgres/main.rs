@@ -1,7 +1,8 @@
 //! PostgreSQL-specific behaviour beyond the conformance suite: typed bad input,
 //! duplicate ids that leave the caller's transaction usable, fencing against a real
 //! re-claim, poison rows, query plans without statistics, NOTIFY on commit, the
-//! listener, relays surviving killed connections, advisory locks and the inbox table.
+//! listener, relays surviving killed connections, advisory locks, the inbox table, and
+//! the indexes each configuration installs.
 //!
 //! Run: `OUTBOX_PG_URL=postgres://postgres@127.0.0.1:5432/outbox_test cargo test -p outbox-postgres --test postgres`
 //!
@@ -12,6 +13,7 @@ mod common;
 
 mod history;
 mod inbox;
+mod indexes;
 mod input;
 mod lock;
 mod notify;

@@ -211,7 +211,7 @@ fn repeated(item: &str, n: usize, ty: &str) -> String {
 
 /// Arguments for parameters of these types: `ids` for the first `uuid[]`, fresh
 /// tokens for the second, and plausible values for the rest.
-fn settle_args(types: &[String], ids: &[uuid::Uuid]) -> Vec<String> {
+pub(crate) fn settle_args(types: &[String], ids: &[uuid::Uuid]) -> Vec<String> {
     let tokens: Vec<uuid::Uuid> = ids.iter().map(|_| uuid::Uuid::new_v4()).collect();
     let mut uuid_arrays = [uuid_array(ids), uuid_array(&tokens)].into_iter();
     types
@@ -379,7 +379,7 @@ async fn matching_statements(outbox: &PgOutbox) -> Vec<Statement> {
 
 /// Turn autovacuum (and so auto-analyze) off for `outbox`'s table, in case the server
 /// runs it. (DDL: it also drops the plans cached for the table.)
-async fn no_autovacuum(outbox: &PgOutbox) {
+pub(crate) async fn no_autovacuum(outbox: &PgOutbox) {
     sqlx::query(&format!(
         "ALTER TABLE {} SET (autovacuum_enabled = false)",
         table(outbox)
