@@ -1,8 +1,8 @@
 //! Benchmarks of the PostgreSQL outbox against a real server.
 //!
 //! ```text
-//! cargo bench -p outbox-postgres --bench pg_bench              # full: a few minutes
-//! cargo bench -p outbox-postgres --bench pg_bench -- --quick   # about a minute
+//! cargo bench -p outbox-postgres --bench pg_bench              # full: a few minutes + ~20 (soak)
+//! cargo bench -p outbox-postgres --bench pg_bench -- --quick   # about a minute + ~80 s (soak)
 //! OUTBOX_BENCH_QUICK=1 cargo bench -p outbox-postgres --bench pg_bench
 //! OUTBOX_BENCH_ONLY=enqueue,cold_drain cargo bench -p outbox-postgres --bench pg_bench
 //! ```
@@ -21,10 +21,16 @@
 //!    and never analyzed, drained by 1 and 4 relays (batch 100).
 //! 6. **Enqueue cost**: the library's enqueue against `pgbench` sending the same
 //!    statement, and the cost of each index of the table.
+//! 7. **Soak under churn**: on a private cluster with autovacuum on at its defaults
+//!    (`outbox_testkit::pg_cluster`), steady enqueue (2,000 msg/s) and relay-like drain
+//!    for 4 minutes per setup (40 s in quick mode), claim latency, due index size, dead
+//!    tuples and autovacuums sampled every 5 s: table defaults against the recommended
+//!    storage parameters (full mode adds 2 drain loops and `autovacuum_naptime = 10s`).
+//!    About 20 minutes in full mode; skipped (`null`) without the server binaries.
 //!
 //! `OUTBOX_BENCH_ONLY` runs the scenarios named (`enqueue`, `drain`, `latency`,
-//! `history`, `cold_drain`, `enqueue_cost`), comma-separated; the others are `null` in
-//! the results.
+//! `history`, `cold_drain`, `enqueue_cost`, `soak`), comma-separated; the others are
+//! `null` in the results.
 //!
 //! The bench reports figures and ratios; it asserts none. Results also go to
 //! `target/outbox-bench/results.json` (under `CARGO_TARGET_DIR` when set), next to
@@ -54,6 +60,8 @@ mod latency;
 mod pgbench;
 #[path = "pg_bench/pgmq_peer.rs"]
 mod pgmq_peer;
+#[path = "pg_bench/soak.rs"]
+mod soak;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -141,6 +149,7 @@ async fn run(mode: Mode) -> Res<()> {
         "claim_latency_vs_history": results[3],
         "drain_unanalyzed": results[4],
         "enqueue_cost": results[5],
+        "soak": results[6],
     });
     let path = env.out_dir.join("results.json");
     std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
@@ -153,7 +162,7 @@ async fn run(mode: Mode) -> Res<()> {
     Ok(())
 }
 
-async fn scenarios(env: &Env) -> Res<[serde_json::Value; 6]> {
+async fn scenarios(env: &Env) -> Res<[serde_json::Value; 7]> {
     let only = std::env::var("OUTBOX_BENCH_ONLY").unwrap_or_default();
     let wanted = |name: &str| only.trim().is_empty() || only.split(',').any(|n| n.trim() == name);
     let skip = || serde_json::Value::Null;
@@ -185,6 +194,11 @@ async fn scenarios(env: &Env) -> Res<[serde_json::Value; 6]> {
         },
         if wanted("enqueue_cost") {
             enqueue_cost::run(env).await?
+        } else {
+            skip()
+        },
+        if wanted("soak") {
+            soak::run(env).await?
         } else {
             skip()
         },

@@ -24,7 +24,9 @@
 //! - [`service_url`]: gating integration tests on a service URL, with a visible skip
 //!   (or a failure under `OUTBOX_REQUIRE_INTEGRATION=1`);
 //! - [`wait_until`] / [`poll_for`] / [`within`]: waiting on a condition or a future with a
-//!   deadline.
+//!   deadline;
+//! - [`pg_cluster`]: a private PostgreSQL cluster with settings of its own, restartable,
+//!   deleted on drop (needs the server binaries, not a database driver).
 //!
 //! ## Adding a backend
 //!
@@ -166,6 +168,7 @@ pub mod harness;
 mod macros;
 mod memory;
 mod memory_harness;
+pub mod pg_cluster;
 mod publisher_harness;
 mod publisher_macros;
 mod publishers;

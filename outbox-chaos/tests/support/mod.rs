@@ -1,7 +1,8 @@
 //! Shared plumbing of the chaos tests: schemas, worker processes, waiting, and the
 //! delivery check read from `<schema>.published`.
 
-pub(crate) mod cluster;
+/// The private cluster the restart test runs on, shared with `pg_bench`'s soak.
+pub(crate) use outbox_testkit::pg_cluster as cluster;
 pub(crate) mod poison;
 
 use std::collections::{HashMap, VecDeque};

@@ -95,18 +95,7 @@ impl Env {
     /// A pool of exactly `size` connections, all opened before it is returned so no
     /// measurement pays for connecting.
     pub(crate) async fn pool(&self, size: u32) -> Res<PgPool> {
-        let pool = PgPoolOptions::new()
-            .max_connections(size)
-            .min_connections(0)
-            .acquire_timeout(Duration::from_secs(60))
-            .connect_with(self.options.clone())
-            .await?;
-        let mut held = Vec::new();
-        for _ in 0..size {
-            held.push(pool.acquire().await?);
-        }
-        drop(held);
-        Ok(pool)
+        pool_at(&self.options, size).await
     }
 
     /// Print a scenario's heading: what is compared, on what, in which mode.
@@ -117,6 +106,23 @@ impl Env {
         println!("machine:  {}", self.machine);
         println!("mode:     {}", self.mode.name());
     }
+}
+
+/// A pool of exactly `size` connections to the server `options` name (the shared
+/// server, or a scenario's private cluster), all opened before it is returned.
+pub(crate) async fn pool_at(options: &PgConnectOptions, size: u32) -> Res<PgPool> {
+    let pool = PgPoolOptions::new()
+        .max_connections(size)
+        .min_connections(0)
+        .acquire_timeout(Duration::from_secs(60))
+        .connect_with(options.clone())
+        .await?;
+    let mut held = Vec::new();
+    for _ in 0..size {
+        held.push(pool.acquire().await?);
+    }
+    drop(held);
+    Ok(pool)
 }
 
 async fn create_database_if_missing(options: &PgConnectOptions) -> Res<()> {

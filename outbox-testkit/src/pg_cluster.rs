@@ -1,6 +1,25 @@
-//! A private PostgreSQL cluster for one test: its own temp data directory and port,
-//! restartable at will, stopped and deleted when dropped (also on panic).
+//! A private PostgreSQL cluster for one test or benchmark: its own temp data directory
+//! and port, its own server settings, restartable at will, stopped and deleted when
+//! dropped (also on panic).
+//!
+//! What the shared test server cannot give: a server to restart under a running test
+//! (`outbox-chaos`), or server settings of one's own (`pg_bench`'s soak runs with
+//! autovacuum on, which the shared server has off). Needs the PostgreSQL server
+//! binaries (`initdb`, `pg_ctl`); as root, also the `postgres` OS user and `runuser`,
+//! since `initdb` refuses root. Depends on nothing but std, tokio's blocking pool and
+//! uuid: no database driver.
+//!
+//! ```no_run
+//! use outbox_testkit::pg_cluster::Cluster;
+//!
+//! match Cluster::start_with(&[("autovacuum", "on"), ("log_autovacuum_min_duration", "0")]) {
+//!     Ok(cluster) => println!("connect to {}", cluster.url()),
+//!     Err(why) => println!("SKIPPED: no private cluster: {why}"),
+//! }
+//! // Dropped: the server is stopped and its directory deleted.
+//! ```
 
+use std::fmt;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -8,17 +27,23 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-/// Ports tried for the private cluster.
-const PORTS: std::ops::Range<u16> = 25432..25532;
+/// Ports tried for a private cluster.
+pub const PORTS: std::ops::Range<u16> = 25432..25532;
 /// Name of each cluster's temp directory, before a random suffix.
-const DIR_PREFIX: &str = "outbox-chaos-pg-";
-/// File in that directory holding the id of the test process that made it.
+const DIR_PREFIX: &str = "outbox-pg-cluster-";
+/// The prefix `outbox-chaos` used before the cluster moved here: its orphans are
+/// reaped too.
+const LEGACY_DIR_PREFIX: &str = "outbox-chaos-pg-";
+/// File in that directory holding the id of the process that made it.
 const OWNER_FILE: &str = "owner.pid";
+/// Settings every cluster starts with, before the caller's (which win): no fsync (the
+/// data is thrown away) and room for a few pools.
+const BASE_SETTINGS: [(&str, &str); 2] = [("fsync", "off"), ("max_connections", "50")];
 
 /// A running private cluster. Dropping it stops the server (`-m immediate`) and
 /// deletes its directory; it touches nothing it did not create.
 #[derive(Debug)]
-pub(crate) struct Cluster {
+pub struct Cluster {
     bindir: PathBuf,
     /// Temp directory holding the data directory, the socket and the server log.
     dir: PathBuf,
@@ -29,12 +54,22 @@ pub(crate) struct Cluster {
     started: bool,
 }
 
-/// Why no cluster could be started where the machine simply lacks the means.
-#[derive(Debug)]
-pub(crate) struct Unavailable(pub(crate) String);
+/// Why no cluster could be started where the machine simply lacks the means (no
+/// server binaries; as root, no `postgres` user or `runuser`): callers print a skip.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unavailable(pub String);
+
+impl fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unavailable {}
 
 impl Cluster {
-    /// Create and start a cluster on a free port in [`PORTS`].
+    /// Create and start a cluster with the server's default settings (plus
+    /// `fsync = off`, `max_connections = 50`) on a free port in [`PORTS`].
     ///
     /// # Errors
     /// [`Unavailable`] when the PostgreSQL server binaries (or, as root, the `postgres`
@@ -42,7 +77,30 @@ impl Cluster {
     ///
     /// # Panics
     /// When the binaries exist but `initdb` or `pg_ctl start` fail.
-    pub(crate) fn start() -> Result<Cluster, Unavailable> {
+    pub fn start() -> Result<Cluster, Unavailable> {
+        Cluster::start_with(&[])
+    }
+
+    /// [`start`](Self::start) with these server settings (`postgresql.conf` names and
+    /// values, e.g. `("autovacuum", "on")`), written to the cluster's
+    /// `postgresql.conf` after the base ones, so they win over them.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    ///
+    /// # Panics
+    /// As [`start`](Self::start); also for a setting name that is not a plain
+    /// PostgreSQL parameter name (`[a-z0-9_.]`).
+    pub fn start_with(settings: &[(&str, &str)]) -> Result<Cluster, Unavailable> {
+        for (name, _) in settings {
+            assert!(
+                !name.is_empty()
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "_.".contains(c)),
+                "not a PostgreSQL parameter name: {name:?}"
+            );
+        }
         let bindir = server_bindir().ok_or_else(|| {
             Unavailable(
                 "no PostgreSQL server binaries (initdb, pg_ctl) in `pg_config --bindir` \
@@ -84,13 +142,13 @@ impl Cluster {
             .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"])
             .output();
         check("initdb", initdb);
+        cluster.append_settings(settings);
         let mut last_error = String::new();
         for _ in 0..5 {
             let Some(port) = free_port() else { break };
             cluster.port = port;
             let options = format!(
-                "-k {} -p {port} -c listen_addresses=127.0.0.1 -c fsync=off \
-                 -c max_connections=50",
+                "-k {} -p {port} -c listen_addresses=127.0.0.1",
                 cluster.dir.display()
             );
             let started = cluster
@@ -117,15 +175,23 @@ impl Cluster {
         );
     }
 
-    /// URL of the cluster's `postgres` database.
-    pub(crate) fn url(&self) -> String {
+    /// URL of the cluster's `postgres` database (user `postgres`, no password).
+    pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// The port the server listens on (on 127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// Restart the server (fast shutdown: sessions are terminated, in-flight
     /// transactions roll back), waiting until it accepts connections again.
-    pub(crate) async fn restart(&self) {
-        let mut command = tokio::process::Command::from(self.command("pg_ctl"));
+    ///
+    /// # Panics
+    /// When `pg_ctl restart` fails or has not returned within 90 s.
+    pub async fn restart(&self) {
+        let mut command = self.command("pg_ctl");
         command
             .arg("-D")
             .arg(&self.data)
@@ -133,10 +199,12 @@ impl Cluster {
             // write to (and hold open) this command's output pipes.
             .arg("-l")
             .arg(self.dir.join("server.log"))
-            .args(["-w", "-t", "60", "-m", "fast", "restart"])
-            .kill_on_drop(true);
-        let out = match tokio::time::timeout(Duration::from_secs(90), command.output()).await {
-            Ok(out) => out,
+            .args(["-w", "-t", "60", "-m", "fast", "restart"]);
+        // pg_ctl gives up by itself after its `-t 60`; the blocking thread ends then.
+        let run = tokio::task::spawn_blocking(move || command.output());
+        let out = match tokio::time::timeout(Duration::from_secs(90), run).await {
+            Ok(Ok(out)) => out,
+            Ok(Err(join)) => panic!("pg_ctl restart did not complete: {join}"),
             Err(_) => panic!("pg_ctl restart did not return within 90 s"),
         };
         if !matches!(&out, Ok(o) if o.status.success()) {
@@ -148,13 +216,27 @@ impl Cluster {
         }
     }
 
+    /// The server's log so far (empty when unreadable).
+    pub fn server_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
     /// A command running `program` from the cluster's binaries (see [`pg_command`]).
     fn command(&self, program: &str) -> Command {
         pg_command(&self.bindir, &self.dir, self.as_postgres, program)
     }
 
-    fn server_log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    /// Append the base settings and then `settings` to `postgresql.conf` (later lines
+    /// win), values quoted as the file's syntax wants.
+    fn append_settings(&self, settings: &[(&str, &str)]) {
+        let path = self.data.join("postgresql.conf");
+        let mut conf = std::fs::read_to_string(&path).expect("read postgresql.conf");
+        conf.push_str("\n# outbox_testkit::pg_cluster\n");
+        for (name, value) in BASE_SETTINGS.iter().chain(settings) {
+            let value = value.replace('\\', "\\\\").replace('\'', "''");
+            conf.push_str(&format!("{name} = '{value}'\n"));
+        }
+        std::fs::write(&path, conf).expect("write postgresql.conf");
     }
 }
 
@@ -173,7 +255,7 @@ impl Drop for Cluster {
 }
 
 /// A command running `program` from `bindir`, as `postgres` when needed, in `dir`
-/// (`postgres` may not read the test's working directory).
+/// (`postgres` may not read the caller's working directory).
 fn pg_command(bindir: &Path, dir: &Path, as_postgres: bool, program: &str) -> Command {
     let path = bindir.join(program);
     let mut command = if as_postgres {
@@ -187,9 +269,9 @@ fn pg_command(bindir: &Path, dir: &Path, as_postgres: bool, program: &str) -> Co
     command
 }
 
-/// Stop and delete clusters left by test processes that were killed before their
+/// Stop and delete clusters left by processes that were killed before their
 /// [`Cluster`] could drop (a SIGKILLed `cargo test`). A cluster whose owner still runs
-/// belongs to a concurrent test run and is left alone.
+/// belongs to a concurrent run and is left alone.
 fn reap_orphans(bindir: &Path, as_postgres: bool) {
     let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
         return;
@@ -199,7 +281,7 @@ fn reap_orphans(bindir: &Path, as_postgres: bool) {
         let ours = entry
             .file_name()
             .to_str()
-            .is_some_and(|n| n.starts_with(DIR_PREFIX));
+            .is_some_and(|n| n.starts_with(DIR_PREFIX) || n.starts_with(LEGACY_DIR_PREFIX));
         let Ok(owner) = std::fs::read_to_string(dir.join(OWNER_FILE)) else {
             continue;
         };
@@ -251,9 +333,12 @@ fn is_root() -> bool {
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
 
-/// A port in [`PORTS`] nobody listens on right now.
+/// A port in [`PORTS`] nobody listens on right now, probing from a random start so
+/// concurrent runs rarely race for the same one.
 fn free_port() -> Option<u16> {
-    let start = fastrand::u16(PORTS);
+    let span = u128::from(PORTS.end - PORTS.start);
+    let offset = u16::try_from(Uuid::new_v4().as_u128() % span).ok()?;
+    let start = PORTS.start + offset;
     (start..PORTS.end)
         .chain(PORTS.start..start)
         .find(|&port| TcpListener::bind(("127.0.0.1", port)).is_ok())
