@@ -353,31 +353,47 @@ impl Relay {
         // claim took. A publish faster than a claim thus ends first and its settle goes
         // with the next claim, as without pipelining; a slower one gets the next batch
         // claimed while it runs.
-        let mut claim_ahead_at: Option<Instant> = None;
-        // A wakeup, the poll interval or `claim_ahead_at` asked for a claim while
-        // batches were in flight.
+        // On Tokio's clock, as every timer of the loop, so tests may pause it.
+        let mut claim_ahead_at: Option<tokio::time::Instant> = None;
+        // A wakeup, the poll or `claim_ahead_at` asked for a claim while batches were in
+        // flight.
         let mut asked = false;
+        // The poll while batches are in flight, on a schedule of its own so that a
+        // wait cut short by a batch ending does not move the idle schedule: it doubles
+        // on every claim that finds nothing and starts over when one finds work.
+        let mut busy = Backoff::new(config.poll_interval, config.max_poll_interval);
+        let mut poll_at: Option<tokio::time::Instant> = None;
         while !inner.stop.is_cancelled() {
             let may_claim = batches.len() < depth;
             let claim_now = may_claim && (batches.is_empty() || asked || !carried.is_empty());
             if !claim_now {
-                let ahead = claim_ahead_at.filter(|_| may_claim);
+                let next = if !may_claim {
+                    None
+                } else if claim_ahead_at.is_some() {
+                    claim_ahead_at
+                } else {
+                    Some(
+                        *poll_at
+                            .get_or_insert_with(|| tokio::time::Instant::now() + busy.next_delay()),
+                    )
+                };
                 tokio::select! {
                     Some(done) = batches.next() => carried.extend(done),
                     () = woken.woken(), if may_claim => asked = true,
-                    () = idle.wait(), if may_claim && ahead.is_none() => asked = true,
-                    () = sleep_until(ahead), if ahead.is_some() => asked = true,
+                    () = sleep_until(next), if next.is_some() => asked = true,
                     () = inner.stop.cancelled() => {}
                 }
                 continue;
             }
             asked = false;
+            poll_at = None;
             let poll = inner.polls.fetch_add(1, AtomicOrdering::SeqCst) + 1;
             woken.seen();
             // With nothing in flight, this claim carries every settle: if it finds
             // nothing, the relay has caught up.
             let caught_up_if_empty = batches.is_empty();
             let claimed_at = Instant::now();
+            let sent = tokio::time::Instant::now();
             let deferred = Deferred::merge(std::mem::take(&mut carried));
             let claim = AssertUnwindSafe(async {
                 match deferred {
@@ -392,10 +408,11 @@ impl Relay {
             let outcome = drive(&mut batches, &mut carried, claim).await;
             let failed = match outcome {
                 Ok(Ok(claimed)) if !claimed.is_empty() => {
-                    let now = Instant::now();
+                    let now = tokio::time::Instant::now();
                     claim_ahead_at = (claimed.len() >= config.batch_size)
-                        .then(|| now + now.saturating_duration_since(claimed_at));
+                        .then(|| now + now.saturating_duration_since(sent));
                     idle.reset();
+                    busy.reset();
                     batches.push(self.batch(claimed, claimed_at));
                     continue;
                 }
@@ -683,9 +700,9 @@ async fn drive<F: Future>(
 }
 
 /// Sleep until `at`; `None` never comes.
-async fn sleep_until(at: Option<Instant>) {
+async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
-        Some(at) => tokio::time::sleep_until(at.into()).await,
+        Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
 }
