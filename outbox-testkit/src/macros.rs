@@ -16,41 +16,31 @@ macro_rules! conformance_suite {
     ($make:path) => {
         $crate::conformance_suite!(@cases $make;
             enqueued_fields_round_trip,
-                        delayed_messages_wait,
+            delayed_messages_wait,
             claims_follow_availability_then_enqueue_order,
             claim_skips_live_leases,
             concurrent_claimers_claim_each_once,
             expired_leases_are_reclaimable,
-                        claim_ids_skips_rows_leased_elsewhere,
+            claim_ids_skips_rows_leased_elsewhere,
             claim_ids_skips_undue_dead_and_dispatched,
             stale_complete_is_rejected,
-                        stale_fail_and_release_are_rejected,
+            stale_fail_and_release_are_rejected,
             expired_unclaimed_lease_still_completes,
             settled_leases_cannot_be_reused,
             fail_schedules_the_retry,
-            last_attempt_dead_letters,
-            permanent_failure_dead_letters_at_once,
             dead_letters_are_listed_and_filtered,
             dead_letters_are_requeued_and_discarded_by_filter,
-            requeued_dead_letters_are_delivered,
             dead_letters_are_listed_newest_first,
             dead_letters_are_found_by_id,
             dead_letters_are_counted_by_filter,
             dispatched_counts_match_what_purges_delete,
             claims_take_only_key_heads,
             dead_head_does_not_block_its_key,
-            per_key_order_holds_with_racing_relays,
-            shutdown_releases_leases,
-            shutdown_finishes_in_flight_and_releases_the_rest,
-            killed_relay_loses_nothing,
-            relays_deliver_all_without_duplicates,
-                        explicit_dispatch_runs_alongside_sweeps,
-            explicit_dispatch_does_not_block_the_sweeper,
             purge_is_bounded_and_spares_undelivered,
             delete_retention_keeps_no_history,
             stats_are_exact,
             rolled_back_enqueue_leaves_nothing,
-                        invalid_batch_writes_nothing,
+            invalid_batch_writes_nothing,
             duplicate_ids_write_nothing,
             claim_skips_rows_locked_by_another_transaction,
             settle_and_claim_settles_then_claims,
@@ -60,25 +50,28 @@ macro_rules! conformance_suite {
             renewal_with_a_stale_token_changes_nothing,
             renewed_lease_is_not_claimable_by_others,
             unrenewed_lease_lapses_at_expiry,
+        );
+        $crate::conformance_suite!(@relay_cases $make;
+            last_attempt_dead_letters,
+            permanent_failure_dead_letters_at_once,
+            requeued_dead_letters_are_delivered,
+            per_key_order_holds_with_racing_relays,
+            shutdown_releases_leases,
+            shutdown_finishes_in_flight_and_releases_the_rest,
+            killed_relay_loses_nothing,
+            relays_deliver_all_without_duplicates,
+            explicit_dispatch_runs_alongside_sweeps,
+            explicit_dispatch_does_not_block_the_sweeper,
             relay_renews_leases_across_publish_waves,
         );
-        /// The cases that run relays, again with pipelining off (one claimed batch
-        /// per loop); the cases above run at the default depth.
+    };
+    // The cases that run relays: at the default pipeline depth, and again with
+    // pipelining off (one claimed batch per loop) in a module of their own.
+    (@relay_cases $make:path; $($case:ident),* $(,)?) => {
+        $crate::conformance_suite!(@cases $make; $($case),*);
         mod pipelining_off {
             use super::*;
-            $crate::conformance_suite!(@depth 1; $make;
-                last_attempt_dead_letters,
-                permanent_failure_dead_letters_at_once,
-                requeued_dead_letters_are_delivered,
-                per_key_order_holds_with_racing_relays,
-                shutdown_releases_leases,
-                shutdown_finishes_in_flight_and_releases_the_rest,
-                killed_relay_loses_nothing,
-                relays_deliver_all_without_duplicates,
-                explicit_dispatch_runs_alongside_sweeps,
-                explicit_dispatch_does_not_block_the_sweeper,
-                relay_renews_leases_across_publish_waves,
-            );
+            $crate::conformance_suite!(@depth 1; $make; $($case),*);
         }
     };
     (@depth $depth:expr; $make:path; $($case:ident),* $(,)?) => {
