@@ -217,6 +217,24 @@ async fn a_panicking_settle_is_caught_and_its_leases_lapse() {
     assert_eq!(memory.stats().await.unwrap().in_flight, 1);
 }
 
+/// A panic in a batch's own settle (of a publish call before its last) is caught and
+/// counted by the loop, which carries on; the batch's leases lapse.
+#[tokio::test]
+async fn a_panic_inside_a_batch_is_caught_and_counted() {
+    let memory = memory_with(2);
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    store.inject(Op::Complete, Fault::Panic, 1);
+    // Two publish calls of one message: the first settles inside the batch.
+    let report = drain(&relay(
+        &store,
+        Arc::new(RecordingPublisher::new()),
+        config().batch_size(2).publish(1, 1),
+    ))
+    .await;
+    assert_eq!((report.panics, report.dispatched), (1, 0));
+    assert_eq!(memory.stats().await.unwrap().in_flight, 2);
+}
+
 /// A publisher that panics on every call.
 #[derive(Debug)]
 struct Panicking;

@@ -3,10 +3,15 @@
 //! has landed. Run against the in-memory store; the conformance suite runs the store
 //! behaviours with pipelining on and off.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{NewMessage, OutboxAdmin, Relay, RelayConfig};
+use async_trait::async_trait;
+use outbox_core::{
+    ClaimIds, ClaimRequest, ClaimedMessage, Failure, Lease, NewMessage, OutboxAdmin, OutboxStore,
+    Relay, RelayConfig, Result, Settled, SettledAndClaimed, Settlement, StoreCapabilities,
+};
 use outbox_testkit::{MemoryStore, RecordingPublisher};
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -102,4 +107,89 @@ async fn pipelined_loop_is_idle_only_after_every_settle() {
     assert_eq!(relay.report().dispatched, 500, "counted before shutdown");
     handle.shutdown().await.unwrap();
     assert_eq!(publisher.unique_count(), 500);
+}
+
+/// A store whose claims take 50 ms of Tokio's clock, counting the claims that carried
+/// no settle.
+#[derive(Debug, Clone, Default)]
+struct SlowClaims {
+    inner: MemoryStore,
+    bare: Arc<AtomicUsize>,
+}
+
+const CLAIM_TAKES: Duration = Duration::from_millis(50);
+
+#[async_trait]
+impl OutboxStore for SlowClaims {
+    fn capabilities(&self) -> StoreCapabilities {
+        self.inner.capabilities()
+    }
+    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedMessage>> {
+        tokio::time::sleep(CLAIM_TAKES).await;
+        self.bare.fetch_add(1, Ordering::SeqCst);
+        self.inner.claim(request).await
+    }
+    async fn claim_ids(&self, request: &ClaimIds) -> Result<Vec<ClaimedMessage>> {
+        self.inner.claim_ids(request).await
+    }
+    async fn complete(&self, leases: &[Lease]) -> Result<Settled> {
+        self.inner.complete(leases).await
+    }
+    async fn fail(&self, failures: &[Failure]) -> Result<Settled> {
+        self.inner.fail(failures).await
+    }
+    async fn release(&self, leases: &[Lease]) -> Result<Settled> {
+        self.inner.release(leases).await
+    }
+    async fn settle_and_claim(
+        &self,
+        settlement: Settlement<'_>,
+        next: ClaimRequest,
+    ) -> Result<SettledAndClaimed> {
+        tokio::time::sleep(CLAIM_TAKES).await;
+        if settlement.is_empty() {
+            self.bare.fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.settle_and_claim(settlement, next).await
+    }
+}
+
+/// Drain 100 messages in batches of 10 at depth 2 with claims of 50 ms and publishes
+/// of `publish` (Tokio's clock paused, so the timings are exact); the claims that
+/// carried no settle.
+async fn bare_claims_with_publishes_of(publish: Duration) -> usize {
+    let store = SlowClaims {
+        inner: store_with(100),
+        ..SlowClaims::default()
+    };
+    let publisher = RecordingPublisher::new().with_delay(publish);
+    let relay = Relay::new(
+        Arc::new(store.clone()),
+        Arc::new(publisher.clone()),
+        config(2),
+    )
+    .unwrap();
+    let handle = relay.spawn();
+    relay.wait_idle(DEADLINE).await.unwrap();
+    let bare = store.bare.load(Ordering::SeqCst);
+    handle.shutdown().await.unwrap();
+    assert_eq!((publisher.unique_count(), publisher.duplicates()), (100, 0));
+    bare
+}
+
+/// A publish faster than a claim ends before the next claim would go out ahead, so
+/// every claim after the first carries the last batch's settle: pipelining costs no
+/// statement where there is nothing to overlap.
+#[tokio::test(start_paused = true)]
+async fn a_publish_faster_than_a_claim_is_not_claimed_ahead_of() {
+    assert_eq!(
+        bare_claims_with_publishes_of(Duration::from_millis(5)).await,
+        1
+    );
+}
+
+/// A publish slower than a claim has the next batch claimed while it runs.
+#[tokio::test(start_paused = true)]
+async fn a_publish_slower_than_a_claim_is_claimed_ahead_of() {
+    assert!(bare_claims_with_publishes_of(Duration::from_millis(200)).await > 1);
 }

@@ -418,7 +418,8 @@ impl Relay {
                 }
                 Ok(Ok(_)) => {
                     claim_ahead_at = None;
-                    if caught_up_if_empty && batches.is_empty() {
+                    // (Nothing can have joined `batches` during the claim.)
+                    if caught_up_if_empty {
                         inner.idle.send_replace(poll);
                         tokio::select! {
                             () = woken.woken() => idle.reset(),
