@@ -33,14 +33,16 @@ pub(super) struct Deferred {
 
 impl Deferred {
     /// The settles of several batches as one, for one
-    /// [`settle_and_claim`](crate::OutboxStore::settle_and_claim) call; retries stop at
-    /// the earliest deadline. `None` for none.
+    /// [`settle_and_claim`](crate::OutboxStore::settle_and_claim) call. Retries of the
+    /// merged settle stop at the latest deadline: leases that lapsed earlier are fenced
+    /// out by the store anyway, and stopping at the earliest would give up on leases
+    /// still held. `None` for none.
     pub(super) fn merge(mut all: Vec<Deferred>) -> Option<Deferred> {
         let mut merged = all.pop()?;
         for other in all {
             merged.done.extend(other.done);
             merged.failures.extend(other.failures);
-            merged.deadline = merged.deadline.min(other.deadline);
+            merged.deadline = merged.deadline.max(other.deadline);
         }
         Some(merged)
     }

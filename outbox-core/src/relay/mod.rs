@@ -24,9 +24,11 @@
 //!
 //! One loop may have up to [`RelayConfig::pipeline_depth`] claimed batches at once (2
 //! by default). While batches publish, the loop claims the next one when a batch has
-//! finished (its deferred settle goes with the claim), when a [`Wakeup`] or the poll
-//! interval asks for one, or, while claims come back full (a backlog), once the newest
-//! batch has been publishing for as long as its claim took. A publish faster than a
+//! finished and left the settle of its last publish call (which goes with the claim),
+//! when a [`Wakeup`] or the poll interval asks for one (wake-ups wait for a batch to
+//! end or the poll after a claim that found nothing), or, while claims come back full
+//! (a backlog), once the newest batch has been publishing for as long as its claim
+//! took. A publish faster than a
 //! claim so ends before the next claim goes out, and the relay pays one statement per
 //! batch as without pipelining; a slower one has the next batch claimed while it runs,
 //! so database and broker round trips overlap instead of adding up. Nothing else changes: each
@@ -80,7 +82,8 @@
 //! publisher fails that publish call's messages (retryable, so a publisher that always
 //! panics dead-letters them in the end); a panic anywhere else in a claim or a batch is
 //! caught, logged with its message and counted (`outbox_relay_panics_total`,
-//! [`DispatchReport::panics`]), and the loop goes on; the batch's leases lapse.
+//! [`DispatchReport::panics`]), and the loop goes on; the batch's leases lapse (for a
+//! claim, also those of the settles it carried, from every batch merged into it).
 //! [`RelayHandle::is_running`] is a liveness check.
 //! - [`Relay::dispatch_ids`] is not cancel-safe: if its future is dropped mid-way, the
 //!   messages it claimed wait for their lease to lapse (and may publish twice).
@@ -363,6 +366,10 @@ impl Relay {
         // on every claim that finds nothing and starts over when one finds work.
         let mut busy = Backoff::new(config.poll_interval, config.max_poll_interval);
         let mut poll_at: Option<tokio::time::Instant> = None;
+        // The last claim, made with batches in flight, found nothing: wake-ups wait for
+        // a batch to end or the poll, so a burst of them does not claim back to back
+        // against rows still blocked behind the batches in flight.
+        let mut found_nothing = false;
         while !inner.stop.is_cancelled() {
             let may_claim = batches.len() < depth;
             let claim_now = may_claim && (batches.is_empty() || asked || !carried.is_empty());
@@ -378,14 +385,19 @@ impl Relay {
                     )
                 };
                 tokio::select! {
-                    Some(done) = batches.next() => carried.extend(done),
-                    () = woken.woken(), if may_claim => asked = true,
+                    Some(done) = batches.next() => {
+                        carried.extend(done);
+                        // A batch ended: its slot may take a claim a wake-up asked for.
+                        found_nothing = false;
+                    }
+                    () = woken.woken(), if may_claim && !found_nothing => asked = true,
                     () = sleep_until(next), if next.is_some() => asked = true,
                     () = inner.stop.cancelled() => {}
                 }
                 continue;
             }
             asked = false;
+            found_nothing = false;
             poll_at = None;
             let poll = inner.polls.fetch_add(1, AtomicOrdering::SeqCst) + 1;
             woken.seen();
@@ -418,6 +430,7 @@ impl Relay {
                 }
                 Ok(Ok(_)) => {
                     claim_ahead_at = None;
+                    found_nothing = !caught_up_if_empty;
                     // (Nothing can have joined `batches` during the claim.)
                     if caught_up_if_empty {
                         inner.idle.send_replace(poll);
@@ -455,18 +468,31 @@ impl Relay {
             )
             .await;
         }
-        // Stopping: batches in flight finish within the shutdown grace (see `Batch`),
-        // then whatever settles they left go on their own.
-        while let Some(done) = batches.next().await {
-            carried.extend(done);
-        }
-        if let Some(deferred) = Deferred::merge(carried) {
-            let report =
-                settle_outcomes(inner, &deferred.done, &deferred.failures, deferred.deadline).await;
-            inner.tally.record(&report);
+        // Stopping: settles already waiting go at once, on their own, while the batches
+        // in flight finish within the shutdown grace (see `Batch`); a settle one of
+        // them left goes as soon as it ends. None waits for another batch's publish,
+        // so no finished batch's leases lapse behind a slow one.
+        let mut settles = FuturesUnordered::new();
+        settles.extend(Deferred::merge(carried).map(|d| self.settle_deferred(d)));
+        loop {
+            tokio::select! {
+                Some(done) = batches.next() => {
+                    settles.extend(done.map(|d| self.settle_deferred(d)));
+                }
+                Some(()) = settles.next() => {}
+                else => break,
+            }
         }
         tracing::info!("relay stopped");
         self.report()
+    }
+
+    /// Settle a deferred settle on its own (when stopping), counting what it did.
+    async fn settle_deferred(&self, deferred: Deferred) {
+        let inner = &*self.inner;
+        let report =
+            settle_outcomes(inner, &deferred.done, &deferred.failures, deferred.deadline).await;
+        inner.tally.record(&report);
     }
 
     /// Publish a claimed batch of the loop and settle it, but for the settle of its
@@ -612,7 +638,9 @@ impl Relay {
         Ok(Batch::new(&self.inner, claimed, claimed_at).publish().await)
     }
 
-    /// Wait until a loop claim that started after this call finds nothing due.
+    /// Wait until a loop claim that started after this call, with no batch in flight,
+    /// finds nothing due (so every settle it or an earlier claim carried has been
+    /// sent).
     ///
     /// Wakes the loop first, so this returns as soon as the relay has caught up. Meant
     /// for tests and for draining before a deploy; messages scheduled for later (retry
