@@ -3,15 +3,12 @@
 //! claims then read), left alone by an unordered install, and found in the catalog
 //! without waiting for the table's writers.
 
-use std::time::Duration;
-
-use outbox_core::{ClaimRequest, ErrorKind, KeyOrder, NewMessage, OutboxStore, OutboxStoreExt};
+use outbox_core::{ClaimRequest, ErrorKind, KeyOrder, OutboxStore, OutboxStoreExt};
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 
+use crate::ordering::{keyed, per_key, LONG};
 use crate::plans::{claim_statement, explain, no_autovacuum, settle_args, Plan};
 use crate::{common, enqueue, outbox, table};
-
-const LONG: Duration = Duration::from_secs(300);
 
 const UNORDERED: [&str; 4] = [
     "outbox_messages_dead",
@@ -26,18 +23,6 @@ const PER_KEY: [&str; 5] = [
     "outbox_messages_key",
     "outbox_messages_pkey",
 ];
-
-fn per_key() -> PgOutboxConfig {
-    PgOutboxConfig::default().with_ordering(KeyOrder::PerKey)
-}
-
-fn keyed(key: &str, n: usize) -> NewMessage {
-    NewMessage::builder("pg.tests")
-        .partition_key(key)
-        .payload(format!("{key}/{n}").into_bytes())
-        .build()
-        .unwrap()
-}
 
 /// The valid indexes of `outbox`'s table, by name.
 async fn indexes(outbox: &PgOutbox) -> Vec<String> {

@@ -11,13 +11,16 @@ use outbox_postgres::{PgOutbox, PgOutboxConfig};
 
 use crate::{common, enqueue, outbox, table};
 
-const LONG: Duration = Duration::from_secs(300);
+/// A lease that never lapses during a test.
+pub(crate) const LONG: Duration = Duration::from_secs(300);
 
-fn per_key() -> PgOutboxConfig {
+/// A per-key outbox's config.
+pub(crate) fn per_key() -> PgOutboxConfig {
     PgOutboxConfig::default().with_ordering(KeyOrder::PerKey)
 }
 
-fn keyed(key: &str, n: usize) -> NewMessage {
+/// Message `n` of key `key`.
+pub(crate) fn keyed(key: &str, n: usize) -> NewMessage {
     NewMessage::builder("pg.tests")
         .partition_key(key)
         .payload(format!("{key}/{n}").into_bytes())
