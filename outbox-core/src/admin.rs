@@ -329,7 +329,11 @@ fn check_batch(what: &str, limit: usize) -> Result<()> {
 ///   list if nothing changed meanwhile.
 /// - [`requeue_dead`](Self::requeue_dead) makes the selected dead letters due at once
 ///   with their attempt count reset to 0; [`discard_dead`](Self::discard_dead) deletes
-///   them. Both touch dead letters only and return how many they changed.
+///   them. Both touch dead letters only and return how many they changed. Every row
+///   listed and counted as dead can be requeued, and a requeued message is claimable:
+///   a dead letter that also carries a dispatched time (written by another tool) is
+///   requeued whole, its dispatched time cleared, never reported requeued while it
+///   stays out of every claim and count.
 /// - [`purge_dispatched`](Self::purge_dispatched) deletes at most `limit` (capped at
 ///   [`MAX_ADMIN_BATCH`]) dispatched messages completed more than `older_than` ago
 ///   (strictly), never pending, in-flight or dead ones; it returns 0 under

@@ -118,7 +118,7 @@ pub use relay::{
 };
 pub use retry::RetryPolicy;
 pub use store::{
-    ClaimIds, ClaimRequest, ClaimedMessage, Disposition, Failure, KeyOrder, Lease, LeaseToken,
-    OutboxStore, OutboxStoreExt, Renewed, Retention, Settled, SettledAndClaimed, Settlement,
-    StoreCapabilities,
+    ClaimIds, ClaimRequest, Claimed, ClaimedMessage, Disposition, Failure, KeyOrder, Lease,
+    LeaseToken, OutboxStore, OutboxStoreExt, Renewed, Retention, Settled, SettledAndClaimed,
+    Settlement, StoreCapabilities,
 };

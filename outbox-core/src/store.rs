@@ -79,6 +79,78 @@ pub struct ClaimedMessage {
     pub lease: Lease,
 }
 
+/// What one claim took: the messages to publish, and the rows it dead-lettered instead.
+///
+/// A claim that meets a row which cannot make a valid message dead-letters it on the
+/// spot (see [`OutboxStore`]'s contract, "No row stops a claim"); those rows are listed
+/// in [`dead_lettered`](Self::dead_lettered) so a relay counts them with its own dead
+/// letters. Derefs to the claimed messages, so `claimed.len()`, `claimed.iter()` and
+/// `for c in &claimed` read the messages.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[must_use = "claimed messages must be published and settled"]
+pub struct Claimed {
+    /// The messages claimed, each with its lease: oldest availability first, then
+    /// enqueue order.
+    pub messages: Vec<ClaimedMessage>,
+    /// How many rows the claim dead-lettered instead of returning, each with a
+    /// `last_error` saying why (counting only dead-lettering that was written; a row's
+    /// id may be what does not decode, so the store logs what it can of them).
+    pub dead_lettered: usize,
+}
+
+impl Claimed {
+    /// A claim of these messages that dead-lettered nothing.
+    pub fn new(messages: Vec<ClaimedMessage>) -> Self {
+        Claimed {
+            messages,
+            dead_lettered: 0,
+        }
+    }
+
+    /// The same claim, having dead-lettered `count` rows.
+    pub fn with_dead_lettered(mut self, count: usize) -> Self {
+        self.dead_lettered = count;
+        self
+    }
+
+    /// The claimed messages, without the dead-letter count.
+    pub fn into_messages(self) -> Vec<ClaimedMessage> {
+        self.messages
+    }
+}
+
+impl std::ops::Deref for Claimed {
+    type Target = [ClaimedMessage];
+
+    fn deref(&self) -> &[ClaimedMessage] {
+        &self.messages
+    }
+}
+
+impl From<Vec<ClaimedMessage>> for Claimed {
+    fn from(messages: Vec<ClaimedMessage>) -> Self {
+        Claimed::new(messages)
+    }
+}
+
+impl IntoIterator for Claimed {
+    type Item = ClaimedMessage;
+    type IntoIter = std::vec::IntoIter<ClaimedMessage>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.messages.into_iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a Claimed {
+    type Item = &'a ClaimedMessage;
+    type IntoIter = std::slice::Iter<'a, ClaimedMessage>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.messages.iter()
+    }
+}
+
 /// A validated claim of due messages: at most [`limit`](Self::limit) of them, each
 /// leased for [`lease`](Self::lease).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -415,7 +487,7 @@ pub struct SettledAndClaimed {
     pub released: Settled,
     /// The claim, made after the settles applied. An error here means the settles did
     /// apply (as the fields above say) and only the claim failed.
-    pub claimed: Result<Vec<ClaimedMessage>>,
+    pub claimed: Result<Claimed>,
 }
 
 /// What [`OutboxStore::renew`] did.
@@ -501,14 +573,14 @@ pub trait OutboxStore: Send + Sync + fmt::Debug {
     ///
     /// - Oldest availability first, then enqueue order.
     /// - Returns an empty vector when nothing is due.
-    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedMessage>>;
+    async fn claim(&self, request: ClaimRequest) -> Result<Claimed>;
 
     /// Claim exactly these messages if they are due, for dispatch right after commit.
     ///
     /// - Ids that are unknown, not due, held by another lease or locked by another
     ///   transaction are skipped; the result holds the ones claimed.
     /// - Per-key order, when enabled, applies as in [`claim`](Self::claim).
-    async fn claim_ids(&self, request: &ClaimIds) -> Result<Vec<ClaimedMessage>>;
+    async fn claim_ids(&self, request: &ClaimIds) -> Result<Claimed>;
 
     /// Mark messages dispatched (deleting them under [`Retention::Delete`]).
     async fn complete(&self, leases: &[Lease]) -> Result<Settled>;
@@ -600,19 +672,23 @@ pub trait OutboxStore: Send + Sync + fmt::Debug {
 /// The release's error; the claimed leases then lapse as after a crash.
 pub async fn exclude_settled<S: OutboxStore + ?Sized>(
     store: &S,
-    claimed: Vec<ClaimedMessage>,
+    claimed: Claimed,
     settlement: &Settlement<'_>,
-) -> Result<Vec<ClaimedMessage>> {
+) -> Result<Claimed> {
     let named: std::collections::HashSet<MessageId> = settlement.ids().collect();
     if !claimed.iter().any(|c| named.contains(&c.message.id)) {
         return Ok(claimed);
     }
-    let (again, kept): (Vec<ClaimedMessage>, Vec<ClaimedMessage>) = claimed
+    let Claimed {
+        messages,
+        dead_lettered,
+    } = claimed;
+    let (again, kept): (Vec<ClaimedMessage>, Vec<ClaimedMessage>) = messages
         .into_iter()
         .partition(|c| named.contains(&c.message.id));
     let leases: Vec<Lease> = again.iter().map(|c| c.lease).collect();
     let _ = store.release(&leases).await?;
-    Ok(kept)
+    Ok(Claimed::new(kept).with_dead_lettered(dead_lettered))
 }
 
 /// One part of a settlement: nothing to do for an empty part.
@@ -634,10 +710,10 @@ impl<S: OutboxStore + ?Sized> OutboxStore for std::sync::Arc<S> {
     fn capabilities(&self) -> StoreCapabilities {
         (**self).capabilities()
     }
-    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedMessage>> {
+    async fn claim(&self, request: ClaimRequest) -> Result<Claimed> {
         (**self).claim(request).await
     }
-    async fn claim_ids(&self, request: &ClaimIds) -> Result<Vec<ClaimedMessage>> {
+    async fn claim_ids(&self, request: &ClaimIds) -> Result<Claimed> {
         (**self).claim_ids(request).await
     }
     async fn complete(&self, leases: &[Lease]) -> Result<Settled> {

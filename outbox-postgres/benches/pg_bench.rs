@@ -44,6 +44,8 @@
 
 #[path = "pg_bench/cold_drain.rs"]
 mod cold_drain;
+#[path = "pg_bench/cpu.rs"]
+mod cpu;
 #[path = "pg_bench/drain.rs"]
 mod drain;
 #[path = "pg_bench/enqueue.rs"]

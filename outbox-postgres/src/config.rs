@@ -49,6 +49,11 @@ pub enum Notify {
     Channel(String),
 }
 
+/// The default of [`PgOutboxConfig::with_relay_connections`]: enough for one relay at the
+/// default pipeline depth to have a claim and a settle of each batch on the wire at once
+/// (more calls queue for a connection).
+pub const DEFAULT_RELAY_CONNECTIONS: u32 = 4;
+
 /// Where a [`PgOutbox`](crate::PgOutbox) keeps its messages and how it behaves.
 ///
 /// ```
@@ -76,7 +81,7 @@ pub struct PgOutboxConfig {
     retention: Retention,
     limits: MessageLimits,
     notify: Notify,
-    prepared_complete_and_claim: bool,
+    relay_connections: u32,
 }
 
 impl Default for PgOutboxConfig {
@@ -88,7 +93,7 @@ impl Default for PgOutboxConfig {
             retention: Retention::default(),
             limits: MessageLimits::default(),
             notify: Notify::Off,
-            prepared_complete_and_claim: false,
+            relay_connections: DEFAULT_RELAY_CONNECTIONS,
         }
     }
 }
@@ -132,22 +137,17 @@ impl PgOutboxConfig {
         self.notify = notify;
         self
     }
-    /// Prepare the statement that completes a relay's batch and claims the next
-    /// ([`OutboxStore::settle_and_claim`](outbox_core::OutboxStore::settle_and_claim))
-    /// instead of planning it per call (default `false`).
-    ///
-    /// Prepared, it costs one round trip and no planning per batch instead of two round
-    /// trips and a plan: in `pg_bench`'s drains on a shared 2-core machine, 1.3x to
-    /// 2.8x the relay throughput at batch 10 and 1.0x to 1.3x at batch 100. The price
-    /// is the risk the settles avoid by being planned per call: PostgreSQL may cache a
-    /// generic plan made while the table was small and keep it as the table grows,
-    /// until statistics change. Made on ten rows and run on 100,000 never analyzed,
-    /// that plan completed 100 rows in 2.7 s. Turn it on only where the table's
-    /// statistics follow its size: autovacuum on (its auto-analyze replaces the cached
-    /// plan), or an `ANALYZE` after bulk loads.
+    /// Set how many connections the outbox may open for the statements relays send
+    /// (claims, settles, renewals), at least 1 (default
+    /// [`DEFAULT_RELAY_CONNECTIONS`]). They form a pool of their own beside the one
+    /// the outbox is made with, with planner settings that keep those statements on
+    /// their indexes whatever the statistics say; see
+    /// [`PgOutbox::relay_pool`](crate::PgOutbox::relay_pool). A relay needs one
+    /// connection per store call in flight: its claim plus the settles of its publish
+    /// calls (`publish_concurrency`) per batch in flight (`pipeline_depth`).
     #[must_use]
-    pub fn with_prepared_complete_and_claim(mut self, prepared: bool) -> Self {
-        self.prepared_complete_and_claim = prepared;
+    pub fn with_relay_connections(mut self, connections: u32) -> Self {
+        self.relay_connections = connections.max(1);
         self
     }
 
@@ -175,10 +175,10 @@ impl PgOutboxConfig {
     pub fn notify(&self) -> &Notify {
         &self.notify
     }
-    /// Whether complete-and-claim is prepared (see
-    /// [`with_prepared_complete_and_claim`](Self::with_prepared_complete_and_claim)).
-    pub fn prepared_complete_and_claim(&self) -> bool {
-        self.prepared_complete_and_claim
+    /// The most connections the relay statements use (see
+    /// [`with_relay_connections`](Self::with_relay_connections)).
+    pub fn relay_connections(&self) -> u32 {
+        self.relay_connections
     }
     /// The channel enqueues notify, if any: the one named by [`Notify::Channel`], or
     /// the one derived from the schema and table for [`Notify::OnCommit`] (worked out

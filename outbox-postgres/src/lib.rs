@@ -2,6 +2,7 @@
 
 mod admin;
 mod config;
+mod connect;
 mod dedup;
 mod entity;
 mod error;
@@ -13,7 +14,9 @@ mod schema;
 mod sql;
 mod store;
 
-pub use config::{Notify, PgDedupConfig, PgEntityConfig, PgOutboxConfig};
+pub use config::{
+    Notify, PgDedupConfig, PgEntityConfig, PgOutboxConfig, DEFAULT_RELAY_CONNECTIONS,
+};
 pub use dedup::PgDedupStore;
 pub use entity::PgEntityStore;
 pub use ident::QualifiedName;

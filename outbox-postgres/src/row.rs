@@ -60,7 +60,7 @@ pub(crate) fn decode_claimed(
         let checked = checked_message(row, id)?.and_then(|message| {
             // A due time before the range would be harmless, but only another tool
             // writes one; a row the library would never write is not delivered.
-            out_of_range(row, "due_at", "available_at")
+            out_of_range(row, "due_at_invalid", "available_at")
                 .map_err(|reason| format!("undecodable row: {reason}"))?;
             message.check_stored(limits)?;
             Ok(message)
@@ -90,7 +90,7 @@ fn checked_message(row: &PgRow, id: Uuid) -> Result<std::result::Result<Message,
     let headers = Headers::from_json(get(row, "headers")?);
     let attempts: i32 = get(row, "attempts")?;
     let attempts = u32::try_from(attempts).map_err(|_| format!("attempts is {attempts}"));
-    let created = out_of_range(row, "created_at", "created_at");
+    let created = out_of_range(row, "created_at_invalid", "created_at");
     let message = match (headers, attempts, created) {
         (Ok(headers), Ok(attempts), Ok(())) => build_message(row, id, headers, attempts)?,
         (Err(reason), _, _) | (_, Err(reason), _) | (_, _, Err(reason)) => {
@@ -100,10 +100,11 @@ fn checked_message(row: &PgRow, id: Uuid) -> Result<std::result::Result<Message,
     Ok(Ok(message))
 }
 
-/// `Err(reason)` when the statement flagged `alias` (the column `name`) as outside the
-/// timestamps this crate returns.
-fn out_of_range(row: &PgRow, alias: &str, name: &str) -> std::result::Result<(), String> {
-    match row.try_get::<Option<String>, _>(format!("{alias}_invalid").as_str()) {
+/// `Err(reason)` when the statement flagged the column `name` as outside the timestamps
+/// this crate returns, in its `flag` column (`<alias>_invalid`, named in full so that
+/// decoding a row formats nothing).
+fn out_of_range(row: &PgRow, flag: &str, name: &str) -> std::result::Result<(), String> {
+    match row.try_get::<Option<String>, _>(flag) {
         Ok(None) => Ok(()),
         Ok(Some(value)) => Err(format!("{name} {value} is outside {TIME_RANGE}")),
         Err(e) => Err(format!("{name}: {e}")),

@@ -17,28 +17,26 @@
 //!   a per-key outbox installs it ([`crate::schema`]), and the enqueues and claims of
 //!   a table installed unordered do not pay for maintaining it.
 //! - **Settles** (complete, fail, release, dead-lettering what a claim could not
-//!   deliver) reach rows by primary key. They join the bound ids (sorted, so rows are
-//!   locked in id order) on `id` and state "undelivered" as
+//!   deliver, renewals) reach rows by primary key. They join the bound ids (sorted, so
+//!   rows are locked in id order) on `id` and state "undelivered" as
 //!   `coalesce(dispatched_at, dead_at) IS NULL`, which no partial index predicate
-//!   matches, so the due index is never a candidate. And they are planned afresh for
-//!   every call ([`Persistence::Unprepared`]), for the ids at hand and the table's size
-//!   at that moment. Written like the claim, the planner chose a nested loop over the
-//!   whole due index per settled id on a table without statistics (3.4 s for a 100-row
-//!   complete over 57,000 undelivered rows); and a generic plan cached while the table
-//!   was small (a scan of the table per settled id) stays in use, without statistics,
-//!   however large the table grows. The price is one more round trip per settle (sqlx
-//!   describes an unnamed statement before running it): in `pg_bench --quick` drains of
-//!   batch 100 with one relay, about 36k msgs/s against about 41k with prepared settles.
+//!   matches, so the due index is never a candidate (written like the claim, the
+//!   planner chose a nested loop over the whole due index per settled id on a table
+//!   without statistics: 3.4 s for a 100-row complete over 57,000 undelivered rows).
+//!   **Claims of listed ids** state it the same way, so they too find their rows
+//!   through the primary key instead of walking the due index in its order.
 //! - **Complete and claim** (what a busy relay sends between batches,
 //!   [`OutboxStore::settle_and_claim`](outbox_core::OutboxStore::settle_and_claim)) is
 //!   one statement: the complete as a data-modifying CTE reaching rows by primary key,
-//!   the claim as above minus the ids being settled. It is planned per call for the
-//!   same reason as the settles: prepared, its generic plan made on a ten-row table
-//!   completed 100 rows of a 100,000-row table without statistics in 2.7 s (a
-//!   sequential scan joined to the ids), so it costs two round trips where a complete
-//!   and a claim cost three.
-//! - **Renew** extends leases by primary key and token, planned per call like the
-//!   settles.
+//!   the claim as above minus the ids being settled.
+//! - Every statement a relay sends is **prepared** once per connection and runs on the
+//!   relay's own connections ([`crate::connect`]), whose sessions price out sequential
+//!   and bitmap scans, hash and merge joins and sorts. With those gone, the shapes above
+//!   leave each statement one plan, the intended one, for custom and generic plans
+//!   alike, made on an empty table or a grown one without statistics. (Prepared on
+//!   ordinary sessions, a generic plan made while the table held ten rows completed
+//!   100 rows of 100,000 in 2.7 s, a sequential scan joined to the ids; planned per
+//!   call instead, every batch paid a second round trip and a plan.)
 //! - **Enqueue** reads nothing: `ON CONFLICT (id) DO NOTHING` finds stored ids through
 //!   the primary key's uniqueness check.
 //! - **Admin** statements on dead letters read the `<table>_dead` index (or the primary
@@ -63,27 +61,6 @@ const MIN_TIME: &str = "'0001-01-01 00:00:00+00'::timestamptz";
 const MAX_TIME: &str = "'9999-12-31 23:59:59.999999+00'::timestamptz";
 /// The range, as written in a dead letter's reason.
 pub(crate) const TIME_RANGE: &str = "0001-01-01..9999-12-31 UTC";
-
-/// Whether a statement is prepared once per connection and its plan cached, or
-/// planned for each call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Persistence {
-    /// A named prepared statement (sqlx's default): parsed once per connection, and
-    /// after five calls possibly run with a generic plan for any values.
-    Prepared,
-    /// The unnamed statement: parsed and planned for every call (one more round trip),
-    /// so the plan fits the ids at hand and the table as it is now.
-    Unprepared,
-}
-
-impl Persistence {
-    pub(crate) fn persistent(self) -> bool {
-        self == Persistence::Prepared
-    }
-}
-
-/// How settles run: see the module docs.
-pub(crate) const SETTLE: Persistence = Persistence::Unprepared;
 
 /// Prebuilt statement text.
 #[derive(Debug)]
@@ -156,7 +133,10 @@ impl Statements {
             )
         };
         let leases = "unnest($1::uuid[], $2::uuid[]) AS l(id, token)";
-        let requeue = "dead_at = NULL, attempts = 0, available_at = now(), lease_token = NULL";
+        // Requeued whole: a dispatched time another tool wrote on a dead letter would keep
+        // it out of every claim and count.
+        let requeue = "dead_at = NULL, dispatched_at = NULL, attempts = 0, \
+                       available_at = now(), lease_token = NULL";
         Statements {
             enqueue: enqueue(t, config.notify_channel().is_some()),
             unenqueue: format!("DELETE FROM {t} WHERE id = ANY($1::uuid[])"),
@@ -434,7 +414,10 @@ fn claim_parts(t: &QualifiedName, per_key: bool, which: Claim) -> (String, Strin
     let ids = match which {
         Claim::Due => "",
         Claim::Ids => "AND c.id = ANY($4::uuid[])",
-        Claim::Excluding => "AND c.id <> ALL($6::uuid[])",
+        // A hashed subplan: one probe per row walked. (`c.id <> ALL($6)` compared each
+        // row with every settled id, 1,000 x 1,000 per batch of 1,000: 7.6 ms of a
+        // claim that takes 0.7 ms this way.)
+        Claim::Excluding => "AND c.id NOT IN (SELECT x FROM unnest($6::uuid[]) AS x)",
     };
     // A keyed row must be the head of its key: no undelivered row of the key has a
     // lower `seq` (dead letters do not block their key). Written as "`c.seq` is at most
@@ -459,21 +442,28 @@ fn claim_parts(t: &QualifiedName, per_key: bool, which: Claim) -> (String, Strin
     // whose `available_at` another tool set past MAX_TIME (`infinity`, a year chrono
     // cannot hold). Those would otherwise never come due, and under per-key order would
     // block their key forever; claimed, they are dead-lettered with the reason.
+    // Listed ids are found by primary key: "undelivered" in the form no partial index
+    // matches (as the settles write it), or, with sorts priced out on the relay's
+    // connections, the due index's order would make walking it the cheapest plan.
+    let undelivered = match which {
+        Claim::Ids => "coalesce(c.dispatched_at, c.dead_at) IS NULL".to_owned(),
+        Claim::Due | Claim::Excluding => qualified(UNDELIVERED, "c"),
+    };
     let branch = |name: &str, when: &str| {
         format!(
             "{name} AS (SELECT c.ctid, c.available_at, c.seq FROM {t} AS c \
-             WHERE {due} AND {when} {ids} {key_order} \
+             WHERE {undelivered} AND {when} {ids} {key_order} \
              ORDER BY c.available_at, c.seq LIMIT $1 FOR UPDATE OF c SKIP LOCKED)",
-            due = qualified(UNDELIVERED, "c"),
         )
     };
-    // The update finds the locked rows by `ctid` (a TID scan): joining on `id` let the
-    // planner hash-join a sequential scan of the whole table for large batches, and so
-    // did the join on `ctid` alone once the limit was a known 1,000 (custom plans, as
-    // complete-and-claim gets): `ctid = ANY(...)` makes the TID scan the only
-    // sensible path. The
-    // row lock taken in `ready` / `stranded` keeps each `ctid` valid until this
-    // statement updates it. Attempts saturate at MAX_ATTEMPTS (the row is then
+    // The update finds the locked rows by `ctid`: with hash and merge joins and
+    // sequential scans priced out on the relay's connections, a nested loop over `due`
+    // with a TID scan per row is the one plan left. (On ordinary sessions a join on
+    // `id`, or on `ctid` alone, became a hash join over a scan of the whole table for
+    // large batches; the extra `ctid = ANY(ARRAY(...))` that once steered it away from
+    // that made the nested loop rescan `due` once per row, 1,000 x 1,000 for a batch of
+    // 1,000.) The row lock taken in `ready` / `stranded` keeps each `ctid` valid until
+    // this statement updates it. Attempts saturate at MAX_ATTEMPTS (the row is then
     // dead-lettered) instead of overflowing `integer` and failing every claim.
     let ctes = format!(
         "{ready}, {stranded}, \
@@ -484,7 +474,7 @@ fn claim_parts(t: &QualifiedName, per_key: bool, which: Claim) -> (String, Strin
     let update = format!(
         "UPDATE {t} AS m SET available_at = now() + $2 * interval '1 microsecond', \
              lease_token = $3, attempts = least(m.attempts, {before_max}) + 1 \
-         FROM due WHERE m.ctid = due.ctid AND m.ctid = ANY(ARRAY(SELECT ctid FROM due)) \
+         FROM due WHERE m.ctid = due.ctid \
          RETURNING m.id, m.destination, m.partition_key, m.payload, m.content_type, \
              m.headers, {created}, m.attempts, m.last_error, \
              m.available_at AS lease_expires_at, {due_at}, due.seq",
@@ -616,11 +606,6 @@ mod tests {
             assert!(sql.ends_with("RETURNING m.id"), "{sql}");
         }
         assert!(s.dead_letter_claimed.contains("m.lease_token = $3::uuid"));
-        assert_eq!(
-            SETTLE,
-            Persistence::Unprepared,
-            "settles are planned per call"
-        );
         assert!(s.complete.starts_with("DELETE FROM \"s\".\"t\""));
         assert!(k
             .complete

@@ -14,18 +14,19 @@ use uuid::Uuid;
 use outbox_core::message::MAX_DELAY;
 use outbox_core::store::{bounded_error, check_enqueue, in_id_order, validate_lease};
 use outbox_core::{
-    ClaimIds, ClaimRequest, ClaimedMessage, Disposition, Error, Failure, Lease, LeaseToken,
-    MessageId, NewMessage, OutboxStore, Renewed, Result, Settled, SettledAndClaimed, Settlement,
+    ClaimIds, ClaimRequest, Claimed, Disposition, Error, Failure, Lease, LeaseToken, MessageId,
+    NewMessage, OutboxStore, Renewed, Result, Settled, SettledAndClaimed, Settlement,
     StoreCapabilities,
 };
 use sqlx::Row;
 
 use crate::config::PgOutboxConfig;
+use crate::connect;
 use crate::error::from_sqlx;
 use crate::ident::QualifiedName;
 use crate::row::{decode_claimed, get, DecodedClaim};
 use crate::schema;
-use crate::sql::{limit_param, micros, Statements, SETTLE};
+use crate::sql::{limit_param, micros, Statements};
 
 /// A PostgreSQL outbox: enqueue with [`enqueue`](Self::enqueue) inside your
 /// transaction, hand the store to a [`Relay`](outbox_core::Relay) to publish, and to
@@ -47,9 +48,10 @@ use crate::sql::{limit_param, micros, Statements, SETTLE};
 ///    returning the error.
 /// 3. The relay publishes outside any transaction.
 /// 4. Complete, fail and release are each one statement for the whole batch, matching
-///    `id`, `lease_token` and "not dispatched, not dead", reaching rows by primary key
-///    and planned for each call, so neither missing statistics nor a plan cached while
-///    the table was small make them scan it; the ids they return are the leases
+///    `id`, `lease_token` and "not dispatched, not dead", reaching rows by primary key,
+///    prepared on the relay's connections ([`PgOutbox::relay_pool`]), whose planner
+///    settings keep every plan on the index, so neither missing statistics nor a plan
+///    cached while the table was small make them scan it; the ids they return are the leases
 ///    applied, the rest are reported lost. Batches are bound in id order, so concurrent
 ///    statements lock the rows they share in the same order and cannot deadlock on each
 ///    other.
@@ -98,6 +100,8 @@ use crate::sql::{limit_param, micros, Statements, SETTLE};
 #[derive(Clone)]
 pub struct PgOutbox {
     pool: PgPool,
+    /// The relay statements' own connections (see [`PgOutbox::relay_pool`]).
+    relay: PgPool,
     inner: Arc<Inner>,
 }
 
@@ -130,15 +134,32 @@ impl PgOutbox {
         config.validate()?;
         let name = config.qualified_name()?;
         let sql = Statements::new(&name, &config);
+        let relay = connect::relay_pool(&pool, config.relay_connections());
         Ok(PgOutbox {
             pool,
+            relay,
             inner: Arc::new(Inner { config, name, sql }),
         })
     }
 
-    /// The pool this outbox claims with.
+    /// The pool this outbox was made with: installs and operator calls
+    /// ([`OutboxAdmin`](outbox_core::OutboxAdmin)) run on it.
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// The connections the relay's statements run on (claims, settles, renewals),
+    /// prepared once per connection: a pool of their own beside [`pool`](Self::pool),
+    /// with its connect options, of at most
+    /// [`PgOutboxConfig::relay_connections`], opened on first use. Each of its
+    /// sessions prices out sequential and bitmap scans, hash and merge joins, sorts,
+    /// materialisation and JIT, so that every plan of those statements, custom or
+    /// generic, made on an empty table or a grown one without statistics, reaches rows
+    /// through the intended index. Those settings stay on these connections; your own
+    /// pool is untouched. (They need a server that accepts `SET` at session start:
+    /// behind a pooler in transaction mode, give the outbox a direct connection.)
+    pub fn relay_pool(&self) -> &PgPool {
+        &self.relay
     }
 
     /// The settings.
@@ -316,7 +337,7 @@ impl PgOutbox {
         limit: usize,
         lease: Duration,
         ids: Option<Vec<Uuid>>,
-    ) -> Result<Vec<ClaimedMessage>> {
+    ) -> Result<Claimed> {
         let token = LeaseToken::new();
         let mut query = sqlx::query(sql)
             .bind(limit_param(limit))
@@ -326,7 +347,7 @@ impl PgOutbox {
             query = query.bind(ids);
         }
         let rows = query
-            .fetch_all(&self.pool)
+            .fetch_all(&self.relay)
             .await
             .map_err(|e| from_sqlx("claim", e))?;
         self.claimed(token, rows).await
@@ -334,14 +355,16 @@ impl PgOutbox {
 
     /// The messages of a committed claim's rows: poison rows dead-lettered, and every
     /// row released if they cannot be read at all.
-    async fn claimed(&self, token: LeaseToken, rows: Vec<PgRow>) -> Result<Vec<ClaimedMessage>> {
+    async fn claimed(&self, token: LeaseToken, rows: Vec<PgRow>) -> Result<Claimed> {
         // The claim has committed: from here on, an error must give its rows back.
         match decode_claimed(&rows, token, self.inner.config.limits()) {
             Ok(DecodedClaim { claimed, poison }) => {
-                if !poison.is_empty() {
-                    self.dead_letter_claimed(token, poison).await;
-                }
-                Ok(claimed)
+                let dead_lettered = if poison.is_empty() {
+                    0
+                } else {
+                    self.dead_letter_claimed(token, poison).await
+                };
+                Ok(Claimed::new(claimed).with_dead_lettered(dead_lettered))
             }
             Err(err) => {
                 self.release_claim(token, &rows, &err).await;
@@ -374,10 +397,9 @@ impl PgOutbox {
         };
         ids.sort_unstable();
         let result = sqlx::query(&self.inner.sql.release_claim)
-            .persistent(SETTLE.persistent())
             .bind(token.as_uuid())
             .bind(ids)
-            .execute(&self.pool)
+            .execute(&self.relay)
             .await;
         if let Err(e) = result {
             let err = from_sqlx("releasing an undecodable claim", e);
@@ -388,10 +410,10 @@ impl PgOutbox {
         }
     }
 
-    /// Dead-letter claimed rows that cannot be delivered, fenced by the claim's token.
-    /// A failure is logged, not returned: the rows' leases then expire and a later claim
-    /// tries again.
-    async fn dead_letter_claimed(&self, token: LeaseToken, mut rows: Vec<(Uuid, String)>) {
+    /// Dead-letter claimed rows that cannot be delivered, fenced by the claim's token;
+    /// returns how many were. A failure is logged, not returned: the rows' leases then
+    /// expire and a later claim tries again.
+    async fn dead_letter_claimed(&self, token: LeaseToken, mut rows: Vec<(Uuid, String)>) -> usize {
         rows.sort_by_key(|(id, _)| *id);
         let (ids, reasons): (Vec<Uuid>, Vec<String>) = rows
             .into_iter()
@@ -403,15 +425,18 @@ impl PgOutbox {
             "dead-lettering claimed outbox rows that cannot be delivered"
         );
         let result = sqlx::query(&self.inner.sql.dead_letter_claimed)
-            .persistent(SETTLE.persistent())
             .bind(&ids)
             .bind(reasons)
             .bind(token.as_uuid())
-            .execute(&self.pool)
+            .execute(&self.relay)
             .await;
-        if let Err(e) = result {
-            let err = from_sqlx("dead-lettering undeliverable rows", e);
-            tracing::error!(?ids, error = %err.report(), "could not dead-letter claimed rows");
+        match result {
+            Ok(done) => usize::try_from(done.rows_affected()).unwrap_or(usize::MAX),
+            Err(e) => {
+                let err = from_sqlx("dead-lettering undeliverable rows", e);
+                tracing::error!(?ids, error = %err.report(), "could not dead-letter claimed rows");
+                0
+            }
         }
     }
 
@@ -435,8 +460,7 @@ impl PgOutbox {
         requested: impl Iterator<Item = MessageId>,
     ) -> Result<Settled> {
         let applied: Vec<Uuid> = query
-            .persistent(SETTLE.persistent())
-            .fetch_all(&self.pool)
+            .fetch_all(&self.relay)
             .await
             .map_err(|e| from_sqlx(what, e))?;
         Ok(Settled::reconcile(
@@ -470,7 +494,7 @@ impl OutboxStore for PgOutbox {
         StoreCapabilities::new(config.ordering(), config.retention()).with_lease_renewal(true)
     }
 
-    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedMessage>> {
+    async fn claim(&self, request: ClaimRequest) -> Result<Claimed> {
         self.claim_with(
             &self.inner.sql.claim,
             request.limit(),
@@ -480,10 +504,10 @@ impl OutboxStore for PgOutbox {
         .await
     }
 
-    async fn claim_ids(&self, request: &ClaimIds) -> Result<Vec<ClaimedMessage>> {
+    async fn claim_ids(&self, request: &ClaimIds) -> Result<Claimed> {
         let ids = request.ids();
         if ids.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Claimed::default());
         }
         let uuids = ids.iter().map(MessageId::as_uuid).collect();
         let sql = &self.inner.sql.claim_ids;
@@ -533,11 +557,7 @@ impl OutboxStore for PgOutbox {
     }
 
     /// Fails and releases (rare between batches) go first, as their own statements;
-    /// then one statement completes and claims. Like the settles it is planned per
-    /// call (see the crate's `sql` module docs) unless the config prepares it
-    /// ([`PgOutboxConfig::with_prepared_complete_and_claim`]): prepared, a generic plan
-    /// made while the table was small completed 100 rows of a 100,000-row table in
-    /// 2.7 s.
+    /// then one prepared statement completes and claims, one round trip per batch.
     async fn settle_and_claim(
         &self,
         settlement: Settlement<'_>,
@@ -548,16 +568,14 @@ impl OutboxStore for PgOutbox {
         let excluded: Vec<Uuid> = settlement.ids().map(|id| id.as_uuid()).collect();
         let (ids, tokens) = lease_arrays(in_id_order(settlement.complete, |l| l.id).into_iter());
         let token = LeaseToken::new();
-        let prepared = self.inner.config.prepared_complete_and_claim();
         let rows = sqlx::query(&self.inner.sql.complete_and_claim)
-            .persistent(prepared || SETTLE.persistent())
             .bind(limit_param(next.limit()))
             .bind(micros("lease", next.lease())?)
             .bind(token.as_uuid())
             .bind(ids)
             .bind(tokens)
             .bind(excluded)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.relay)
             .await
             .map_err(|e| from_sqlx("complete and claim", e))?;
         // `completed` is on one row (NULL on the others); the claimed columns are NULL
@@ -610,11 +628,10 @@ impl OutboxStore for PgOutbox {
         let (ids, tokens) = lease_arrays(ordered.iter().copied());
         let rows: Vec<(Uuid, chrono::DateTime<chrono::Utc>)> =
             sqlx::query_as(&self.inner.sql.renew)
-                .persistent(SETTLE.persistent())
                 .bind(ids)
                 .bind(tokens)
                 .bind(micros("lease", lease)?)
-                .fetch_all(&self.pool)
+                .fetch_all(&self.relay)
                 .await
                 .map_err(|e| from_sqlx("renew", e))?;
         let expiry: std::collections::HashMap<Uuid, std::time::SystemTime> = rows

@@ -61,6 +61,19 @@ impl Fixture for PgFixture {
         tx.rollback().await.map_err(common::storage)
     }
 
+    async fn mark_dispatched(&self, id: MessageId) -> Result<()> {
+        let sql = format!(
+            "UPDATE {} SET dispatched_at = now() WHERE id = $1",
+            self.outbox.qualified_name()
+        );
+        sqlx::query(&sql)
+            .bind(id.as_uuid())
+            .execute(self.outbox.pool())
+            .await
+            .map_err(common::storage)?;
+        Ok(())
+    }
+
     async fn lock_row(&self, id: MessageId) -> Result<Box<dyn RowLock>> {
         let mut tx = self.outbox.pool().begin().await.map_err(common::storage)?;
         let sql = format!(

@@ -84,7 +84,12 @@ impl Statements {
             )
         };
         let requeue = |now: &str| {
-            format!("dead_at = NULL, attempts = 0, available_at = {now}, lease_token = NULL")
+            // Requeued whole: a dispatched time another tool wrote on a dead letter
+            // would keep it out of every claim and count.
+            format!(
+                "dead_at = NULL, dispatched_at = NULL, attempts = 0, available_at = {now}, \
+                 lease_token = NULL"
+            )
         };
         Statements {
             claim_select: claim_select(t, per_key, false),

@@ -12,8 +12,8 @@ use sqlx::{SqliteConnection, SqlitePool};
 use outbox_core::message::MAX_DELAY;
 use outbox_core::store::{bounded_error, check_enqueue};
 use outbox_core::{
-    ClaimIds, ClaimRequest, ClaimedMessage, Disposition, Error, ErrorKind, Failure, Lease,
-    LeaseToken, MessageId, NewMessage, OutboxStore, Result, Settled, StoreCapabilities,
+    ClaimIds, ClaimRequest, Claimed, Disposition, Error, ErrorKind, Failure, Lease, LeaseToken,
+    MessageId, NewMessage, OutboxStore, Result, Settled, StoreCapabilities,
 };
 
 use crate::config::SqliteOutboxConfig;
@@ -311,7 +311,7 @@ impl SqliteOutbox {
         limit: usize,
         lease: std::time::Duration,
         ids: Option<String>,
-    ) -> Result<Vec<ClaimedMessage>> {
+    ) -> Result<Claimed> {
         let lease_us = micros("lease", lease)?;
         let select_due = |now: i64| {
             let query = sqlx::query_as::<_, (i64, i64)>(select)
@@ -328,14 +328,14 @@ impl SqliteOutbox {
             .await
             .map_err(|e| from_sqlx("claim", e))?;
         if any_due.is_none() {
-            return Ok(Vec::new());
+            return Ok(Claimed::default());
         }
         let err = |e| from_sqlx("claim", e);
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
         let now = now_us();
         let due = select_due(now).fetch_all(&mut *tx).await.map_err(err)?;
         if due.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Claimed::default());
         }
         let order: Vec<i64> = due.iter().map(|(seq, _)| *seq).collect();
         let token = LeaseToken::new();
@@ -348,6 +348,7 @@ impl SqliteOutbox {
             .map_err(err)?;
         // A schema problem returns here, and dropping `tx` rolls the claim back.
         let decoded = decode_claimed(&rows, &order, token, self.inner.config.limits())?;
+        let dead_lettered = decoded.poison.len();
         if !decoded.poison.is_empty() {
             let poison: Vec<(i64, String)> = decoded
                 .poison
@@ -367,7 +368,7 @@ impl SqliteOutbox {
                 .map_err(|e| from_sqlx("dead-lettering undeliverable rows", e))?;
         }
         tx.commit().await.map_err(err)?;
-        Ok(decoded.claimed)
+        Ok(Claimed::new(decoded.claimed).with_dead_lettered(dead_lettered))
     }
 
     /// Run a settle statement (`?1` the JSON batch, `?2` now when `with_now`) and
@@ -440,16 +441,16 @@ impl OutboxStore for SqliteOutbox {
         StoreCapabilities::new(config.ordering(), config.retention())
     }
 
-    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedMessage>> {
+    async fn claim(&self, request: ClaimRequest) -> Result<Claimed> {
         let sql = &self.inner.sql.claim_select;
         self.claim_with(sql, request.limit(), request.lease(), None)
             .await
     }
 
-    async fn claim_ids(&self, request: &ClaimIds) -> Result<Vec<ClaimedMessage>> {
+    async fn claim_ids(&self, request: &ClaimIds) -> Result<Claimed> {
         let ids = request.ids();
         if ids.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Claimed::default());
         }
         let hex: Vec<String> = ids
             .iter()

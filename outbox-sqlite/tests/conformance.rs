@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use outbox_core::{NewMessage, OutboxAdmin, OutboxStore, Result, StoreCapabilities};
+use outbox_core::{MessageId, NewMessage, OutboxAdmin, OutboxStore, Result, StoreCapabilities};
 use outbox_sqlite::{SqliteOutbox, SqliteOutboxConfig};
 use outbox_testkit::{Features, Fixture, Harness};
 use sqlx::SqlitePool;
@@ -90,6 +90,20 @@ impl Fixture for SqliteFixture {
             .map_err(common::storage)?;
         self.outbox.enqueue(&mut tx, &messages).await?;
         tx.rollback().await.map_err(common::storage)
+    }
+
+    async fn mark_dispatched(&self, id: MessageId) -> Result<()> {
+        let sql = format!(
+            "UPDATE {} SET dispatched_at = CAST(strftime('%s', 'now') AS INTEGER) * 1000000 \
+             WHERE id = ?1",
+            self.outbox.table_name()
+        );
+        sqlx::query(&sql)
+            .bind(id.as_uuid().as_bytes().to_vec())
+            .execute(&self.pool)
+            .await
+            .map_err(common::storage)?;
+        Ok(())
     }
 }
 

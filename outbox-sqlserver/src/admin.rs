@@ -109,8 +109,10 @@ pub(crate) enum DeadChange {
 fn dead_change_head(change: DeadChange, alias: &str) -> String {
     match change {
         DeadChange::Requeue => format!(
-            "UPDATE {alias} SET dead_at = NULL, attempts = 0, available_at = {NOW}, \
-             lease_token = NULL"
+            // Requeued whole: a dispatched time another tool wrote on a dead letter
+            // would keep it out of every claim and count.
+            "UPDATE {alias} SET dead_at = NULL, dispatched_at = NULL, attempts = 0, \
+             available_at = {NOW}, lease_token = NULL"
         ),
         DeadChange::Discard => format!("DELETE FROM {alias}"),
     }

@@ -13,8 +13,8 @@ use uuid::Uuid;
 use outbox_core::message::MAX_DELAY;
 use outbox_core::store::{bounded_error, check_enqueue, in_id_order};
 use outbox_core::{
-    ClaimIds, ClaimRequest, ClaimedMessage, Disposition, Error, Failure, Lease, LeaseToken,
-    MessageId, NewMessage, OutboxStore, Result, Retention, Settled, StoreCapabilities,
+    ClaimIds, ClaimRequest, Claimed, Disposition, Error, Failure, Lease, LeaseToken, MessageId,
+    NewMessage, OutboxStore, Result, Retention, Settled, StoreCapabilities,
 };
 
 use crate::config::MssqlOutboxConfig;
@@ -344,7 +344,7 @@ impl MssqlOutbox {
         limit: usize,
         lease: Duration,
         ids: Option<&[[u8; 16]]>,
-    ) -> Result<Vec<ClaimedMessage>> {
+    ) -> Result<Claimed> {
         let token = LeaseToken::new();
         let lease_us = micros("lease", lease)?;
         let mut rows = Vec::new();
@@ -393,10 +393,12 @@ impl MssqlOutbox {
         // The claim has committed: from here on, an error must give its rows back.
         match decode_claimed(&rows, token, self.inner.config.limits()) {
             Ok(DecodedClaim { claimed, poison }) => {
-                if !poison.is_empty() {
-                    self.dead_letter_claimed(token, poison).await;
-                }
-                Ok(claimed)
+                let dead_lettered = if poison.is_empty() {
+                    0
+                } else {
+                    self.dead_letter_claimed(token, poison).await
+                };
+                Ok(Claimed::new(claimed).with_dead_lettered(dead_lettered))
             }
             Err(err) => {
                 self.release_claim(token, &rows, &err).await;
@@ -431,7 +433,11 @@ impl MssqlOutbox {
     }
 
     /// Dead-letter claimed rows that cannot be delivered, fenced by the claim's token.
-    async fn dead_letter_claimed(&self, token: LeaseToken, mut rows: Vec<([u8; 16], String)>) {
+    async fn dead_letter_claimed(
+        &self,
+        token: LeaseToken,
+        mut rows: Vec<([u8; 16], String)>,
+    ) -> usize {
         rows.sort_by_key(|(id, _)| *id);
         let rows: Vec<([u8; 16], String)> = rows
             .into_iter()
@@ -442,12 +448,17 @@ impl MssqlOutbox {
             "dead-lettering claimed outbox rows that cannot be delivered"
         );
         let token = *token.as_uuid().as_bytes();
+        let mut written = 0;
         for chunk in rows.chunks(chunk_rows(2, 1)) {
             let stmt = sql::dead_letter_claimed(&self.inner.name, token, chunk);
-            if let Err(err) = self.rows("dead-lettering undeliverable rows", stmt).await {
-                tracing::error!(error = %err.report(), "could not dead-letter claimed rows");
+            match self.rows("dead-lettering undeliverable rows", stmt).await {
+                Ok(_) => written += chunk.len(),
+                Err(err) => {
+                    tracing::error!(error = %err.report(), "could not dead-letter claimed rows");
+                }
             }
         }
+        written
     }
 
     /// Run settle statements chunk by chunk and report which of `requested` applied.
@@ -494,19 +505,19 @@ impl OutboxStore for MssqlOutbox {
         StoreCapabilities::new(config.ordering(), config.retention())
     }
 
-    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedMessage>> {
+    async fn claim(&self, request: ClaimRequest) -> Result<Claimed> {
         self.claim_with(request.limit(), request.lease(), None)
             .await
     }
 
-    async fn claim_ids(&self, request: &ClaimIds) -> Result<Vec<ClaimedMessage>> {
+    async fn claim_ids(&self, request: &ClaimIds) -> Result<Claimed> {
         let ids: Vec<[u8; 16]> = request
             .ids()
             .iter()
             .map(|id| *id.as_uuid().as_bytes())
             .collect();
         if ids.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Claimed::default());
         }
         self.claim_with(ids.len(), request.lease(), Some(&ids))
             .await

@@ -75,6 +75,17 @@ impl Fixture for MssqlFixture {
         self.enqueue_then(messages, "ROLLBACK TRANSACTION").await
     }
 
+    async fn mark_dispatched(&self, id: MessageId) -> Result<()> {
+        let mut client = self.outbox.pool().get().await.map_err(common::storage)?;
+        let mut query = Query::new(format!(
+            "UPDATE {} SET dispatched_at = SYSUTCDATETIME() WHERE id = @P1",
+            self.outbox.qualified_name()
+        ));
+        query.bind(id.as_uuid().as_bytes().to_vec());
+        query.execute(&mut *client).await.map_err(common::storage)?;
+        Ok(())
+    }
+
     /// An exclusive row lock held by an open transaction, as a concurrent writer's
     /// `UPDATE` would hold it.
     async fn lock_row(&self, id: MessageId) -> Result<Box<dyn RowLock>> {

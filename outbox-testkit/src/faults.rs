@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::{
-    ClaimIds, ClaimRequest, ClaimedMessage, Error, ErrorKind, ErrorStatus, Failure, Lease,
-    OutboxStore, Renewed, Result, Settled, StoreCapabilities,
+    ClaimIds, ClaimRequest, Claimed, Error, ErrorKind, ErrorStatus, Failure, Lease, OutboxStore,
+    Renewed, Result, Settled, StoreCapabilities,
 };
 
 /// A store operation faults can be injected into.
@@ -169,11 +169,11 @@ impl OutboxStore for FaultyStore {
         self.inner.capabilities()
     }
 
-    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedMessage>> {
+    async fn claim(&self, request: ClaimRequest) -> Result<Claimed> {
         self.run_claim(Op::Claim, self.inner.claim(request)).await
     }
 
-    async fn claim_ids(&self, request: &ClaimIds) -> Result<Vec<ClaimedMessage>> {
+    async fn claim_ids(&self, request: &ClaimIds) -> Result<Claimed> {
         self.run_claim(Op::ClaimIds, self.inner.claim_ids(request))
             .await
     }

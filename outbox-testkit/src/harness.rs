@@ -67,6 +67,14 @@ pub trait Fixture: Send + Sync + fmt::Debug {
         Err(Error::new(ErrorKind::Unsupported, "enqueue_rolled_back"))
     }
 
+    /// Stamp the message `id` as dispatched now, as another tool writing to the table
+    /// might, changing nothing else (a dead letter stays dead). Optional: the case that
+    /// needs it is skipped when this returns
+    /// [`ErrorKind::Unsupported`].
+    async fn mark_dispatched(&self, _id: MessageId) -> Result<()> {
+        Err(Error::new(ErrorKind::Unsupported, "mark_dispatched"))
+    }
+
     /// Lock the row of `id` from another transaction (as a concurrent writer would)
     /// until the returned guard is released.
     async fn lock_row(&self, _id: MessageId) -> Result<Box<dyn RowLock>> {

@@ -33,6 +33,7 @@ macro_rules! conformance_suite {
             dead_letters_are_listed_newest_first,
             dead_letters_are_found_by_id,
             dead_letters_are_counted_by_filter,
+            a_dead_letter_stamped_dispatched_is_requeued_whole,
             dispatched_counts_match_what_purges_delete,
             claims_take_only_key_heads,
             dead_head_does_not_block_its_key,

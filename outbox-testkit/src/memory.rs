@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use outbox_core::admin::MAX_ADMIN_BATCH;
 use outbox_core::store::MAX_ATTEMPTS;
 use outbox_core::{
-    ClaimIds, ClaimRequest, ClaimedMessage, DeadLetter, DeadLetterFilter, DeadLetterOrder,
+    ClaimIds, ClaimRequest, Claimed, ClaimedMessage, DeadLetter, DeadLetterFilter, DeadLetterOrder,
     DeadLetterPage, DeadLetterSelection, Disposition, Error, ErrorKind, Failure, KeyOrder, Lease,
     LeaseToken, Message, MessageId, MessageLimits, MessageParts, NewMessage, OutboxAdmin,
     OutboxStats, OutboxStore, Renewed, Result, Retention, Settled, StoreCapabilities,
@@ -325,6 +325,19 @@ impl MemoryStore {
             .collect()
     }
 
+    /// Stamp `id` as dispatched now and nothing else, as another tool writing to the
+    /// store might (a dead letter stays dead): for
+    /// [`Fixture::mark_dispatched`](crate::Fixture::mark_dispatched).
+    pub fn mark_dispatched(&self, id: MessageId) {
+        let mut state = self.state();
+        if state.rows.get(&id).is_some_and(|r| r.dead_at.is_none()) {
+            state.unindex(id);
+        }
+        if let Some(row) = state.rows.get_mut(&id) {
+            row.dispatched_at = Some(SystemTime::now());
+        }
+    }
+
     /// End a [`lock_row`](Self::lock_row).
     pub fn unlock_row(&self, id: MessageId) {
         self.state().locked.remove(&id);
@@ -335,7 +348,7 @@ impl MemoryStore {
         limit: usize,
         lease: Duration,
         mut wanted: impl FnMut(MessageId) -> bool,
-    ) -> Vec<ClaimedMessage> {
+    ) -> Claimed {
         let now = SystemTime::now();
         let ordering = self.capabilities.ordering;
         let mut state = self.state();
@@ -350,14 +363,18 @@ impl MemoryStore {
             picked.push(*id);
         }
         let mut claimed = Vec::with_capacity(picked.len());
+        let mut dead_lettered = 0;
         for id in picked {
             let leased = state.lease(id, lease, now);
             match leased.message.check_stored(&self.limits) {
                 Ok(()) => claimed.push(leased),
-                Err(reason) => state.dead_letter(id, reason, now),
+                Err(reason) => {
+                    state.dead_letter(id, reason, now);
+                    dead_lettered += 1;
+                }
             }
         }
-        claimed
+        Claimed::new(claimed).with_dead_lettered(dead_lettered)
     }
 
     fn settle(&self, leases: &[Lease], mut apply: impl FnMut(&mut State, usize)) -> Settled {
@@ -433,11 +450,11 @@ impl OutboxStore for MemoryStore {
         self.capabilities
     }
 
-    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedMessage>> {
+    async fn claim(&self, request: ClaimRequest) -> Result<Claimed> {
         Ok(self.claim_where(request.limit(), request.lease(), |_| true))
     }
 
-    async fn claim_ids(&self, request: &ClaimIds) -> Result<Vec<ClaimedMessage>> {
+    async fn claim_ids(&self, request: &ClaimIds) -> Result<Claimed> {
         let wanted: HashSet<MessageId> = request.ids().iter().copied().collect();
         Ok(self.claim_where(wanted.len(), request.lease(), |id| wanted.contains(&id)))
     }
@@ -532,6 +549,7 @@ impl OutboxAdmin for MemoryStore {
         for id in &ids {
             let row = state.rows.get_mut(id).expect("selected rows exist");
             row.dead_at = None;
+            row.dispatched_at = None;
             row.available_at = now;
             row.message.attempts = 0;
             let (available_at, seq, key) =

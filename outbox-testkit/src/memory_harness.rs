@@ -52,6 +52,11 @@ impl Fixture for MemoryFixture {
         Ok(())
     }
 
+    async fn mark_dispatched(&self, id: MessageId) -> Result<()> {
+        self.0.mark_dispatched(id);
+        Ok(())
+    }
+
     async fn lock_row(&self, id: MessageId) -> Result<Box<dyn RowLock>> {
         self.0.lock_row(id);
         Ok(Box::new(MemoryRowLock(self.0.clone(), id)))

@@ -217,3 +217,73 @@ async fn config_and_stopping_are_reported() {
     handle.shutdown().await.unwrap();
     assert!(relay.is_stopping());
 }
+
+/// A store holding `poison` messages that break the claiming handle's limits (payloads
+/// of 100 bytes against a limit of 10), enqueued before `good` ones of 1 byte; returns
+/// the claiming handle, which shares the rows.
+fn store_with_poison(poison: usize, good: usize) -> MemoryStore {
+    let store = MemoryStore::new();
+    let sizes = std::iter::repeat_n(100, poison).chain(std::iter::repeat_n(1, good));
+    let msgs: Vec<_> = sizes
+        .map(|size| {
+            NewMessage::builder("t")
+                .payload(vec![0; size])
+                .build()
+                .unwrap()
+        })
+        .collect();
+    store.enqueue(&msgs).unwrap();
+    let tight = outbox_core::MessageLimits::default().with_max_payload_bytes(10);
+    store.with_limits(tight)
+}
+
+/// Rows a claim dead-letters (they break the limits) count as the relay's dead letters,
+/// in the loop and in `dispatch_ids`, as the store's stats show them.
+#[tokio::test]
+async fn rows_a_claim_dead_letters_are_counted() {
+    let store = store_with_poison(3, 2);
+    let report = run_once(&store, Misbehaving::WrongCount, config().batch_size(10)).await;
+    assert_eq!(
+        (report.claimed, report.dead_lettered, report.retried),
+        (2, 3, 2)
+    );
+    assert_eq!(store.stats().await.unwrap().dead, 3);
+
+    let store = store_with_poison(2, 1);
+    let ids = store.pending_ids();
+    let relay = Relay::new(
+        Arc::new(store.clone()),
+        Arc::new(RecordingPublisher::new()),
+        config(),
+    )
+    .unwrap();
+    let report = relay.dispatch_ids(&ids).await.unwrap();
+    assert_eq!((report.dispatched, report.dead_lettered), (1, 2));
+    assert_eq!(relay.report().dead_lettered, 2);
+}
+
+/// A claim that dead-letters every row it took does not count as finding nothing: the
+/// loop claims again at once (here, with an hour between polls, the messages behind the
+/// poison are published without any wake-up).
+#[tokio::test]
+async fn a_claim_of_nothing_but_poison_is_followed_by_another_claim() {
+    let store = store_with_poison(3, 2);
+    let publisher = RecordingPublisher::new();
+    let config = RelayConfig::default()
+        .batch_size(3)
+        .publish(3, 1)
+        .poll(Duration::from_secs(3600), Duration::from_secs(3600));
+    let relay = Relay::new(Arc::new(store.clone()), Arc::new(publisher), config).unwrap();
+    let handle = relay.spawn();
+    let started = std::time::Instant::now();
+    while relay.report().dispatched < 2 {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the messages behind the poison were not published: {:?}",
+            relay.report()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let report = handle.shutdown().await.unwrap();
+    assert_eq!((report.dispatched, report.dead_lettered), (2, 3));
+}

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use outbox_core::{
-    ClaimIds, ClaimRequest, ClaimedMessage, DispatchReport, ErrorKind, ErrorStatus, Failure, Lease,
-    Message, NewMessage, OutboxAdmin, OutboxStore, PublishOutcome, Publisher, Relay, RelayConfig,
-    Result, RetryPolicy, Settled, StoreCapabilities,
+    ClaimIds, ClaimRequest, DispatchReport, ErrorKind, ErrorStatus, Failure, Lease, Message,
+    NewMessage, OutboxAdmin, OutboxStore, PublishOutcome, Publisher, Relay, RelayConfig, Result,
+    RetryPolicy, Settled, StoreCapabilities,
 };
 use outbox_testkit::{within, Fault, FaultyStore, MemoryStore, Op, RecordingPublisher};
 
@@ -418,11 +418,21 @@ async fn a_wake_that_a_claim_covered_causes_no_extra_claim() {
     let relay = relay(&store, Arc::new(publisher.clone()), config);
     let handle = relay.spawn();
     publisher.wait_for_calls(1, DEADLINE).await.unwrap();
-    // A wake while the batch publishes: the next claim starts after it and covers it.
+    // A wake while the batch publishes asks for a claim at once (pipelining: what was
+    // just committed need not wait for the batch), and that claim covers it. The gate
+    // stays shut until it has been made, so the order of events is fixed: claim, wake,
+    // claim ahead (finds nothing: the one message is held), batch ends, claim carrying
+    // its settle (finds nothing, the loop is idle). Polling is an hour away, so any
+    // further claim would be one the wake caused twice.
     handle.wake();
+    outbox_testkit::wait_until("the wake's claim ahead", || async {
+        store.calls(Op::Claim) >= 2
+    })
+    .await;
+    assert_eq!(store.calls(Op::Claim), 2, "one claim for the wake");
     gate.open();
-    outbox_testkit::wait_until("the loop to claim again and find nothing", || async {
-        store.calls(Op::Claim) >= 2 && memory.stats().await.unwrap().pending == 0
+    outbox_testkit::wait_until("the batch's settle and the claim it rides with", || async {
+        store.calls(Op::Claim) >= 3 && memory.stats().await.unwrap().pending == 0
     })
     .await;
     for _ in 0..50 {
@@ -430,8 +440,8 @@ async fn a_wake_that_a_claim_covered_causes_no_extra_claim() {
     }
     assert_eq!(
         store.calls(Op::Claim),
-        2,
-        "the claim after the wake covered it; polling is an hour away"
+        3,
+        "the claim after the wake covered it: only the batch's settle claimed again"
     );
     within("shutdown", handle.shutdown()).await.unwrap();
 }
@@ -496,7 +506,7 @@ impl Publisher for StealsThenFails {
             self.0.expire_lease(*id);
         }
         let request = outbox_core::ClaimIds::new(&ids, Duration::from_secs(600))?;
-        self.0.claim_ids(&request).await?;
+        let _stolen = self.0.claim_ids(&request).await?;
         Ok(vec![PublishOutcome::Retryable("nope".into()); batch.len()])
     }
 }
@@ -593,14 +603,14 @@ impl OutboxStore for ClaimClock {
     fn capabilities(&self) -> StoreCapabilities {
         self.inner.capabilities()
     }
-    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedMessage>> {
+    async fn claim(&self, request: ClaimRequest) -> Result<outbox_core::Claimed> {
         self.claims
             .lock()
             .unwrap()
             .push(tokio::time::Instant::now());
         self.inner.claim(request).await
     }
-    async fn claim_ids(&self, request: &ClaimIds) -> Result<Vec<ClaimedMessage>> {
+    async fn claim_ids(&self, request: &ClaimIds) -> Result<outbox_core::Claimed> {
         self.inner.claim_ids(request).await
     }
     async fn complete(&self, leases: &[Lease]) -> Result<Settled> {

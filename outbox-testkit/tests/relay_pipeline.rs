@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::{
-    ClaimIds, ClaimRequest, ClaimedMessage, Failure, Lease, NewMessage, OutboxAdmin, OutboxStore,
-    Relay, RelayConfig, Result, Settled, SettledAndClaimed, Settlement, StoreCapabilities,
+    ClaimIds, ClaimRequest, Failure, Lease, NewMessage, OutboxAdmin, OutboxStore, Relay,
+    RelayConfig, Result, Settled, SettledAndClaimed, Settlement, StoreCapabilities,
 };
 use outbox_testkit::{MemoryStore, RecordingPublisher};
 
@@ -124,12 +124,12 @@ impl OutboxStore for SlowClaims {
     fn capabilities(&self) -> StoreCapabilities {
         self.inner.capabilities()
     }
-    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedMessage>> {
+    async fn claim(&self, request: ClaimRequest) -> Result<outbox_core::Claimed> {
         tokio::time::sleep(CLAIM_TAKES).await;
         self.bare.fetch_add(1, Ordering::SeqCst);
         self.inner.claim(request).await
     }
-    async fn claim_ids(&self, request: &ClaimIds) -> Result<Vec<ClaimedMessage>> {
+    async fn claim_ids(&self, request: &ClaimIds) -> Result<outbox_core::Claimed> {
         self.inner.claim_ids(request).await
     }
     async fn complete(&self, leases: &[Lease]) -> Result<Settled> {

@@ -75,7 +75,8 @@ async fn run(settings: WorkerSettings) -> outbox_core::Result<DispatchReport> {
     let config = PgOutboxConfig::default()
         .with_schema(settings.schema.as_str())
         .with_table(settings.table.as_str())
-        .with_ordering(settings.ordering);
+        .with_ordering(settings.ordering)
+        .with_relay_connections(settings.pool_size);
     // Validates the schema name before the publisher formats it into SQL.
     let outbox = PgOutbox::new(pool.clone(), config)?;
     let publisher = TablePublisher::new(pool, &settings.schema, settings.worker.as_str());

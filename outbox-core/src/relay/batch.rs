@@ -62,7 +62,11 @@ impl Deferred {
 /// their leases lapsing.
 pub(super) struct Batch<'r> {
     inner: &'r Inner,
-    claimed: Vec<ClaimedMessage>,
+    /// The claimed messages, in claim order, handed to the publisher a chunk at a time
+    /// as slices (never copied).
+    messages: Vec<Message>,
+    /// Their leases, index for index.
+    leases: Vec<Lease>,
     /// When the leases lapse by the relay's clock: the claim's start plus the lease,
     /// moved on by each renewal (its start plus the lease).
     deadline: Mutex<Instant>,
@@ -85,9 +89,11 @@ impl<'r> Batch<'r> {
         let chunks = claimed
             .len()
             .div_ceil(inner.config.publish_batch_size.max(1));
+        let (messages, leases) = claimed.into_iter().map(|c| (c.message, c.lease)).unzip();
         Batch {
             inner,
-            claimed,
+            messages,
+            leases,
             deadline: Mutex::new(claimed_at + inner.config.lease),
             started: Mutex::default(),
             settling: Mutex::default(),
@@ -151,9 +157,9 @@ impl<'r> Batch<'r> {
         let inner = self.inner;
         let leases: Vec<Lease> = {
             let settling = self.settling.lock().unwrap_or_else(PoisonError::into_inner);
-            self.claimed
+            self.leases
                 .iter()
-                .map(|c| c.lease)
+                .copied()
                 .filter(|l| !settling.contains(&l.id))
                 .collect()
         };
@@ -194,14 +200,14 @@ impl<'r> Batch<'r> {
     pub(super) async fn publish(&self) -> DispatchReport {
         let config = &self.inner.config;
         let mut report = DispatchReport {
-            claimed: self.claimed.len() as u64,
+            claimed: self.messages.len() as u64,
             ..DispatchReport::default()
         };
         self.inner.tally.record(&report);
         // Chunks as index ranges, not borrowed slices: a closure over borrowed slices
         // would make the loop's future not `Send`.
         let size = config.publish_batch_size.max(1);
-        let len = self.claimed.len();
+        let len = self.messages.len();
         let chunks = (0..len)
             .step_by(size)
             .map(move |start| start..(start + size).min(len));
@@ -224,19 +230,19 @@ impl<'r> Batch<'r> {
                 stop.cancelled().await;
                 tokio::time::sleep(grace).await;
             } => {
-                tracing::warn!(count = self.claimed.len(), "shutdown grace expired; abandoning the batch");
+                tracing::warn!(count = self.messages.len(), "shutdown grace expired; abandoning the batch");
                 self.abandon().await
             }
         }
     }
 
     async fn publish_chunk(&self, range: std::ops::Range<usize>) -> DispatchReport {
-        let chunk = &self.claimed[range];
+        let messages = &self.messages[range.clone()];
+        let leases = &self.leases[range];
         let inner = self.inner;
         let config = &inner.config;
-        let leases: Vec<Lease> = chunk.iter().map(|c| c.lease).collect();
         if inner.stop.is_cancelled() {
-            return self.release(&leases).await;
+            return self.release(leases).await;
         }
         if !self.lease_for_publish().await {
             tracing::warn!(
@@ -244,10 +250,9 @@ impl<'r> Batch<'r> {
                 "too little lease left to publish safely; releasing (raise the lease or lower \
                  batch_size / publish_timeout)"
             );
-            return self.release(&leases).await;
+            return self.release(leases).await;
         }
-        self.mark_started(&leases);
-        let messages: Vec<Message> = chunk.iter().map(|c| c.message.clone()).collect();
+        self.mark_started(leases);
         let span = tracing::info_span!(
             "outbox.publish",
             relay = %config.name,
@@ -255,14 +260,14 @@ impl<'r> Batch<'r> {
             first_id = %messages[0].id,
         );
         #[cfg(feature = "otel")]
-        crate::otel::link_messages(&span, &messages);
+        crate::otel::link_messages(&span, messages);
         let mut report = DispatchReport::default();
-        let outcomes = self.outcomes(&messages, &mut report).instrument(span).await;
+        let outcomes = self.outcomes(messages, &mut report).instrument(span).await;
 
         let now = SystemTime::now();
-        let mut done = Vec::new();
+        let mut done = Vec::with_capacity(leases.len());
         let mut failures = Vec::new();
-        for ((message, lease), outcome) in messages.iter().zip(leases).zip(outcomes) {
+        for ((message, &lease), outcome) in messages.iter().zip(leases).zip(outcomes) {
             match outcome {
                 PublishOutcome::Published => {
                     if let Ok(lag) = now.duration_since(message.created_at) {
@@ -365,9 +370,9 @@ impl<'r> Batch<'r> {
     /// still dead-letters eventually); the rest are released.
     async fn abandon(&self) -> DispatchReport {
         let (attempted, untouched): (Vec<Lease>, Vec<Lease>) = self
-            .claimed
+            .leases
             .iter()
-            .map(|c| c.lease)
+            .copied()
             .partition(|l| self.was_started(l.id));
         let failures: Vec<Failure> = attempted
             .into_iter()

@@ -47,6 +47,11 @@ pub struct RelayConfig {
     /// [`publish_concurrency`](Self::publish_concurrency) calls, so up to
     /// `pipeline_depth × publish_concurrency` publish calls are in flight. Default
     /// [`DEFAULT_PIPELINE_DEPTH`].
+    ///
+    /// It also sets the duplicate window: a relay killed at any point may leave up to
+    /// `pipeline_depth × batch_size` messages published but not settled (every batch it
+    /// holds, and the settles riding with a claim on the wire), which are published
+    /// again once their leases lapse. The chaos suite asserts that bound.
     pub pipeline_depth: usize,
 }
 

@@ -125,7 +125,7 @@ use crate::backoff::Backoff;
 use crate::error::{Error, ErrorKind, Result};
 use crate::message::MessageId;
 use crate::publisher::Publisher;
-use crate::store::{ClaimIds, ClaimRequest, ClaimedMessage, OutboxStore, Settlement};
+use crate::store::{ClaimIds, ClaimRequest, Claimed, ClaimedMessage, OutboxStore, Settlement};
 use batch::{count_settled, panic_message, settle, settle_outcomes, Batch, Deferred};
 
 /// Counts of what a relay (or one dispatch call) did.
@@ -418,14 +418,19 @@ impl Relay {
             })
             .catch_unwind();
             let outcome = drive(&mut batches, &mut carried, claim).await;
-            let failed = match outcome {
-                Ok(Ok(claimed)) if !claimed.is_empty() => {
+            let failed = match outcome.map(|claim| claim.map(|c| self.count_dead_letters(c))) {
+                Ok(Ok(Some(claimed))) if !claimed.is_empty() => {
                     let now = tokio::time::Instant::now();
                     claim_ahead_at = (claimed.len() >= config.batch_size)
                         .then(|| now + now.saturating_duration_since(sent));
                     idle.reset();
                     busy.reset();
                     batches.push(self.batch(claimed, claimed_at));
+                    continue;
+                }
+                Ok(Ok(None)) => {
+                    // The claim dead-lettered every row it took: more may be due.
+                    asked = true;
                     continue;
                 }
                 Ok(Ok(_)) => {
@@ -531,7 +536,7 @@ impl Relay {
     ///
     /// # Errors
     /// The claim's error, after the settle applied.
-    async fn settle_and_claim(&self, deferred: Deferred) -> Result<Option<Vec<ClaimedMessage>>> {
+    async fn settle_and_claim(&self, deferred: Deferred) -> Result<Option<Claimed>> {
         let inner = &*self.inner;
         let config = &inner.config;
         let request = ClaimRequest::new(config.batch_size, config.lease)?;
@@ -635,7 +640,18 @@ impl Relay {
             .claim_ids(&request)
             .instrument(tracing::info_span!("outbox.claim_ids", count = ids.len()))
             .await?;
-        Ok(Batch::new(&self.inner, claimed, claimed_at).publish().await)
+        let dead_lettered = claimed.dead_lettered as u64;
+        if dead_lettered > 0 {
+            self.inner.tally.record(&DispatchReport {
+                dead_lettered,
+                ..DispatchReport::default()
+            });
+        }
+        let mut report = Batch::new(&self.inner, claimed.messages, claimed_at)
+            .publish()
+            .await;
+        report.dead_lettered += dead_lettered;
+        Ok(report)
     }
 
     /// Wait until a loop claim that started after this call, with no batch in flight,
@@ -685,7 +701,25 @@ impl Relay {
         }
     }
 
-    async fn claim(&self) -> Result<Vec<ClaimedMessage>> {
+    /// Count the rows a claim dead-lettered, as the relay's own dead letters, and hand
+    /// over its messages: `Some` when there are any, `None` when the claim took rows
+    /// but dead-lettered every one, and an empty vector when it found nothing.
+    fn count_dead_letters(&self, claimed: Claimed) -> Option<Vec<ClaimedMessage>> {
+        let dead_lettered = claimed.dead_lettered as u64;
+        if dead_lettered > 0 {
+            self.inner.tally.record(&DispatchReport {
+                dead_lettered,
+                ..DispatchReport::default()
+            });
+        }
+        if dead_lettered > 0 && claimed.messages.is_empty() {
+            None
+        } else {
+            Some(claimed.messages)
+        }
+    }
+
+    async fn claim(&self) -> Result<Claimed> {
         let config = &self.inner.config;
         let request = ClaimRequest::new(config.batch_size, config.lease)?;
         let started = Instant::now();

@@ -16,16 +16,16 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use outbox_core::{
-    ClaimIds, ClaimRequest, ClaimedMessage, Failure, Lease, OutboxStore, Relay, RelayConfig,
-    Renewed, Settled, StoreCapabilities, DEFAULT_PIPELINE_DEPTH,
+    ClaimIds, ClaimRequest, Failure, Lease, OutboxStore, Relay, RelayConfig, Renewed, Settled,
+    StoreCapabilities, DEFAULT_PIPELINE_DEPTH,
 };
 use outbox_postgres::{Notify, PgOutbox, PgOutboxConfig};
 
 use crate::harness::{
     fmt_ratio, json_num, median, noop_publisher, preload, qualified, ratio, vacuum, Env, Res, Table,
 };
-use crate::pgbench;
 use crate::pgmq_peer::Peer;
+use crate::{cpu, pgbench};
 
 const SCHEMA: &str = "obx_bench_drain";
 const RELAYS: [u32; 3] = [1, 2, 4];
@@ -40,7 +40,11 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
         [(1, 2_000), (10, 10_000), (100, 40_000), (1_000, 80_000)],
         [(1, 400), (10, 2_000), (100, 8_000), (1_000, 12_000)],
     );
-    let repeats = env.mode.pick(3, 1);
+    // `OUTBOX_BENCH_REPEATS` overrides the rounds (say 3 in quick mode, for spreads).
+    let repeats = std::env::var("OUTBOX_BENCH_REPEATS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| env.mode.pick(3, 1));
     let with_pgbench = pgbench::available();
     let depth = library_depth();
     env.heading(
@@ -48,12 +52,11 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
         &format!(
             "msgs/s to empty a pre-loaded table: library Relays (claim batch = publish batch, \
          1 publish call in flight; library = the default relay: pipeline depth {depth}, settle + \
-         next claim in one statement planned per call; unpiped: the same with pipeline \
-         depth 1; prepared: the default with the statement prepared; old path: complete, then \
-         claim, depth 1) vs pgbench running the library's own claim + complete \
+         next claim in one prepared statement on the relay's connections; unpiped: the same \
+         with pipeline depth 1; old path: complete, then claim, depth 1) vs pgbench running the library's own claim + complete \
          SQL (-M prepared, clients = relays) vs pgmq::PGMQueue read_batch + delete_batch \
-         (workers = relays, same batch); each figure is the median of {repeats} run(s), \
-         the three systems taking turns"
+         (workers = relays, same batch); each figure is the median of {repeats} round(s), \
+         the systems taking turns in every round (A B C A B C ...)"
         ),
     );
 
@@ -83,112 +86,109 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
         "relays",
         "msgs",
         "library/s",
+        "lib cpu us/msg",
         "unpiped/s",
-        "prepared/s",
         "old path/s",
-        "lib/unpiped",
-        "unpiped/old",
-        "prep/old",
         "pgbench/s",
-        "lib/pgbench",
+        "pgbench cpu",
         "pgmq/s",
-        "lib/pgmq",
-        "lib vs batch 1",
+        "pgmq cpu",
+        "lib/pgbench",
+        "lib/pgmq [min..max]",
     ]);
     let mut rows = Vec::new();
-    let mut batch_one = [f64::NAN; RELAYS.len()];
     for (batch, n) in plan {
-        for (slot, relays) in RELAYS.into_iter().enumerate() {
+        for relays in RELAYS {
             let mut runs = Runs::default();
             for _ in 0..repeats {
-                runs.library.push(rate(
-                    n,
-                    library_drain(env, &outbox, batch, relays, n, RelayPath::New).await?,
-                ));
-                runs.unpiped.push(rate(
-                    n,
-                    library_drain(env, &outbox, batch, relays, n, RelayPath::Unpiped).await?,
-                ));
-                runs.prepared.push(rate(
-                    n,
-                    library_drain(env, &outbox, batch, relays, n, RelayPath::Prepared).await?,
-                ));
-                runs.old_path.push(rate(
-                    n,
-                    library_drain(env, &outbox, batch, relays, n, RelayPath::Old).await?,
-                ));
+                let (took, spent) =
+                    library_drain(env, &outbox, batch, relays, n, RelayPath::New).await?;
+                runs.library.push(Run::of(n, took, spent));
+                let (took, spent) =
+                    library_drain(env, &outbox, batch, relays, n, RelayPath::Unpiped).await?;
+                runs.unpiped.push(Run::of(n, took, spent));
+                let (took, spent) =
+                    library_drain(env, &outbox, batch, relays, n, RelayPath::Old).await?;
+                runs.old_path.push(Run::of(n, took, spent));
                 if let Some(script) = &script {
                     runs.pgbench
                         .push(pgbench_drain(env, &outbox, script, batch, relays, n).await?);
                 }
-                runs.pgmq
-                    .push(rate(n, peer.drain(env, batch, relays, n).await?));
+                let (took, spent) = peer.drain(env, batch, relays, n).await?;
+                runs.pgmq.push(Run::of(n, took, spent));
             }
-            let library = median(&runs.library);
-            let old_path = median(&runs.old_path);
-            let unpiped = median(&runs.unpiped);
-            let prepared = median(&runs.prepared);
-            let ceiling = median(&runs.pgbench);
-            let pgmq = median(&runs.pgmq);
-            if batch == 1 {
-                batch_one[slot] = library;
-            }
-            let vs_one = ratio(library, batch_one[slot]);
+            let library = Run::median_rate(&runs.library);
+            let pgbench = Run::median_rate(&runs.pgbench);
+            let pgmq = Run::median_rate(&runs.pgmq);
+            // Each round's ratio, so the spread shows how much the machine moved.
+            let vs_pgmq: Vec<f64> = runs
+                .library
+                .iter()
+                .zip(&runs.pgmq)
+                .map(|(l, p)| ratio(l.rate, p.rate))
+                .collect();
+            let vs_pgbench: Vec<f64> = runs
+                .library
+                .iter()
+                .zip(&runs.pgbench)
+                .map(|(l, p)| ratio(l.rate, p.rate))
+                .collect();
+            let spread = |r: &[f64]| {
+                let lo = r.iter().copied().fold(f64::INFINITY, f64::min);
+                let hi = r.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                format!("{} [{lo:.2}..{hi:.2}]", fmt_ratio(median(r)))
+            };
             table.row(vec![
                 batch.to_string(),
                 relays.to_string(),
                 n.to_string(),
                 format!("{library:.0}"),
-                format!("{unpiped:.0}"),
-                format!("{prepared:.0}"),
-                format!("{old_path:.0}"),
-                fmt_ratio(ratio(library, unpiped)),
-                fmt_ratio(ratio(unpiped, old_path)),
-                fmt_ratio(ratio(prepared, old_path)),
-                if ceiling.is_finite() {
-                    format!("{ceiling:.0}")
+                Run::cpu(&runs.library),
+                format!("{:.0}", Run::median_rate(&runs.unpiped)),
+                format!("{:.0}", Run::median_rate(&runs.old_path)),
+                if pgbench.is_finite() {
+                    format!("{pgbench:.0}")
                 } else {
                     "-".to_owned()
                 },
-                fmt_ratio(ratio(library, ceiling)),
+                Run::cpu(&runs.pgbench),
                 format!("{pgmq:.0}"),
-                fmt_ratio(ratio(library, pgmq)),
-                fmt_ratio(vs_one),
+                Run::cpu(&runs.pgmq),
+                if vs_pgbench.is_empty() {
+                    "-".to_owned()
+                } else {
+                    spread(&vs_pgbench)
+                },
+                spread(&vs_pgmq),
             ]);
             rows.push(serde_json::json!({
                 "batch": batch,
                 "relays": relays,
                 "messages": n,
                 "library_msgs_per_s": json_num(library),
-                "library_old_path_msgs_per_s": json_num(old_path),
-                "library_unpipelined_msgs_per_s": json_num(unpiped),
-                "library_vs_unpipelined": json_num(ratio(library, unpiped)),
-                "unpipelined_vs_old_path": json_num(ratio(unpiped, old_path)),
-                "new_vs_old_path": json_num(ratio(library, old_path)),
-                "library_prepared_msgs_per_s": json_num(prepared),
-                "prepared_vs_old_path": json_num(ratio(prepared, old_path)),
-                "pgbench_msgs_per_s": json_num(ceiling),
+                "library_unpipelined_msgs_per_s": json_num(Run::median_rate(&runs.unpiped)),
+                "library_old_path_msgs_per_s": json_num(Run::median_rate(&runs.old_path)),
+                "pgbench_msgs_per_s": json_num(pgbench),
                 "pgmq_msgs_per_s": json_num(pgmq),
-                "library_vs_pgbench": json_num(ratio(library, ceiling)),
-                "library_vs_pgmq": json_num(ratio(library, pgmq)),
-                "library_vs_batch_1": json_num(vs_one),
+                "library_vs_pgbench": vs_pgbench,
+                "library_vs_pgmq": vs_pgmq,
                 "runs": {
-                    "library": runs.library,
-                    "library_old_path": runs.old_path,
-                    "library_unpipelined": runs.unpiped,
-                    "library_prepared": runs.prepared,
-                    "pgbench": runs.pgbench,
-                    "pgmq": runs.pgmq,
+                    "library": Run::json(&runs.library),
+                    "library_unpipelined": Run::json(&runs.unpiped),
+                    "library_old_path": Run::json(&runs.old_path),
+                    "pgbench": Run::json(&runs.pgbench),
+                    "pgmq": Run::json(&runs.pgmq),
                 },
             }));
         }
     }
     table.print();
     println!(
-        "targets (issue 13): lib/pgmq >= 1.30 at batch 10 and 100 with 1, 2, 4 relays; \
-         lib/pgbench >= 0.95. pgbench runs the old path's SQL (claim, then complete): the \
-         library's complete-and-claim statement is planned per call and longer than \
-         pg_stat_activity keeps, so it is not captured for pgbench"
+        "cpu columns: microseconds of CPU per message, client (this process: relays or the \
+         pgmq client; pgbench's own process for pgbench) + server (every postgres process), \
+         medians. Targets: lib/pgmq >= 1.3 at batch 10 and 100 with 1, 2 and 4 relays, \
+         >= 1.2 at batch 1000; lib/pgbench >= 0.95. pgbench runs the library's claim and \
+         complete statements (two per batch); the relay sends one complete-and-claim"
     );
     peer.teardown().await?;
     admin.close().await;
@@ -200,15 +200,59 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
     }))
 }
 
-/// msgs/s of every repetition, per system.
+/// One drain: msgs/s and CPU per message.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    rate: f64,
+    client_us: f64,
+    server_us: f64,
+}
+
+impl Run {
+    fn of(n: u64, took: Duration, spent: cpu::Spent) -> Run {
+        let (client_us, server_us) = spent.per_message(n);
+        Run {
+            rate: rate(n, took),
+            client_us,
+            server_us,
+        }
+    }
+
+    fn median_rate(runs: &[Run]) -> f64 {
+        median(&runs.iter().map(|r| r.rate).collect::<Vec<_>>())
+    }
+
+    /// `client + server` µs per message, medians.
+    fn cpu(runs: &[Run]) -> String {
+        if runs.is_empty() {
+            return "-".to_owned();
+        }
+        let client = median(&runs.iter().map(|r| r.client_us).collect::<Vec<_>>());
+        let server = median(&runs.iter().map(|r| r.server_us).collect::<Vec<_>>());
+        format!("{client:.1}+{server:.1}")
+    }
+
+    fn json(runs: &[Run]) -> serde_json::Value {
+        runs.iter()
+            .map(|r| {
+                serde_json::json!({
+                    "msgs_per_s": json_num(r.rate),
+                    "client_cpu_us_per_msg": json_num(r.client_us),
+                    "server_cpu_us_per_msg": json_num(r.server_us),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Every repetition, per system.
 #[derive(Debug, Default)]
 struct Runs {
-    library: Vec<f64>,
-    unpiped: Vec<f64>,
-    old_path: Vec<f64>,
-    prepared: Vec<f64>,
-    pgbench: Vec<f64>,
-    pgmq: Vec<f64>,
+    library: Vec<Run>,
+    unpiped: Vec<Run>,
+    old_path: Vec<Run>,
+    pgbench: Vec<Run>,
+    pgmq: Vec<Run>,
 }
 
 /// Pre-load `n`, then drain with pgbench: `relays` clients, exactly enough rounds each.
@@ -219,12 +263,18 @@ async fn pgbench_drain(
     batch: usize,
     relays: u32,
     n: u64,
-) -> Res<f64> {
+) -> Res<Run> {
     reset(outbox, n).await?;
     let per_client = n / (u64::try_from(batch)? * u64::from(relays));
+    let cpu = cpu::sample();
     let run = pgbench::run(env, script, relays, per_client, batch).await?;
+    let (client_us, server_us) = cpu::since(cpu).per_message(n);
     ensure_empty(outbox, "pgbench").await?;
-    Ok(run.tps * f64::from(u32::try_from(batch)?))
+    Ok(Run {
+        rate: run.tps * f64::from(u32::try_from(batch)?),
+        client_us,
+        server_us,
+    })
 }
 
 fn rate(n: u64, took: Duration) -> f64 {
@@ -255,13 +305,10 @@ async fn ensure_empty(outbox: &PgOutbox, who: &str) -> Res<()> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RelayPath {
     /// The default relay: `settle_and_claim` as PostgreSQL implements it (one
-    /// statement, planned per call), pipelined at the default depth.
+    /// prepared statement), pipelined at the default depth.
     New,
     /// As `New` with pipelining off (depth 1).
     Unpiped,
-    /// The same statement prepared
-    /// (`PgOutboxConfig::with_prepared_complete_and_claim`).
-    Prepared,
     /// The trait's default: complete, then claim; pipelining off.
     Old,
 }
@@ -276,10 +323,10 @@ impl OutboxStore for OldPath {
     fn capabilities(&self) -> StoreCapabilities {
         self.0.capabilities()
     }
-    async fn claim(&self, request: ClaimRequest) -> outbox_core::Result<Vec<ClaimedMessage>> {
+    async fn claim(&self, request: ClaimRequest) -> outbox_core::Result<outbox_core::Claimed> {
         self.0.claim(request).await
     }
-    async fn claim_ids(&self, request: &ClaimIds) -> outbox_core::Result<Vec<ClaimedMessage>> {
+    async fn claim_ids(&self, request: &ClaimIds) -> outbox_core::Result<outbox_core::Claimed> {
         self.0.claim_ids(request).await
     }
     async fn complete(&self, leases: &[Lease]) -> outbox_core::Result<Settled> {
@@ -313,21 +360,20 @@ async fn library_drain(
     relays: u32,
     n: u64,
     path: RelayPath,
-) -> Res<Duration> {
+) -> Res<(Duration, cpu::Spent)> {
     reset(outbox, n).await?;
     let depth = match path {
-        RelayPath::New | RelayPath::Prepared => library_depth(),
+        RelayPath::New => library_depth(),
         RelayPath::Unpiped | RelayPath::Old => 1,
     };
     // A pipelined relay may have a claim and a settle on the wire for each batch.
     let pool = env.pool(relays * u32::try_from(depth)? + 1).await?;
-    let config = outbox
-        .config()
-        .clone()
-        .with_prepared_complete_and_claim(path == RelayPath::Prepared);
+    let connections = relays * u32::try_from(depth)? + 1;
+    let config = outbox.config().clone().with_relay_connections(connections);
     let pg = PgOutbox::new(pool.clone(), config)?;
+    let relay_pool = pg.relay_pool().clone();
     let store: Arc<dyn OutboxStore> = match path {
-        RelayPath::New | RelayPath::Unpiped | RelayPath::Prepared => Arc::new(pg),
+        RelayPath::New | RelayPath::Unpiped => Arc::new(pg),
         RelayPath::Old => Arc::new(OldPath(pg)),
     };
     let publisher = noop_publisher();
@@ -341,6 +387,11 @@ async fn library_drain(
             Relay::new(store.clone(), publisher.clone(), config)
         })
         .collect::<Result<Vec<_>, _>>()?;
+    // Open the relay connections before the clock starts, as pgmq's pool is.
+    let warm: Vec<_> =
+        futures::future::try_join_all((0..connections).map(|_| relay_pool.acquire())).await?;
+    drop(warm);
+    let cpu = cpu::sample();
     let start = Instant::now();
     let handles: Vec<_> = relays.iter().map(Relay::spawn).collect();
     let dispatched = || relays.iter().map(|r| r.report().dispatched).sum::<u64>();
@@ -355,6 +406,7 @@ async fn library_drain(
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let took = start.elapsed();
+    let spent = cpu::since(cpu);
     for handle in handles {
         let report = handle.shutdown().await?;
         if report.retried + report.dead_lettered + report.leases_lost > 0 {
@@ -362,6 +414,7 @@ async fn library_drain(
         }
     }
     pool.close().await;
+    relay_pool.close().await;
     ensure_empty(outbox, "the relays").await?;
-    Ok(took)
+    Ok((took, spent))
 }

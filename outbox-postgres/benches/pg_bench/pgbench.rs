@@ -1,12 +1,11 @@
 //! The ceiling: the library's own claim and complete statements, driven by `pgbench`.
 //!
 //! The statements are not copied from the source (the crate exposes no SQL): [`capture`]
-//! runs one real claim and complete through [`PgOutbox`] on a single connection and
-//! reads their text back from the server: the claim (a prepared statement) with its
-//! parameter types from `pg_prepared_statements`, the complete (planned per call, so
-//! not listed there) from `pg_stat_activity`. So the ceiling runs exactly what the
-//! library sends. pgbench runs both prepared (`-M prepared`); the drain scenario
-//! analyzes the table before each run, so the complete's cached plan fits it.
+//! runs one real claim and complete through [`PgOutbox`] on a single relay connection
+//! and reads their text and parameter types back from its `pg_prepared_statements`. So
+//! the ceiling runs exactly what the library sends. pgbench runs both prepared
+//! (`-M prepared`) on ordinary sessions; the drain scenario analyzes the table before
+//! each run, so their cached plans fit it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -42,31 +41,24 @@ pub(crate) struct PgbenchRun {
 /// the library on one connection, and read back the statements it prepared.
 pub(crate) async fn capture(env: &Env, config: PgOutboxConfig) -> Res<Captured> {
     let pool = env.pool(1).await?;
-    let observer = env.pool(1).await?;
-    let outbox = PgOutbox::new(pool.clone(), config)?;
+    let outbox = PgOutbox::new(pool.clone(), config.with_relay_connections(1))?;
     preload(&outbox, 1).await?;
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&pool)
-        .await?;
     let claimed = outbox
         .claim(ClaimRequest::new(1, Duration::from_secs(30))?)
         .await?;
     let leases: Vec<Lease> = claimed.iter().map(|c| c.lease).collect();
     let settled = outbox.complete(&leases).await?;
-    let complete: String = sqlx::query_scalar("SELECT query FROM pg_stat_activity WHERE pid = $1")
-        .bind(pid)
-        .fetch_one(&observer)
-        .await?;
-    observer.close().await;
     if claimed.len() != 1 || settled.applied != 1 {
         return Err(
             "capturing the library's SQL: the probe message was not claimed and completed".into(),
         );
     }
+    // Both ran, prepared, on the relay's one connection.
     let prepared: Vec<Prepared> =
         sqlx::query_as("SELECT statement, parameter_types::text[] FROM pg_prepared_statements")
-            .fetch_all(&pool)
+            .fetch_all(outbox.relay_pool())
             .await?;
+    outbox.relay_pool().close().await;
     pool.close().await;
     let find =
         |what: &str, pick: &dyn Fn(&Prepared) -> bool| {
@@ -75,13 +67,9 @@ pub(crate) async fn capture(env: &Env, config: PgOutboxConfig) -> Res<Captured> 
             })
         };
     let (claim, claim_types) = find("claim", &|(sql, _)| sql.contains("SKIP LOCKED"))?;
-    if !complete.contains("unnest($1::uuid[], $2::uuid[]) AS l(id, token)") {
-        return Err(format!(
-            "the last statement was not the complete (ids, tokens): {complete}; update \
-             benches/pg_bench/pgbench.rs"
-        )
-        .into());
-    }
+    let (complete, _) = find("complete", &|(sql, _)| {
+        sql.contains("unnest($1::uuid[], $2::uuid[]) AS l(id, token)")
+    })?;
     let complete_types = vec!["uuid[]".to_owned(); 2];
     if claim_types != ["bigint", "bigint", "uuid"] {
         return Err(format!(

@@ -82,11 +82,12 @@ impl Peer {
         batch: usize,
         workers: u32,
         n: u64,
-    ) -> Res<Duration> {
+    ) -> Res<(Duration, crate::cpu::Spent)> {
         self.reset(n).await?;
         let pool = env.pool(workers).await?;
         let queue = PGMQueue::new_with_pool(pool.clone()).await;
         let batch = i32::try_from(batch)?;
+        let cpu = crate::cpu::sample();
         let start = Instant::now();
         let mut tasks = Vec::new();
         for _ in 0..workers {
@@ -108,6 +109,7 @@ impl Peer {
             total += task.await??;
         }
         let took = start.elapsed();
+        let spent = crate::cpu::since(cpu);
         pool.close().await;
         let left: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", Self::table()))
             .fetch_one(&self.admin)
@@ -115,7 +117,7 @@ impl Peer {
         if total != n || left != 0 {
             return Err(format!("pgmq drained {total} of {n}, {left} left in the queue").into());
         }
-        Ok(took)
+        Ok((took, spent))
     }
 
     /// Destroy the queue, and pgmq's schema if the bench created it.

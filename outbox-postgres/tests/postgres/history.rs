@@ -42,7 +42,7 @@ async fn claims_read_the_pending_index_not_the_history() {
     load_history(&outbox, 100_000).await;
     enqueue(&outbox, &(0..20).map(msg).collect::<Vec<_>>()).await;
 
-    let plan = crate::plans::explain_claim(&pool, &claim, 100).await;
+    let plan = crate::plans::explain_claim(outbox.relay_pool(), &claim, 100).await;
     let due_index = format!("{}_due", outbox.config().table());
     assert!(
         plan.contains(&due_index),

@@ -127,7 +127,13 @@ async fn a_per_key_install_adds_the_key_index_to_an_unordered_table() {
     .unwrap();
     let name = ordered.config().table();
     for plan in [Plan::Custom, Plan::Generic] {
-        let text = explain(&pool, &claim, |types| settle_args(types, &[]), plan).await;
+        let text = explain(
+            ordered.relay_pool(),
+            &claim,
+            |types| settle_args(types, &[]),
+            plan,
+        )
+        .await;
         assert!(
             text.contains(&format!("{name}_key")) && !text.contains("Seq Scan"),
             "the per-key claim ({plan:?}) on the upgraded table must read the key index:\n{text}"

@@ -80,7 +80,7 @@ async fn head_check_uses_the_key_index_behind_a_blocked_backlog() {
     let claim = crate::plans::claim_statement(&outbox).await;
     load_blocked_backlog(&outbox, 2_000, 20_000).await;
 
-    let plan = crate::plans::explain_claim(&pool, &claim, 100).await;
+    let plan = crate::plans::explain_claim(outbox.relay_pool(), &claim, 100).await;
     // The head check reads the table as `e`; the rest of the plan may use any access
     // path (a hash join over a small table is fine).
     let name = outbox.config().table();

@@ -67,6 +67,11 @@ async fn check(outbox: &PgOutbox, poisons: &[Poison]) {
     let ids: Vec<MessageId> = claimed.iter().map(|c| c.message.id).collect();
     let expected: Vec<MessageId> = good.iter().map(|m| m.id()).collect();
     assert_eq!(ids, expected, "the good rows, in order, and nothing else");
+    assert_eq!(
+        claimed.dead_lettered,
+        planted.len(),
+        "the claim reports what it dead-lettered, for the relay to count"
+    );
 
     let page = DeadLetterPage::new(DeadLetterFilter::default(), 100).unwrap();
     let dead = outbox.dead_letters(&page).await.unwrap();

@@ -266,3 +266,46 @@ pub async fn dispatched_counts_match_what_purges_delete(h: &dyn Harness) {
     let s = stats(&*admin).await;
     assert_eq!((s.pending, s.in_flight, s.dead, s.dispatched), (1, 1, 1, 0));
 }
+
+/// A dead letter that another tool also stamped dispatched: whatever it is counted as,
+/// requeueing it brings back exactly what was counted dead, and a message requeued is
+/// claimable again. (It used to be counted and listed dead, requeue reported it, and it
+/// never came due: the dispatched time kept it out of every claim and count.)
+pub async fn a_dead_letter_stamped_dispatched_is_requeued_whole(h: &dyn Harness) {
+    let f = plain(h).await;
+    let (store, admin) = (f.store(), f.admin());
+    let id = kill_all(&*f, vec![msg("c", 0)]).await[0];
+    match f.mark_dispatched(id).await {
+        Err(e) if e.kind() == outbox_core::ErrorKind::Unsupported => {
+            eprintln!(
+                "SKIPPED conformance case a_dead_letter_stamped_dispatched_is_requeued_whole: \
+                 the fixture cannot stamp a row dispatched"
+            );
+            return;
+        }
+        other => other.unwrap(),
+    }
+    let counted = admin
+        .count_dead(&DeadLetterFilter::default())
+        .await
+        .unwrap();
+    let listed = admin
+        .dead_letters(&DeadLetterPage::new(DeadLetterFilter::default(), 10).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(listed.len() as u64, counted, "listing and count agree");
+    let requeued = admin
+        .requeue_dead(&DeadLetterSelection::Ids(vec![id]))
+        .await
+        .unwrap();
+    assert_eq!(
+        requeued, counted,
+        "what is counted dead is what requeue brings back"
+    );
+    if requeued == 1 {
+        let again = claim(&*store, 10, LONG_LEASE).await;
+        let ids: Vec<MessageId> = again.iter().map(|c| c.message.id).collect();
+        assert_eq!(ids, [id], "the requeued message is claimable again");
+        assert_eq!(stats(&*admin).await.dead, 0);
+    }
+}

@@ -113,7 +113,11 @@ pub(crate) async fn claim(
     lease: Duration,
 ) -> Vec<ClaimedMessage> {
     let request = ClaimRequest::new(limit, lease).expect("valid claim request");
-    store.claim(request).await.expect("claim failed")
+    store
+        .claim(request)
+        .await
+        .expect("claim failed")
+        .into_messages()
 }
 
 pub(crate) async fn claim_ids(
@@ -122,7 +126,11 @@ pub(crate) async fn claim_ids(
     lease: Duration,
 ) -> Vec<ClaimedMessage> {
     let request = ClaimIds::new(ids, lease).expect("valid claim of ids");
-    store.claim_ids(&request).await.expect("claim_ids failed")
+    store
+        .claim_ids(&request)
+        .await
+        .expect("claim_ids failed")
+        .into_messages()
 }
 
 pub(crate) async fn stats(admin: &dyn OutboxAdmin) -> OutboxStats {
