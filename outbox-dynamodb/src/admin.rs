@@ -6,13 +6,13 @@
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::types::{ReturnConsumedCapacity, ReturnValue, Select};
+use aws_sdk_dynamodb::types::{Put, ReturnConsumedCapacity, Select, TransactWriteItem, Update};
 use outbox_core::{
     DeadLetter, DeadLetterFilter, DeadLetterOrder, DeadLetterPage, DeadLetterSelection, MessageId,
     OutboxAdmin, OutboxStats, Result, Retention,
 };
 
-use crate::error::{from_sdk, is_condition_failed};
+use crate::error::{build_error, from_sdk, is_condition_failed};
 use crate::item::{
     self, decode_lossy, get_n, id_text, message_partition, n, now_us, s, Item, ATTEMPTS, AVAILABLE,
     CREATED, DEAD_AT, DEAD_ID, DEAD_INDEX, DONE_AT, DONE_INDEX, DUE, DUE_INDEX, DUE_SCALE,
@@ -159,9 +159,52 @@ impl DynamoOutbox {
         let now = now_us();
         let update = format!(
             "SET #{AVAILABLE} = :now, #{DUE} = :base + #{SEQ}, #{ATTEMPTS} = :zero \
-             REMOVE #{DEAD_ID}, #{DEAD_AT}, #{TOKEN}"
+             REMOVE #{DEAD_ID}, #{DEAD_AT}, #{TOKEN}, #{DONE_AT}"
         );
         let condition = format!("attribute_exists(#{DEAD_ID})");
+        let values = [
+            (":now", n(now)),
+            (":base", n(u128::from(now) * DUE_SCALE)),
+            (":zero", n(0)),
+        ];
+        if self.per_key() {
+            // A keyed message goes back with its marker in one transaction, so no claim
+            // ever sees it undelivered without its place in the key's order. The key and
+            // sequence never change, so a consistent read before is enough to build it.
+            let Some(item) = self.read(id).await? else {
+                return Ok(false);
+            };
+            if let (Some(key), Ok(Some(seq))) =
+                (item::get_s(&item, PARTITION_KEY), get_n::<u64>(&item, SEQ))
+            {
+                let message = Update::builder()
+                    .table_name(self.table())
+                    .set_key(Some(self.key_of(id)))
+                    .set_expression_attribute_names(Some(item::names(&[&update, &condition])))
+                    .update_expression(update)
+                    .condition_expression(condition)
+                    .set_expression_attribute_values(Some(
+                        values.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+                    ))
+                    .build()
+                    .map_err(|e| build_error("requeue dead letter", e))?;
+                let marker = Put::builder()
+                    .table_name(self.table())
+                    .set_item(Some(self.marker_item(key, seq, id)))
+                    .build()
+                    .map_err(|e| build_error("requeue dead letter", e))?;
+                return self
+                    .transact_if(
+                        "requeue dead letter",
+                        vec![
+                            TransactWriteItem::builder().update(message).build(),
+                            TransactWriteItem::builder().put(marker).build(),
+                        ],
+                        0,
+                    )
+                    .await;
+            }
+        }
         let sent = self
             .inner
             .client
@@ -171,32 +214,13 @@ impl DynamoOutbox {
             .set_expression_attribute_names(Some(item::names(&[&update, &condition])))
             .update_expression(update)
             .condition_expression(condition)
-            .expression_attribute_values(":now", n(now))
-            .expression_attribute_values(":base", n(u128::from(now) * DUE_SCALE))
-            .expression_attribute_values(":zero", n(0))
-            .return_values(ReturnValue::AllNew)
+            .set_expression_attribute_values(Some(
+                values.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            ))
             .send()
             .await;
         match sent {
-            Ok(out) => {
-                let item = out.attributes.unwrap_or_default();
-                if let (true, Some(key), Ok(Some(seq))) = (
-                    self.per_key(),
-                    item::get_s(&item, PARTITION_KEY),
-                    get_n::<u64>(&item, SEQ),
-                ) {
-                    // Back in the key's order at its original place.
-                    self.inner
-                        .client
-                        .put_item()
-                        .table_name(self.table())
-                        .set_item(Some(self.marker_item(key, seq, id)))
-                        .send()
-                        .await
-                        .map_err(|e| from_sdk("requeue (order marker)", e))?;
-                }
-                Ok(true)
-            }
+            Ok(_) => Ok(true),
             Err(e) if is_condition_failed(&e) => Ok(false),
             Err(e) => Err(from_sdk("requeue dead letter", e)),
         }

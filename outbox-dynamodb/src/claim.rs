@@ -8,7 +8,9 @@ use std::sync::atomic::Ordering;
 
 use aws_sdk_dynamodb::types::{ReturnConsumedCapacity, ReturnValue};
 use outbox_core::store::MAX_ATTEMPTS;
-use outbox_core::{ClaimIds, ClaimRequest, ClaimedMessage, Lease, LeaseToken, MessageId, Result};
+use outbox_core::{
+    ClaimIds, ClaimRequest, Claimed, ClaimedMessage, Lease, LeaseToken, MessageId, Result,
+};
 
 use crate::error::{from_sdk, is_condition_failed};
 use crate::item::{
@@ -38,8 +40,9 @@ enum Taken {
     Claimed(Box<ClaimedMessage>),
     /// Another claimer won, or the message changed since it was read.
     Refused,
-    /// Claimed, but not a valid message: dead-lettered.
-    Poison,
+    /// Claimed, but not a valid message: dead-lettered (`true`) or, when that write
+    /// failed, left to its lease (`false`).
+    Poison(bool),
 }
 
 /// How many times the oldest candidates a spreading claim draws from.
@@ -57,7 +60,7 @@ impl DynamoOutbox {
     /// [`SPREAD_FOR`]: each batch is drawn at random from the oldest
     /// [`SPREAD_WINDOW`] × wanted candidates, so racing relays take different messages
     /// instead of queueing behind each other's refused writes.
-    pub(crate) async fn claim_due(&self, request: ClaimRequest) -> Result<Vec<ClaimedMessage>> {
+    pub(crate) async fn claim_due(&self, request: ClaimRequest) -> Result<Claimed> {
         let now = now_us();
         let page = i32::try_from((request.limit() * 4).clamp(100, 1000)).unwrap_or(1000);
         let mut cursors: Vec<Cursor> = (0..self.shards())
@@ -71,6 +74,7 @@ impl DynamoOutbox {
             .collect();
         let mut heads: HashMap<String, Option<MessageId>> = HashMap::new();
         let mut claimed = Vec::new();
+        let mut dead_lettered = 0;
         loop {
             let want = request.limit() - claimed.len();
             let spread = self.inner.contended_until.load(Ordering::Relaxed) > now_us();
@@ -110,7 +114,7 @@ impl DynamoOutbox {
             for (outcome, (shard, due)) in taken.into_iter().zip(placed) {
                 match outcome {
                     Taken::Claimed(m) => claimed.push((due, *m)),
-                    Taken::Poison => {}
+                    Taken::Poison(written) => dead_lettered += usize::from(written),
                     Taken::Refused => {
                         self.inner
                             .contended_until
@@ -128,7 +132,8 @@ impl DynamoOutbox {
             }
         }
         claimed.sort_by_key(|(due, _)| *due);
-        Ok(claimed.into_iter().map(|(_, m)| m).collect())
+        let messages = claimed.into_iter().map(|(_, m)| m).collect();
+        Ok(Claimed::new(messages).with_dead_lettered(dead_lettered))
     }
 
     fn shard_of_id(&self, id: MessageId) -> u16 {
@@ -244,14 +249,19 @@ impl DynamoOutbox {
                 .filter(|(k, _)| *k == PK || *k == SK)
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
-            self.inner
-                .client
-                .delete_item()
-                .table_name(self.table())
-                .set_key(Some(key_attrs))
-                .send()
-                .await
-                .map_err(|e| from_sdk("claim (stale order marker)", e))?;
+            // Conditional on the message still not being undelivered: a requeue that
+            // committed since the read above keeps its marker.
+            match self.delete_marker_if_settled(key_attrs, first).await {
+                Ok(true) => {}
+                Ok(false) => return Ok(Some(first)),
+                // A transaction conflict (a requeue of that very message in flight):
+                // the key waits for the next claim rather than failing this one.
+                Err(e) if e.is_retryable() => {
+                    tracing::debug!(key, error = %e.report(), "stale order marker kept for now");
+                    return Ok(Some(first));
+                }
+                Err(e) => return Err(e),
+            }
         }
         tracing::warn!(
             key,
@@ -361,19 +371,23 @@ impl DynamoOutbox {
                 let reason = outbox_core::store::bounded_error(format!(
                     "dead-lettered by the claim: {reason}"
                 ));
-                if let Err(e) = self.dead_letter(&lease, &reason).await {
-                    tracing::warn!(id = %c.id, error = %e.report(), "poison message not dead-lettered; its lease will lapse");
-                }
-                Ok(Taken::Poison)
+                let written = match self.dead_letter(&lease, &reason).await {
+                    Ok(_) => true,
+                    Err(e) => {
+                        tracing::warn!(id = %c.id, error = %e.report(), "poison message not dead-lettered; its lease will lapse");
+                        false
+                    }
+                };
+                Ok(Taken::Poison(written))
             }
         }
     }
 
     /// Claim exactly the listed ids that are due: read each (strongly consistent), order
     /// the due ones like [`claim_due`](Self::claim_due), check key heads, take them.
-    pub(crate) async fn claim_listed(&self, request: &ClaimIds) -> Result<Vec<ClaimedMessage>> {
+    pub(crate) async fn claim_listed(&self, request: &ClaimIds) -> Result<Claimed> {
         if request.ids().is_empty() {
-            return Ok(Vec::new());
+            return Ok(Claimed::default());
         }
         let now = now_us();
         let items: Vec<Option<Item>> =
@@ -400,12 +414,14 @@ impl DynamoOutbox {
         let lease = request.lease();
         let taken: Vec<Taken> =
             bounded(batch.into_iter().map(|c| self.take(c, lease)).collect()).await?;
-        Ok(taken
-            .into_iter()
-            .filter_map(|t| match t {
-                Taken::Claimed(m) => Some(*m),
-                Taken::Refused | Taken::Poison => None,
-            })
-            .collect())
+        let mut claimed = Claimed::default();
+        for t in taken {
+            match t {
+                Taken::Claimed(m) => claimed.messages.push(*m),
+                Taken::Poison(written) => claimed.dead_lettered += usize::from(written),
+                Taken::Refused => {}
+            }
+        }
+        Ok(claimed)
     }
 }

@@ -129,16 +129,14 @@ impl DynamoOutboxConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DynamoDedupConfig {
     table: String,
-    shards: u16,
     retention: Duration,
 }
 
 impl Default for DynamoDedupConfig {
-    /// Table `outbox_dedup`, 16 shards, seven days of retention.
+    /// Table `outbox_dedup`, seven days of retention.
     fn default() -> Self {
         DynamoDedupConfig {
             table: "outbox_dedup".into(),
-            shards: 16,
             retention: Duration::from_secs(7 * 24 * 60 * 60),
         }
     }
@@ -150,12 +148,6 @@ impl DynamoDedupConfig {
         self.table = name.into();
         self
     }
-    /// Spread records over `shards` partitions (1 to [`MAX_SHARDS`]); fixed for the
-    /// life of the table.
-    pub fn with_shards(mut self, shards: u16) -> Self {
-        self.shards = shards;
-        self
-    }
     /// Remember ids for `retention` (above zero).
     pub fn with_retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
@@ -165,10 +157,6 @@ impl DynamoDedupConfig {
     pub fn table(&self) -> &str {
         &self.table
     }
-    /// The shard count.
-    pub fn shards(&self) -> u16 {
-        self.shards
-    }
     /// The retention period.
     pub fn retention(&self) -> Duration {
         self.retention
@@ -176,11 +164,10 @@ impl DynamoDedupConfig {
     /// Check every setting.
     ///
     /// # Errors
-    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad table name, a
-    /// shard count out of range or a zero retention.
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad table name or a
+    /// zero retention.
     pub fn validate(&self) -> Result<()> {
         validate_table_name("dedup", &self.table)?;
-        check_shards("dedup", self.shards)?;
         if self.retention.is_zero() {
             return Err(Error::config("dedup retention must be above zero"));
         }
@@ -222,6 +209,82 @@ impl DynamoEntityConfig {
     }
 }
 
+/// Settings of a [`DynamoDistributedLock`](crate::DynamoDistributedLock).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DynamoLockConfig {
+    table: String,
+    lease: Duration,
+    renew_every: Duration,
+}
+
+impl Default for DynamoLockConfig {
+    /// Table `outbox_locks`, 30-second leases renewed every 10 seconds.
+    fn default() -> Self {
+        DynamoLockConfig {
+            table: "outbox_locks".into(),
+            lease: Duration::from_secs(30),
+            renew_every: Duration::from_secs(10),
+        }
+    }
+}
+
+impl DynamoLockConfig {
+    /// Use table `name`.
+    #[must_use]
+    pub fn with_table(mut self, name: impl Into<String>) -> Self {
+        self.table = name.into();
+        self
+    }
+    /// How long an acquisition or a renewal holds the lock without another renewal: the
+    /// longest a crashed holder keeps others out. At least one second, and longer than
+    /// the worst clock skew between processes.
+    #[must_use]
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+    /// How often a held guard renews its lease (above zero, at most half the lease, so
+    /// that one slow or failed renewal does not lose the lock).
+    #[must_use]
+    pub fn with_renew_every(mut self, every: Duration) -> Self {
+        self.renew_every = every;
+        self
+    }
+    /// The table name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+    /// The lease duration.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+    /// The renewal period.
+    pub fn renew_every(&self) -> Duration {
+        self.renew_every
+    }
+    /// Check every setting.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad table name, a
+    /// lease under one second, or a renewal period that is zero or over half the lease.
+    pub fn validate(&self) -> Result<()> {
+        validate_table_name("lock", &self.table)?;
+        if self.lease < Duration::from_secs(1) {
+            return Err(Error::config(format!(
+                "lock lease {:?} is under one second",
+                self.lease
+            )));
+        }
+        if self.renew_every.is_zero() || self.renew_every > self.lease / 2 {
+            return Err(Error::config(format!(
+                "lock renewal period {:?} must be above zero and at most half the lease {:?}",
+                self.renew_every, self.lease
+            )));
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,6 +313,19 @@ mod tests {
         DynamoOutboxConfig::default().validate().unwrap();
         DynamoDedupConfig::default().validate().unwrap();
         DynamoEntityConfig::default().validate().unwrap();
+        DynamoLockConfig::default().validate().unwrap();
+        for bad in [
+            DynamoLockConfig::default().with_table("x"),
+            DynamoLockConfig::default().with_lease(Duration::from_millis(999)),
+            DynamoLockConfig::default().with_renew_every(Duration::ZERO),
+            DynamoLockConfig::default().with_renew_every(Duration::from_secs(16)),
+        ] {
+            assert_eq!(
+                bad.validate().unwrap_err().kind(),
+                ErrorKind::Config,
+                "{bad:?}"
+            );
+        }
         for bad in [
             DynamoOutboxConfig::default().with_shards(0),
             DynamoOutboxConfig::default().with_shards(MAX_SHARDS + 1),

@@ -1,31 +1,7 @@
 //! [`DynamoDedupStore`]: processed message ids in a DynamoDB table, strongly consistent,
 //! for the decoupled consumer algorithm.
 //!
-//! # Protocol
-//!
-//! 1. **Record**: one `PutItem` of `(consumer, id)` with the condition
-//!    `attribute_not_exists(sk) OR expires_us <= :now`. DynamoDB applies conditional
-//!    writes to one item one at a time, so of any number of concurrent records of an id
-//!    exactly one succeeds ([`Dedup::New`]); the others fail the condition
-//!    ([`Dedup::Duplicate`]). An expired item that TTL has not deleted yet passes the
-//!    condition and is overwritten: expired counts as absent.
-//! 2. **Check**: one `GetItem` with `ConsistentRead = true` on the base table (never an
-//!    index): it returns every write acknowledged before it, which is what makes this
-//!    store [`Consistency::Strong`]. An item whose `expires_us` has passed counts as
-//!    absent.
-//! 3. **Expire**: the `ttl` attribute (epoch seconds) lets DynamoDB's TTL delete expired
-//!    items in the background, free of write capacity, usually within days.
-//!    [`purge_expired`](DedupStore::purge_expired) deletes them sooner, found through the
-//!    `expiry` local secondary index of each shard (strongly consistent queries, no
-//!    scan), each delete conditional on the item still being expired.
-//!
-//! ## Limitations
-//!
-//! - Expiry follows this process's clock: skew between consumers shifts the retention
-//!   window by the skew.
-//! - Items are spread over a fixed number of shard partitions (for the purge index);
-//!   each shard's item collection is limited to 10 GB by DynamoDB (about 80 million
-//!   records per shard).
+//! The layout and protocol are documented on [`DynamoDedupStore`].
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::ReturnConsumedCapacity;
@@ -34,17 +10,59 @@ use outbox_core::{Consistency, ConsumerName, Dedup, DedupStore, MessageId, Resul
 
 use crate::config::DynamoDedupConfig;
 use crate::error::{from_sdk, is_condition_failed};
-use crate::item::{self, get_n, id_text, n, now_us, s, shard_of, Item, PK, SK};
+use crate::item::{self, get_n, id_text, n, now_us, s, Item, PK};
 
-/// The attribute holding when a record expires, in microseconds (the sort key of the
-/// expiry index).
+/// The attribute holding when a record expires, in microseconds.
 pub(crate) const EXPIRES: &str = "expires_us";
 /// The TTL attribute, in epoch seconds.
 pub(crate) const TTL: &str = "ttl";
-/// The local secondary index of records by expiry.
-pub(crate) const EXPIRY_INDEX: &str = "expiry";
 
 /// Processed message ids per consumer in a DynamoDB table; strongly consistent.
+///
+/// # Item (layout version 2)
+///
+/// | `pk` (the only key) | `expires_us` | `ttl` |
+/// |---|---|---|
+/// | the id, hyphenated lowercase (36 bytes), then the consumer name | when the record expires, microseconds since the epoch | the same, epoch seconds rounded up: the table's TTL attribute |
+///
+/// Each record is its own partition key: no shards, no item collections, no local
+/// index, so no 10 GB cap per shard and no hot shard; DynamoDB spreads records over as
+/// many partitions as the traffic needs. `expires_us` decides (sub-second retention
+/// works); `ttl` only lets DynamoDB delete.
+///
+/// # Protocol
+///
+/// 1. **Record**: one `PutItem` with the condition
+///    `attribute_not_exists(pk) OR expires_us <= :now`. DynamoDB applies conditional
+///    writes to one item one at a time, so of any number of concurrent records of an id
+///    exactly one succeeds ([`Dedup::New`]); the others fail the condition
+///    ([`Dedup::Duplicate`]). An expired item that TTL has not deleted yet passes the
+///    condition and is overwritten: expired counts as absent.
+/// 2. **Check**: one `GetItem` with `ConsistentRead = true`: it returns every write
+///    acknowledged before it, which is what makes this store [`Consistency::Strong`].
+///    An item whose `expires_us` has passed counts as absent.
+/// 3. **Expire**: DynamoDB's TTL deletes expired items in the background, free of
+///    write capacity, usually within days; until then they read as absent.
+///    [`purge_expired`](DedupStore::purge_expired) is a bounded cleanup by `Scan` (see
+///    its docs): correct, but it reads the table, so leave production tables to TTL.
+///
+/// ## Limitations
+///
+/// - Expiry follows this process's clock: skew between consumers shifts the retention
+///   window by the skew.
+/// - **Global Tables**: [`install`](DynamoDedupStore::install) refuses a table whose
+///   description lists replicas, since a conditional put is atomic only within its
+///   region; a table made global after the install is not detected.
+/// - **Migrating from layout 1** (keys `pk` = `d#<shard>` and `sk`, an `expiry` local
+///   index): DynamoDB cannot change a table's keys or drop a local index, so `install`
+///   on a layout-1 table fails with [`ErrorKind::Schema`](outbox_core::ErrorKind::Schema).
+///   Install into a new table name. Records of the old table are not consulted: either
+///   copy the unexpired ones first (scan the old table; put each item with
+///   `pk` = its old `sk`, keeping `expires_us` and `ttl`), or accept that a message
+///   redelivered within one retention period of the switch is processed again, then
+///   delete the old table.
+///
+/// # Example
 ///
 /// ```no_run
 /// # async fn demo(client: aws_sdk_dynamodb::Client, id: outbox_core::MessageId) -> outbox_core::Result<()> {
@@ -87,18 +105,23 @@ impl DynamoDedupStore {
         &self.config
     }
 
-    /// Create the table if missing (on-demand billing, the expiry index, TTL on `ttl`)
-    /// and wait until it is active; an existing table is checked.
+    /// Create the table if missing (on-demand billing, key `pk`, TTL on `ttl`) and wait
+    /// until it is active; an existing table is checked.
     ///
     /// # Errors
     /// [`ErrorKind::Schema`](outbox_core::ErrorKind::Schema) when the table exists with
-    /// another layout; mapped SDK errors otherwise.
+    /// another layout (a layout-1 table with a sort key: see the migration note under
+    /// the store's `## Limitations`);
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) when it is a Global Table
+    /// (it lists replicas), since this store declares [`Consistency::Strong`]; mapped
+    /// SDK errors otherwise.
     pub async fn install(&self) -> Result<()> {
         crate::schema::install(
             &self.client,
             &crate::schema::dedup_table(self.config.table()),
         )
-        .await
+        .await?;
+        crate::schema::refuse_replicas(&self.client, self.config.table(), "dedup store").await
     }
 
     /// Delete the table. A missing table is not an error.
@@ -109,23 +132,14 @@ impl DynamoDedupStore {
         crate::schema::drop_table(&self.client, self.config.table()).await
     }
 
-    /// The primary key of `(consumer, id)`: the shard of both, and the id's fixed-width
-    /// text followed by the consumer name (unambiguous whatever the name holds).
+    /// The primary key of `(consumer, id)`: the id's fixed-width text followed by the
+    /// consumer name (unambiguous whatever the name holds).
     pub(crate) fn key(&self, consumer: &ConsumerName, id: MessageId) -> Item {
-        let id = id_text(id);
-        let shard = shard_of(
-            &[consumer.as_str().as_bytes(), id.as_bytes()],
-            self.config.shards(),
-        );
-        Item::from([
-            (PK.to_owned(), s(partition(shard))),
-            (SK.to_owned(), s(format!("{id}{}", consumer.as_str()))),
-        ])
+        Item::from([(
+            PK.to_owned(),
+            s(format!("{}{}", id_text(id), consumer.as_str())),
+        )])
     }
-}
-
-fn partition(shard: u16) -> String {
-    format!("d#{shard:03}")
 }
 
 #[async_trait]
@@ -166,8 +180,8 @@ impl DedupStore for DynamoDedupStore {
             .put_item()
             .table_name(self.config.table())
             .set_item(Some(item))
-            .condition_expression("attribute_not_exists(#sk) OR #e <= :now")
-            .expression_attribute_names("#sk", SK)
+            .condition_expression("attribute_not_exists(#pk) OR #e <= :now")
+            .expression_attribute_names("#pk", PK)
             .expression_attribute_names("#e", EXPIRES)
             .expression_attribute_values(":now", n(now))
             .return_consumed_capacity(ReturnConsumedCapacity::None)
@@ -180,39 +194,48 @@ impl DedupStore for DynamoDedupStore {
         }
     }
 
+    /// A bounded cleanup: `Scan` pages (strongly consistent, filtered on
+    /// `expires_us <= now`) until `limit` expired records are found or the table ends,
+    /// and delete each with the condition that it is still expired (a record written
+    /// again meanwhile is spared). Returns how many were deleted.
+    ///
+    /// Kept rather than made a no-op so that [`Purger::for_dedup`](outbox_core::Purger::for_dedup)
+    /// and tests keep their meaning, but a scan reads the whole table (every item read
+    /// is billed) on each call that does not fill its limit early: on large tables rely
+    /// on TTL, which deletes for free, and run no dedup purger.
     async fn purge_expired(&self, limit: usize) -> Result<u64> {
         if limit == 0 {
             return Ok(0);
         }
         let now = now_us();
         let mut deleted: u64 = 0;
-        // Shards one after another: the limit is global, and a purge is housekeeping.
-        for shard in 0..self.config.shards() {
+        let mut start: Option<Item> = None;
+        loop {
             let remaining = limit - usize::try_from(deleted).unwrap_or(limit);
             if remaining == 0 {
                 break;
             }
             let out = self
                 .client
-                .query()
+                .scan()
                 .table_name(self.config.table())
-                .index_name(EXPIRY_INDEX)
                 .consistent_read(true)
-                .key_condition_expression("#pk = :pk AND #e <= :now")
+                .filter_expression("#e <= :now")
+                .projection_expression("#pk")
                 .expression_attribute_names("#pk", PK)
                 .expression_attribute_names("#e", EXPIRES)
-                .expression_attribute_values(":pk", s(partition(shard)))
                 .expression_attribute_values(":now", n(now))
-                .limit(i32::try_from(remaining.min(1000)).unwrap_or(1000))
+                .set_exclusive_start_key(start.take())
                 .send()
                 .await
                 .map_err(|e| from_sdk("purge message ids", e))?;
             let keys: Vec<Item> = out
                 .items()
                 .iter()
+                .take(remaining)
                 .map(|i| {
                     i.iter()
-                        .filter(|(k, _)| *k == PK || *k == SK)
+                        .filter(|(k, _)| *k == PK)
                         .map(|(k, v)| (k.clone(), v.clone()))
                         .collect()
                 })
@@ -232,7 +255,7 @@ impl DedupStore for DynamoDedupStore {
                             .await;
                         match sent {
                             Ok(_) => Ok(true),
-                            // Recorded again since the query: fresh, so spared.
+                            // Recorded again since the scan: fresh, so spared.
                             Err(e) if is_condition_failed(&e) => Ok(false),
                             Err(e) => Err(from_sdk("purge message ids", e)),
                         }
@@ -241,6 +264,10 @@ impl DedupStore for DynamoDedupStore {
             )
             .await?;
             deleted += done.into_iter().filter(|d| *d).count() as u64;
+            match out.last_evaluated_key {
+                Some(next) if !next.is_empty() => start = Some(next),
+                _ => break,
+            }
         }
         Ok(deleted)
     }
@@ -255,14 +282,15 @@ mod tests {
         let id = MessageId::new();
         let a = ConsumerName::new("a").unwrap();
         let ab = ConsumerName::new("ab").unwrap();
-        let sk = |k: &Item| k[SK].as_s().unwrap().clone();
+        let pk = |k: &Item| k[PK].as_s().unwrap().clone();
         let client = aws_sdk_dynamodb::Client::from_conf(
             aws_sdk_dynamodb::Config::builder()
                 .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
                 .build(),
         );
         let store = DynamoDedupStore::new(client, DynamoDedupConfig::default()).unwrap();
-        assert_ne!(sk(&store.key(&a, id)), sk(&store.key(&ab, id)));
-        assert!(sk(&store.key(&a, id)).starts_with(&id_text(id)));
+        assert_ne!(pk(&store.key(&a, id)), pk(&store.key(&ab, id)));
+        assert_eq!(pk(&store.key(&ab, id)), format!("{}ab", id_text(id)));
+        assert_eq!(store.key(&a, id).len(), 1, "one key attribute, no sort key");
     }
 }

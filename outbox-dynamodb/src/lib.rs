@@ -9,9 +9,14 @@
 //!   transaction). Relays find due messages without scans and without global secondary
 //!   indexes, and claim each with one conditional write.
 //! - [`DynamoDedupStore`]: a strongly consistent [`DedupStore`](outbox_core::DedupStore)
-//!   (conditional put, consistent reads, TTL) for the decoupled consumer algorithm.
+//!   (conditional put, consistent reads, TTL) for the decoupled consumer algorithm. One
+//!   partition key per record (layout 2: no shards, no local index, no 10 GB cap);
+//!   upgrading from layout 1 needs a new table, see its `## Limitations`.
 //! - [`DynamoEntityStore`]: the entity store of that algorithm (a version attribute,
 //!   conditional writes, a typed error before the 400 KB item limit).
+//! - [`DynamoDistributedLock`]: a [`DistributedLock`](outbox_core::DistributedLock) of
+//!   lease items (conditional writes, background renewal, fencing tokens) for singleton
+//!   work such as purges.
 //!
 //! You build the [`aws_sdk_dynamodb::Client`] (with `aws-config`, or by hand as the
 //! tests do) and hand it over; this crate enables no credential or region discovery.
@@ -71,7 +76,9 @@
 //! 2. Under [`KeyOrder::PerKey`](outbox_core::KeyOrder::PerKey), a keyed candidate must
 //!    be its key's head: the first order marker of the key (strongly consistent query,
 //!    `Limit = 1`) must name it. A marker whose message is no longer undelivered (a
-//!    crash between settle and marker removal) is removed there and then.
+//!    crash between settle and marker removal) is removed there and then, by a
+//!    `TransactWriteItems` of a condition check that the message is still not
+//!    undelivered and the marker delete: a requeue committed meanwhile keeps its marker.
 //! 3. For each candidate, one `UpdateItem` with the condition
 //!    `attribute_exists(due) AND avail_us <= :now AND attempts < :max` sets a fresh
 //!    token, `avail_us = now + lease`, adds one attempt, and returns the item. The
@@ -124,6 +131,17 @@
 //! shards suit most services; the default is 16. The count is fixed for the life of the
 //! table: changing it strands stored messages.
 //!
+//! ## Global Tables
+//!
+//! Strong consistency holds within one region only: a strongly consistent read sees the
+//! writes of its own region's replica, and concurrent writes in two regions are settled
+//! by "last writer wins" after the fact, so two regions could each claim one message,
+//! record one id as new, or grant one lock. [`DynamoDistributedLock::install`] and
+//! [`DynamoDedupStore::install`] refuse a table that lists replicas; the outbox and
+//! entity stores do not check yet. DynamoDB Local cannot create replicas, so the
+//! refusal is tested on described tables, not end to end. Keep these tables in
+//! one region.
+//!
 //! ## Limitations
 //!
 //! - **No storage clock.** Availability, leases and enqueue order use the clock of the
@@ -141,7 +159,11 @@
 //! - **Per-key order costs reads.** Each keyed candidate costs one marker query (and one
 //!   item read per stale marker), and claims walk past due messages whose keys are
 //!   blocked.
-//! - **Requeue** puts a dead letter back at its original place in its key's order.
+//! - **Requeue** puts a dead letter back at its original place in its key's order;
+//!   under per-key order a keyed message and its marker go back in one
+//!   `TransactWriteItems` (after one consistent read), so no claim sees it undelivered
+//!   without its place. Removing a marker after a dead-letter is likewise conditional
+//!   on the message (a transaction: four write units instead of one).
 //! - The claim reads the `due` index in pages of up to twice the claim limit (at most
 //!   1,000 entries) per shard; refused writes and blocked keys cost extra pages.
 
@@ -152,18 +174,21 @@ mod dedup;
 mod entity;
 mod error;
 mod item;
+mod lock;
+mod markers;
 mod metrics;
 mod schema;
 mod settle;
 mod store;
 
 pub use config::{
-    validate_table_name, DynamoDedupConfig, DynamoEntityConfig, DynamoOutboxConfig,
-    DEFAULT_MAX_PAYLOAD_BYTES, MAX_SHARDS,
+    validate_table_name, DynamoDedupConfig, DynamoEntityConfig, DynamoLockConfig,
+    DynamoOutboxConfig, DEFAULT_MAX_PAYLOAD_BYTES, MAX_SHARDS,
 };
 pub use dedup::DynamoDedupStore;
 pub use entity::DynamoEntityStore;
 pub use item::{MAX_ITEM_BYTES, MAX_TRANSACTION_ACTIONS, MAX_TRANSACTION_BYTES};
+pub use lock::{DynamoDistributedLock, DynamoLockGuard};
 pub use metrics::OutboxMetrics;
 pub use store::{check_transaction, DynamoOutbox};
 

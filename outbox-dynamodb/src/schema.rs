@@ -61,22 +61,14 @@ pub(crate) fn outbox_table(name: &str) -> TableSpec {
     }
 }
 
-/// The dedup table: `pk`/`sk` strings, an expiry LSI for bounded purges, TTL on `ttl`.
+/// The dedup table (layout 2): one `pk` string per record, no index, TTL on `ttl`.
 pub(crate) fn dedup_table(name: &str) -> TableSpec {
     TableSpec {
         name: name.to_owned(),
         hash: PK,
-        range: Some(SK),
-        attributes: vec![
-            (PK, ScalarAttributeType::S),
-            (SK, ScalarAttributeType::S),
-            (crate::dedup::EXPIRES, ScalarAttributeType::N),
-        ],
-        indexes: vec![(
-            crate::dedup::EXPIRY_INDEX,
-            crate::dedup::EXPIRES,
-            Some(vec![]),
-        )],
+        range: None,
+        attributes: vec![(PK, ScalarAttributeType::S)],
+        indexes: vec![],
         ttl: Some(crate::dedup::TTL),
     }
 }
@@ -90,6 +82,61 @@ pub(crate) fn entity_table(name: &str) -> TableSpec {
         attributes: vec![(PK, ScalarAttributeType::S)],
         indexes: vec![],
         ttl: None,
+    }
+}
+
+/// The lock table: one lease item per lock name under the `pk` string.
+pub(crate) fn lock_table(name: &str) -> TableSpec {
+    TableSpec {
+        name: name.to_owned(),
+        hash: PK,
+        range: None,
+        attributes: vec![(PK, ScalarAttributeType::S)],
+        indexes: vec![],
+        ttl: None,
+    }
+}
+
+/// Refuse a table replicated by Global Tables for a store that promises strongly
+/// consistent decisions: a strongly consistent read or conditional write is only
+/// consistent within its own region's replica, and concurrent writes in two regions
+/// are reconciled by "last writer wins", so two holders (or two first records) could
+/// both succeed.
+pub(crate) async fn refuse_replicas(client: &Client, table: &str, what: &str) -> Result<()> {
+    let described = client
+        .describe_table()
+        .table_name(table)
+        .send()
+        .await
+        .map_err(|e| from_sdk("describe table", e))?;
+    match described.table() {
+        Some(t) => check_not_replicated(t, what),
+        None => Err(Error::new(
+            ErrorKind::Schema,
+            "describe table returned no table",
+        )),
+    }
+}
+
+/// The decision of [`refuse_replicas`] on a table description.
+pub(crate) fn check_not_replicated(
+    table: &aws_sdk_dynamodb::types::TableDescription,
+    what: &str,
+) -> Result<()> {
+    let regions: Vec<&str> = table
+        .replicas()
+        .iter()
+        .filter_map(|r| r.region_name())
+        .collect();
+    if regions.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::config(format!(
+            "{what} table {} is a Global Table replicated to {regions:?}: strongly consistent \
+             reads and conditional writes do not hold across replicas, so it cannot back a \
+             strongly consistent {what}; use a table of one region",
+            table.table_name().unwrap_or("?")
+        )))
     }
 }
 
@@ -275,6 +322,31 @@ mod tests {
         }
         assert_eq!(spec.indexes.len(), 3, "DynamoDB allows 5 LSIs");
         assert!(dedup_table("t").ttl.is_some());
+        assert!(dedup_table("t").range.is_none() && dedup_table("t").indexes.is_empty());
         assert!(entity_table("t").range.is_none());
+        assert!(lock_table("t").range.is_none() && lock_table("t").ttl.is_none());
+    }
+
+    #[test]
+    fn replicated_tables_are_refused() {
+        use aws_sdk_dynamodb::types::{ReplicaDescription, TableDescription};
+        let single = TableDescription::builder().table_name("t").build();
+        check_not_replicated(&single, "lock").unwrap();
+        let global = TableDescription::builder()
+            .table_name("t")
+            .replicas(
+                ReplicaDescription::builder()
+                    .region_name("eu-west-1")
+                    .build(),
+            )
+            .replicas(
+                ReplicaDescription::builder()
+                    .region_name("us-east-1")
+                    .build(),
+            )
+            .build();
+        let err = check_not_replicated(&global, "lock").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(err.to_string().contains("eu-west-1"), "{err}");
     }
 }

@@ -22,8 +22,10 @@ pub(crate) const MAX_BATCH_STATEMENTS: usize = 25;
 impl DynamoOutbox {
     /// Remove the order marker of a message that left the undelivered state (delivered
     /// or dead), from the item as it was. Best effort: a marker left behind by a crash
-    /// here is found stale and removed by the next head check of its key.
-    pub(crate) async fn forget_marker(&self, item: &Item) {
+    /// here is found stale and removed by the next head check of its key. `guarded`
+    /// (after dead-lettering, which a requeue can undo) makes the delete conditional on
+    /// the message still not being undelivered (see `markers.rs`).
+    pub(crate) async fn forget_marker(&self, item: &Item, guarded: bool) {
         if !self.per_key() {
             return;
         }
@@ -39,16 +41,21 @@ impl DynamoOutbox {
             .into_iter()
             .filter(|(k, _)| k == PK || k == SK)
             .collect();
-        if let Err(e) = self
-            .inner
-            .client
-            .delete_item()
-            .table_name(self.table())
-            .set_key(Some(key))
-            .send()
-            .await
-        {
-            tracing::warn!(error = %from_sdk("delete order marker", e).report(), "order marker left behind");
+        let removed = if guarded {
+            self.delete_marker_if_settled(key, id).await.map(|_| ())
+        } else {
+            self.inner
+                .client
+                .delete_item()
+                .table_name(self.table())
+                .set_key(Some(key))
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| from_sdk("delete order marker", e))
+        };
+        if let Err(e) = removed {
+            tracing::warn!(error = %e.report(), "order marker left behind");
         }
     }
 
@@ -181,7 +188,7 @@ impl DynamoOutbox {
                     )
                     .await?;
                 if let Some(item) = &done {
-                    self.forget_marker(item).await;
+                    self.forget_marker(item, false).await;
                 }
                 Ok(done.is_some())
             }
@@ -210,7 +217,7 @@ impl DynamoOutbox {
                             &self.inner.metrics.settle_units,
                             out.consumed_capacity(),
                         );
-                        self.forget_marker(&out.attributes.unwrap_or_default())
+                        self.forget_marker(&out.attributes.unwrap_or_default(), false)
                             .await;
                         Ok(true)
                     }
@@ -244,7 +251,7 @@ impl DynamoOutbox {
             )
             .await?;
         if let Some(item) = &done {
-            self.forget_marker(item).await;
+            self.forget_marker(item, true).await;
         }
         Ok(done.is_some())
     }

@@ -14,7 +14,7 @@ use aws_sdk_dynamodb::Client;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use outbox_core::store::{check_enqueue, in_id_order};
 use outbox_core::{
-    ClaimIds, ClaimRequest, ClaimedMessage, Error, Failure, KeyOrder, Lease, MessageId, NewMessage,
+    ClaimIds, ClaimRequest, Claimed, Error, Failure, KeyOrder, Lease, MessageId, NewMessage,
     OutboxStore, Result, Retention, Settled, StoreCapabilities,
 };
 
@@ -406,11 +406,11 @@ impl OutboxStore for DynamoOutbox {
         self.inner.config.capabilities()
     }
 
-    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedMessage>> {
+    async fn claim(&self, request: ClaimRequest) -> Result<Claimed> {
         self.claim_due(request).await
     }
 
-    async fn claim_ids(&self, request: &ClaimIds) -> Result<Vec<ClaimedMessage>> {
+    async fn claim_ids(&self, request: &ClaimIds) -> Result<Claimed> {
         self.claim_listed(request).await
     }
 

@@ -1,5 +1,6 @@
 //! The outbox-testkit idempotent-consumer and dedup suites against DynamoDB Local:
-//! [`DynamoEntityStore`] and [`DynamoDedupStore`], each in a table of its own.
+//! [`DynamoEntityStore`] and [`DynamoDedupStore`], each in a table of its own, with a
+//! [`DynamoDistributedLock`] for the purgers.
 //!
 //! Run: `eval "$(scripts/services.sh)" && cargo test -p outbox-dynamodb --test consumer_conformance`
 
@@ -12,14 +13,16 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
 use outbox_core::consumer::EntityStore;
 use outbox_core::{DedupStore, DistributedLock, Result};
-use outbox_testkit::{ConsumerHarness, DedupFeatures, DedupHarness, MemoryLock};
+use outbox_dynamodb::{DynamoDistributedLock, DynamoLockConfig};
+use outbox_testkit::{ConsumerHarness, DedupFeatures, DedupHarness};
+use tokio::sync::OnceCell;
 
 #[derive(Debug)]
 struct DynamoConsumerHarness {
     client: Client,
-    /// This crate has no `DistributedLock` yet; the purger cases take unique lock
-    /// names, so the testkit's in-process lock serves them.
-    lock: MemoryLock,
+    /// The purgers' lock: one table per harness, installed on first use, shared by
+    /// every handle the case asks for.
+    lock: OnceCell<DynamoDistributedLock>,
 }
 
 #[async_trait]
@@ -48,7 +51,16 @@ impl DedupHarness for DynamoConsumerHarness {
     }
 
     async fn purge_lock(&self) -> Result<Arc<dyn DistributedLock>> {
-        Ok(Arc::new(self.lock.clone()))
+        let lock = self
+            .lock
+            .get_or_try_init(|| async {
+                let config = DynamoLockConfig::default().with_table(common::table_name("locks"));
+                let lock = DynamoDistributedLock::new(self.client.clone(), config)?;
+                lock.install().await?;
+                Ok::<_, outbox_core::Error>(lock)
+            })
+            .await?;
+        Ok(Arc::new(lock.clone()))
     }
 }
 
@@ -56,7 +68,7 @@ async fn harness() -> Option<DynamoConsumerHarness> {
     let client = common::client("outbox-dynamodb consumer conformance").await?;
     Some(DynamoConsumerHarness {
         client,
-        lock: MemoryLock::default(),
+        lock: OnceCell::new(),
     })
 }
 

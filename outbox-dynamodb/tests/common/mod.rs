@@ -112,7 +112,6 @@ pub async fn outbox(client: &Client, config: DynamoOutboxConfig) -> Result<Dynam
 pub async fn dedup(client: &Client, retention: Duration) -> Result<DynamoDedupStore> {
     let config = DynamoDedupConfig::default()
         .with_table(table_name("dedup"))
-        .with_shards(SHARDS)
         .with_retention(retention);
     let store = DynamoDedupStore::new(client.clone(), config)?;
     store.install().await?;
@@ -208,4 +207,46 @@ impl Fixture for DynamoFixture {
         assert_eq!(err.kind(), ErrorKind::Conflict, "{}", err.report());
         Ok(())
     }
+    /// Found by its sort key (the id) with a scan: the case's table is small.
+    async fn mark_dispatched(&self, id: outbox_core::MessageId) -> Result<()> {
+        use aws_sdk_dynamodb::types::AttributeValue;
+        let client = self.0.client();
+        let table = self.0.config().table();
+        let sk = AttributeValue::S(id.as_uuid().hyphenated().to_string());
+        let found = client
+            .scan()
+            .table_name(table)
+            .filter_expression("sk = :sk")
+            .expression_attribute_values(":sk", sk.clone())
+            .send()
+            .await
+            .map_err(storage)?;
+        let Some(pk) = found
+            .items()
+            .first()
+            .and_then(|item| item.get("pk"))
+            .cloned()
+        else {
+            return Err(outbox_core::Error::invalid_input("no such message"));
+        };
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        client
+            .update_item()
+            .table_name(table)
+            .key("pk", pk)
+            .key("sk", sk)
+            .update_expression("SET done_us = :now")
+            .expression_attribute_values(":now", AttributeValue::N(now.as_micros().to_string()))
+            .send()
+            .await
+            .map_err(storage)?;
+        Ok(())
+    }
+}
+
+/// A driver error as the storage error a test harness reports.
+fn storage(e: impl std::error::Error + Send + Sync + 'static) -> outbox_core::Error {
+    outbox_core::Error::new(ErrorKind::Storage, "test harness").with_source(e)
 }

@@ -76,3 +76,49 @@ async fn expired_items_still_stored_count_as_absent() {
     );
     assert!(store.contains(&consumer, id).await.unwrap());
 }
+
+/// A layout-1 dedup table (shard partition key `pk`, sort key `sk`) is refused with a
+/// schema error naming its keys, not written to with the new keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_one_table_is_refused_by_install() {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+    };
+    use outbox_core::ErrorKind;
+    use outbox_dynamodb::{DynamoDedupConfig, DynamoDedupStore};
+
+    let Some(client) = common::client("outbox-dynamodb dedup layout").await else {
+        return;
+    };
+    let table = common::table_name("dedup_v1");
+    let mut create = client
+        .create_table()
+        .table_name(&table)
+        .billing_mode(BillingMode::PayPerRequest);
+    for (name, kind) in [("pk", KeyType::Hash), ("sk", KeyType::Range)] {
+        create = create
+            .key_schema(
+                KeySchemaElement::builder()
+                    .attribute_name(name)
+                    .key_type(kind)
+                    .build()
+                    .unwrap(),
+            )
+            .attribute_definitions(
+                AttributeDefinition::builder()
+                    .attribute_name(name)
+                    .attribute_type(ScalarAttributeType::S)
+                    .build()
+                    .unwrap(),
+            );
+    }
+    create.send().await.unwrap();
+    let store = DynamoDedupStore::new(
+        client.clone(),
+        DynamoDedupConfig::default().with_table(&table),
+    )
+    .unwrap();
+    let err = store.install().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Schema, "{}", err.report());
+    assert!(err.to_string().contains("\"sk\""), "{err}");
+}

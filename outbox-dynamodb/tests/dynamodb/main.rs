@@ -9,5 +9,6 @@ mod common;
 
 mod dedup;
 mod limits;
+mod markers;
 mod relay;
 mod store;

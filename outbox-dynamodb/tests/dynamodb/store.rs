@@ -19,6 +19,7 @@ async fn claim(store: &DynamoOutbox, n: usize) -> Vec<outbox_core::ClaimedMessag
         .claim(ClaimRequest::new(n, LEASE).unwrap())
         .await
         .unwrap()
+        .into_messages()
 }
 
 fn order_put(outbox: &DynamoOutbox, order: &str) -> TransactWriteItem {

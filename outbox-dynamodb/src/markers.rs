@@ -1,0 +1,96 @@
+//! Order markers that cannot be lost: every write that could race a requeue is a
+//! transaction whose condition looks at the message item.
+//!
+//! A marker says "message `mid` holds this place in its key's order". Three writes
+//! touch markers after enqueue:
+//!
+//! 1. **Requeue** of a dead letter sets the message undelivered and puts its marker back
+//!    in one `TransactWriteItems` (update conditional on `attribute_exists(dead_id)`,
+//!    then the put): a claim never sees the message undelivered without its marker.
+//! 2. **Removal of a stale marker** (its message delivered or dead) during a claim's
+//!    head check, and removal after **dead-lettering**, are a `TransactWriteItems` of a
+//!    condition check on the message (`attribute_not_exists(due)`: not undelivered,
+//!    deleted counts) and the marker delete. A requeue that committed in between makes
+//!    the check fail and the marker stays.
+//! 3. Removal after **complete** stays a plain delete: a completed message is deleted
+//!    or kept as done, and neither can be requeued, so nothing can revive its marker.
+
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{ConditionCheck, Delete, TransactWriteItem};
+use outbox_core::{MessageId, Result};
+
+use crate::error::{build_error, cancelled, from_sdk, reason_codes};
+use crate::item::{self, Item, DUE};
+use crate::store::DynamoOutbox;
+
+impl DynamoOutbox {
+    /// Send `actions` as one transaction: `Ok(false)` when it was cancelled only because
+    /// the condition of action `condition_at` failed, an error for anything else.
+    pub(crate) async fn transact_if(
+        &self,
+        what: &str,
+        actions: Vec<TransactWriteItem>,
+        condition_at: usize,
+    ) -> Result<bool> {
+        let sent = self
+            .inner
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(actions))
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(true),
+            Err(e) => {
+                if let Some(TransactWriteItemsError::TransactionCanceledException(c)) =
+                    e.as_service_error()
+                {
+                    let reasons = reason_codes(c.cancellation_reasons());
+                    let only_ours = reasons.iter().enumerate().all(|(i, r)| match r {
+                        None => true,
+                        Some(code) => i == condition_at && *code == "ConditionalCheckFailed",
+                    });
+                    if only_ours && reasons.get(condition_at).is_some_and(Option::is_some) {
+                        return Ok(false);
+                    }
+                    let owned: Vec<Option<String>> =
+                        reasons.into_iter().map(|r| r.map(str::to_owned)).collect();
+                    let refs: Vec<Option<&str>> = owned.iter().map(|r| r.as_deref()).collect();
+                    return Err(cancelled(what, &refs, e));
+                }
+                Err(from_sdk(what, e))
+            }
+        }
+    }
+
+    /// Delete the marker at `marker_key` only while message `id` is not undelivered;
+    /// `Ok(false)` when the message is undelivered (requeued since) and the marker stays.
+    pub(crate) async fn delete_marker_if_settled(
+        &self,
+        marker_key: Item,
+        id: MessageId,
+    ) -> Result<bool> {
+        let condition = format!("attribute_not_exists(#{DUE})");
+        let check = ConditionCheck::builder()
+            .table_name(self.table())
+            .set_key(Some(self.key_of(id)))
+            .set_expression_attribute_names(Some(item::names(&[&condition])))
+            .condition_expression(condition)
+            .build()
+            .map_err(|e| build_error("delete order marker", e))?;
+        let delete = Delete::builder()
+            .table_name(self.table())
+            .set_key(Some(marker_key))
+            .build()
+            .map_err(|e| build_error("delete order marker", e))?;
+        self.transact_if(
+            "delete order marker",
+            vec![
+                TransactWriteItem::builder().condition_check(check).build(),
+                TransactWriteItem::builder().delete(delete).build(),
+            ],
+            0,
+        )
+        .await
+    }
+}
