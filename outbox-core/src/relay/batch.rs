@@ -12,6 +12,7 @@ use futures::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::settler::Deferred;
 use super::{DispatchReport, Inner};
 use crate::backoff::Backoff;
 use crate::error::Result;
@@ -19,43 +20,15 @@ use crate::message::{Message, MessageId};
 use crate::publisher::PublishOutcome;
 use crate::store::{ClaimedMessage, Disposition, Failure, Lease, Settled};
 
-/// The settle of a batch's last chunk, left for the loop to send together with the
-/// next claim ([`OutboxStore::settle_and_claim`](crate::OutboxStore::settle_and_claim)).
-#[derive(Debug)]
-pub(super) struct Deferred {
-    /// Leases to complete.
-    pub(super) done: Vec<Lease>,
-    /// Failed attempts to record.
-    pub(super) failures: Vec<Failure>,
-    /// When the leases lapse by the relay's clock: settle retries stop there.
-    pub(super) deadline: Instant,
-}
-
-impl Deferred {
-    /// The settles of several batches as one, for one
-    /// [`settle_and_claim`](crate::OutboxStore::settle_and_claim) call. Retries of the
-    /// merged settle stop at the latest deadline: leases that lapsed earlier are fenced
-    /// out by the store anyway, and stopping at the earliest would give up on leases
-    /// still held. `None` for none.
-    pub(super) fn merge(mut all: Vec<Deferred>) -> Option<Deferred> {
-        let mut merged = all.pop()?;
-        for other in all {
-            merged.done.extend(other.done);
-            merged.failures.extend(other.failures);
-            merged.deadline = merged.deadline.max(other.deadline);
-        }
-        Some(merged)
-    }
-}
-
 /// The messages one claim returned, with the time the claim started (their leases are
 /// measured from it, by the relay's clock).
 ///
 /// A batch is published in chunks of [`publish_batch_size`](super::RelayConfig), up to
 /// [`publish_concurrency`](super::RelayConfig) at once; each chunk settles its own
 /// leases as soon as its publish returns, except that the loop's batches leave the
-/// settle of the chunk that finishes last to the next claim (see [`Deferred`]). Every
-/// count goes through [`Tally::record`](super::Tally) once, when the chunk is settled.
+/// settle of the chunk that finishes last to the next claim (see [`Deferred`]), handed
+/// back as a value. Every count goes through [`Tally::record`](super::Tally) once, when
+/// the chunk is settled (or its settle deferred).
 ///
 /// On a store that renews leases, a chunk about to start renews the batch's unsettled
 /// leases when too little lease is left for its publish, so later waves never find
@@ -75,11 +48,9 @@ pub(super) struct Batch<'r> {
     started: Mutex<HashSet<MessageId>>,
     /// Ids whose settle was sent (or deferred): renewals leave them out.
     settling: Mutex<HashSet<MessageId>>,
-    /// Chunks not yet finished publishing.
+    /// Chunks not yet finished publishing: the one that brings it to zero is the
+    /// last, whose settle the loop's batches defer.
     unfinished: AtomicUsize,
-    /// Whether the last chunk to finish leaves its settle to the next claim.
-    defer_last: bool,
-    deferred: Mutex<Option<Deferred>>,
     /// One renewal at a time: chunks that need one wait for it and re-check.
     renewing: tokio::sync::Mutex<()>,
 }
@@ -98,25 +69,8 @@ impl<'r> Batch<'r> {
             started: Mutex::default(),
             settling: Mutex::default(),
             unfinished: AtomicUsize::new(chunks),
-            defer_last: false,
-            deferred: Mutex::default(),
             renewing: tokio::sync::Mutex::new(()),
         }
-    }
-
-    /// Leave the settle of the chunk that finishes last to the caller
-    /// ([`take_deferred`](Self::take_deferred)), unless the relay is stopping by then.
-    pub(super) fn deferring_last_settle(mut self) -> Self {
-        self.defer_last = true;
-        self
-    }
-
-    /// The deferred settle of the last chunk, if it was deferred.
-    pub(super) fn take_deferred(&self) -> Option<Deferred> {
-        self.deferred
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
     }
 
     /// When the leases lapse by the relay's clock (never later than by the storage's:
@@ -196,8 +150,34 @@ impl<'r> Batch<'r> {
             .extend(ids);
     }
 
-    /// Publish every chunk and settle every lease.
+    /// Publish every chunk and settle every lease (for [`Relay::dispatch_ids`](super::Relay::dispatch_ids)).
     pub(super) async fn publish(&self) -> DispatchReport {
+        self.publish_chunks(false).await.0
+    }
+
+    /// Publish every chunk, settling all but the one that finishes last, whose settle
+    /// is returned for the next claim (unless the relay is stopping by then: it then
+    /// settles too). Stops when `stop` is cancelled and the shutdown grace has passed,
+    /// and abandons what is still in flight (see [`abandon`](Self::abandon)).
+    pub(super) async fn publish_deferring_last(
+        &self,
+        stop: &CancellationToken,
+    ) -> Option<Deferred> {
+        let grace = self.inner.config.shutdown_grace;
+        tokio::select! {
+            (_, deferred) = self.publish_chunks(true) => deferred,
+            () = async {
+                stop.cancelled().await;
+                tokio::time::sleep(grace).await;
+            } => {
+                tracing::warn!(count = self.messages.len(), "shutdown grace expired; abandoning the batch");
+                self.abandon().await;
+                None
+            }
+        }
+    }
+
+    async fn publish_chunks(&self, defer_last: bool) -> (DispatchReport, Option<Deferred>) {
         let config = &self.inner.config;
         let mut report = DispatchReport {
             claimed: self.messages.len() as u64,
@@ -212,37 +192,29 @@ impl<'r> Batch<'r> {
             .step_by(size)
             .map(move |start| start..(start + size).min(len));
         let mut results = futures::stream::iter(chunks)
-            .map(|range| self.publish_chunk(range))
+            .map(|range| self.publish_chunk(range, defer_last))
             .buffer_unordered(config.publish_concurrency.max(1));
-        while let Some(chunk) = results.next().await {
+        let mut deferred = None;
+        while let Some((chunk, left)) = results.next().await {
             report.add(&chunk);
+            deferred = deferred.or(left);
         }
-        report
+        (report, deferred)
     }
 
-    /// Publish until done or until `stop` is cancelled and the shutdown grace has passed;
-    /// then abandon what is still in flight (see [`abandon`](Self::abandon)).
-    pub(super) async fn publish_until(&self, stop: &CancellationToken) -> DispatchReport {
-        let grace = self.inner.config.shutdown_grace;
-        tokio::select! {
-            report = self.publish() => report,
-            () = async {
-                stop.cancelled().await;
-                tokio::time::sleep(grace).await;
-            } => {
-                tracing::warn!(count = self.messages.len(), "shutdown grace expired; abandoning the batch");
-                self.abandon().await
-            }
-        }
-    }
-
-    async fn publish_chunk(&self, range: std::ops::Range<usize>) -> DispatchReport {
+    /// Publish one chunk and settle it; with `defer_last`, the chunk that finishes last
+    /// returns its settle instead.
+    async fn publish_chunk(
+        &self,
+        range: std::ops::Range<usize>,
+        defer_last: bool,
+    ) -> (DispatchReport, Option<Deferred>) {
         let messages = &self.messages[range.clone()];
         let leases = &self.leases[range];
         let inner = self.inner;
         let config = &inner.config;
         if inner.stop.is_cancelled() {
-            return self.release(leases).await;
+            return (self.release(leases).await, None);
         }
         if !self.lease_for_publish().await {
             tracing::warn!(
@@ -250,7 +222,7 @@ impl<'r> Batch<'r> {
                 "too little lease left to publish safely; releasing (raise the lease or lower \
                  batch_size / publish_timeout)"
             );
-            return self.release(leases).await;
+            return (self.release(leases).await, None);
         }
         self.mark_started(leases);
         let span = tracing::info_span!(
@@ -290,18 +262,21 @@ impl<'r> Batch<'r> {
         }
         self.mark_settling(leases_of(&done, &failures));
         let last = self.unfinished.fetch_sub(1, AtomicOrdering::SeqCst) == 1;
-        if last && self.defer_last && !inner.stop.is_cancelled() {
+        if last && defer_last && !inner.stop.is_cancelled() {
             inner.tally.record(&report);
-            *self.deferred.lock().unwrap_or_else(PoisonError::into_inner) = Some(Deferred {
-                done,
-                failures,
-                deadline: self.lease_deadline(),
-            });
-            return report;
+            let deadline = self.lease_deadline();
+            return (
+                report,
+                Some(Deferred {
+                    done,
+                    failures,
+                    deadline,
+                }),
+            );
         }
         report.add(&self.settle_outcomes(&done, &failures).await);
         inner.tally.record(&report);
-        report
+        (report, None)
     }
 
     /// The publisher's outcome for every message, whatever the publisher does: an
@@ -555,12 +530,6 @@ impl SettleOutcome {
             settled,
             retried: false,
         }
-    }
-
-    /// Mark the call as retried after an error (an earlier try may have applied).
-    pub(super) fn retried(mut self) -> Self {
-        self.retried = true;
-        self
     }
 
     /// Lost leases to count: none when the call was retried, since an earlier try may

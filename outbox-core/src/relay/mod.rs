@@ -40,6 +40,10 @@
 //! ([`Relay::wait_idle`]) only when a claim made with no batch in flight finds nothing,
 //! so every settle has landed by then. Depth 1 turns pipelining off.
 //!
+//! In the code, `Relay::run` reads as the path of one batch: the pacer (`pacer.rs`)
+//! says when to claim, the claim carries what the settler (`settler.rs`) holds, and
+//! the claimed batch (`batch.rs`) publishes and hands back its last settle.
+//!
 //! No lock is held across any of this: explicit [`Relay::dispatch_ids`] calls, other
 //! relays in the same or other processes, and this loop coordinate through the store's
 //! per-row leases only.
@@ -102,6 +106,8 @@
 mod batch;
 mod config;
 pub mod metrics;
+mod pacer;
+mod settler;
 mod wake;
 
 use std::future::Future;
@@ -121,12 +127,13 @@ use tracing::Instrument;
 pub use config::{RelayConfig, DEFAULT_PIPELINE_DEPTH, MAX_PIPELINE_DEPTH};
 pub use wake::Wakeup;
 
-use crate::backoff::Backoff;
 use crate::error::{Error, ErrorKind, Result};
 use crate::message::MessageId;
 use crate::publisher::Publisher;
-use crate::store::{ClaimIds, ClaimRequest, Claimed, ClaimedMessage, OutboxStore, Settlement};
-use batch::{count_settled, panic_message, settle, settle_outcomes, Batch, Deferred};
+use crate::store::{ClaimIds, ClaimRequest, Claimed, ClaimedMessage, OutboxStore};
+use batch::{panic_message, Batch};
+use pacer::{Next, Pacer};
+use settler::{settle_and_claim, Deferred, Settler};
 
 /// Counts of what a relay (or one dispatch call) did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -342,162 +349,152 @@ impl Relay {
         }
         // Cleared however the loop ends, including when its task is aborted.
         let _running = RunningGuard(inner);
-        let config = &inner.config;
-        let depth = config.pipeline_depth.max(1);
         let mut woken = inner.wakeup.subscribe();
-        let mut idle = Backoff::new(config.poll_interval, config.max_poll_interval);
+        let mut pacer = Pacer::new(&inner.config);
         // Batches claimed and publishing; each yields its deferred settle.
         let mut batches: Batches<'_> = FuturesUnordered::new();
-        // Settles of finished batches, sent with the next claim.
-        let mut carried: Vec<Deferred> = Vec::new();
-        // When the next claim should go out ahead of the batches in flight, if they
-        // are still publishing then: set while the last claim came back full (more is
-        // probably due) to when the newest batch has published for as long as its
-        // claim took. A publish faster than a claim thus ends first and its settle goes
-        // with the next claim, as without pipelining; a slower one gets the next batch
-        // claimed while it runs.
-        // On Tokio's clock, as every timer of the loop, so tests may pause it.
-        let mut claim_ahead_at: Option<tokio::time::Instant> = None;
-        // A wakeup, the poll or `claim_ahead_at` asked for a claim while batches were in
-        // flight.
-        let mut asked = false;
-        // The poll while batches are in flight, on a schedule of its own so that a
-        // wait cut short by a batch ending does not move the idle schedule: it doubles
-        // on every claim that finds nothing and starts over when one finds work.
-        let mut busy = Backoff::new(config.poll_interval, config.max_poll_interval);
-        let mut poll_at: Option<tokio::time::Instant> = None;
-        // The last claim, made with batches in flight, found nothing: wake-ups wait for
-        // a batch to end or the poll, so a burst of them does not claim back to back
-        // against rows still blocked behind the batches in flight.
-        let mut found_nothing = false;
+        let mut settler = Settler::default();
         while !inner.stop.is_cancelled() {
-            let may_claim = batches.len() < depth;
-            let claim_now = may_claim && (batches.is_empty() || asked || !carried.is_empty());
-            if !claim_now {
-                let next = if !may_claim {
-                    None
-                } else if claim_ahead_at.is_some() {
-                    claim_ahead_at
-                } else {
-                    Some(
-                        *poll_at
-                            .get_or_insert_with(|| tokio::time::Instant::now() + busy.next_delay()),
-                    )
-                };
+            let now = tokio::time::Instant::now();
+            if let Next::Wait { until, wakeups } =
+                pacer.next(now, batches.len(), settler.is_carrying())
+            {
                 tokio::select! {
-                    Some(done) = batches.next() => {
-                        carried.extend(done);
-                        // A batch ended: its slot may take a claim a wake-up asked for.
-                        found_nothing = false;
+                    Some(deferred) = batches.next() => {
+                        settler.hold(deferred);
+                        pacer.batch_ended();
                     }
-                    () = woken.woken(), if may_claim && !found_nothing => asked = true,
-                    () = sleep_until(next), if next.is_some() => asked = true,
+                    () = woken.woken(), if wakeups => pacer.asked(),
+                    () = sleep_until(until), if until.is_some() => pacer.asked(),
                     () = inner.stop.cancelled() => {}
                 }
                 continue;
             }
-            asked = false;
-            found_nothing = false;
-            poll_at = None;
+            pacer.claim_sent();
             let poll = inner.polls.fetch_add(1, AtomicOrdering::SeqCst) + 1;
             woken.seen();
             // With nothing in flight, this claim carries every settle: if it finds
             // nothing, the relay has caught up.
             let caught_up_if_empty = batches.is_empty();
-            let claimed_at = Instant::now();
-            let sent = tokio::time::Instant::now();
-            let deferred = Deferred::merge(std::mem::take(&mut carried));
-            let claim = AssertUnwindSafe(async {
-                match deferred {
-                    Some(deferred) => match self.settle_and_claim(deferred).await? {
-                        Some(claimed) => Ok(claimed),
-                        None => self.claim().await,
-                    },
-                    None => self.claim().await,
+            let (claimed_at, sent) = (Instant::now(), tokio::time::Instant::now());
+            let claim = self.claim_next(settler.take());
+            match drive(&mut batches, &mut settler, claim).await {
+                Claim::Found(messages) => {
+                    pacer.found(messages.len(), sent, tokio::time::Instant::now());
+                    batches.push(self.batch(messages, claimed_at));
                 }
-            })
-            .catch_unwind();
-            let outcome = drive(&mut batches, &mut carried, claim).await;
-            let failed = match outcome.map(|claim| claim.map(|c| self.count_dead_letters(c))) {
-                Ok(Ok(Some(claimed))) if !claimed.is_empty() => {
-                    let now = tokio::time::Instant::now();
-                    claim_ahead_at = (claimed.len() >= config.batch_size)
-                        .then(|| now + now.saturating_duration_since(sent));
-                    idle.reset();
-                    busy.reset();
-                    batches.push(self.batch(claimed, claimed_at));
-                    continue;
-                }
-                Ok(Ok(None)) => {
-                    // The claim dead-lettered every row it took: more may be due.
-                    asked = true;
-                    continue;
-                }
-                Ok(Ok(_)) => {
-                    claim_ahead_at = None;
-                    found_nothing = !caught_up_if_empty;
+                Claim::AllDeadLettered => pacer.all_dead_lettered(),
+                Claim::Nothing => {
                     // (Nothing can have joined `batches` during the claim.)
+                    pacer.found_nothing(caught_up_if_empty);
                     if caught_up_if_empty {
                         inner.idle.send_replace(poll);
                         tokio::select! {
-                            () = woken.woken() => idle.reset(),
-                            () = idle.wait() => {}
+                            () = woken.woken() => pacer.woken_while_idle(),
+                            () = tokio::time::sleep(pacer.idle_delay()) => {}
                             () = inner.stop.cancelled() => {}
                         }
                     }
-                    continue;
                 }
-                Ok(Err(err)) => {
-                    tracing::warn!(error = %err.report(), "claim failed");
-                    DispatchReport {
-                        store_errors: 1,
-                        ..DispatchReport::default()
-                    }
+                Claim::Failed => {
+                    pacer.failed();
+                    let pause = tokio::time::sleep(pacer.idle_delay());
+                    let wait = async {
+                        tokio::select! {
+                            () = pause => {}
+                            () = inner.stop.cancelled() => {}
+                        }
+                    };
+                    drive(&mut batches, &mut settler, wait).await;
                 }
-                Err(panic) => {
-                    tracing::error!(
-                        panic = %panic_message(&*panic),
-                        "relay claim panicked; the loop carries on"
-                    );
-                    DispatchReport {
-                        panics: 1,
-                        ..DispatchReport::default()
-                    }
-                }
-            };
-            claim_ahead_at = None;
-            drive(
-                &mut batches,
-                &mut carried,
-                self.after_failure(&mut idle, failed),
-            )
-            .await;
+            }
         }
-        // Stopping: settles already waiting go at once, on their own, while the batches
-        // in flight finish within the shutdown grace (see `Batch`); a settle one of
-        // them left goes as soon as it ends. None waits for another batch's publish,
-        // so no finished batch's leases lapse behind a slow one.
+        self.stop_settling(batches, settler).await;
+        tracing::info!("relay stopped");
+        self.report()
+    }
+
+    /// The end of the loop: settles already held go at once, on their own, while the
+    /// batches in flight finish within the shutdown grace (see `Batch`); a settle one
+    /// of them leaves goes as soon as it ends. None waits for another batch's publish,
+    /// so no finished batch's leases lapse behind a slow one.
+    async fn stop_settling(&self, mut batches: Batches<'_>, mut settler: Settler) {
+        let inner = &*self.inner;
         let mut settles = FuturesUnordered::new();
-        settles.extend(Deferred::merge(carried).map(|d| self.settle_deferred(d)));
+        settles.extend(settler.take().map(|d| d.settle_alone(inner)));
         loop {
             tokio::select! {
                 Some(done) = batches.next() => {
-                    settles.extend(done.map(|d| self.settle_deferred(d)));
+                    settles.extend(done.map(|d| d.settle_alone(inner)));
                 }
                 Some(()) = settles.next() => {}
                 else => break,
             }
         }
-        tracing::info!("relay stopped");
-        self.report()
     }
 
-    /// Settle a deferred settle on its own (when stopping), counting what it did.
-    async fn settle_deferred(&self, deferred: Deferred) {
+    /// Claim the loop's next batch, carrying `deferred` settles (in one store call
+    /// when there are any); counts what the claim dead-lettered, and a failure. A
+    /// panic is caught, logged and counted: the leases of the claim, and of the
+    /// settles it carried, lapse.
+    async fn claim_next(&self, deferred: Option<Deferred>) -> Claim {
         let inner = &*self.inner;
-        let report =
-            settle_outcomes(inner, &deferred.done, &deferred.failures, deferred.deadline).await;
-        inner.tally.record(&report);
+        let claim = AssertUnwindSafe(async {
+            let request = ClaimRequest::new(inner.config.batch_size, inner.config.lease)?;
+            let started = Instant::now();
+            let claimed = match deferred {
+                Some(deferred) => match settle_and_claim(inner, deferred, request).await? {
+                    Some(claimed) => Ok(claimed),
+                    None => self.claim(request).await,
+                },
+                None => self.claim(request).await,
+            };
+            inner
+                .metrics
+                .claim_seconds
+                .record(started.elapsed().as_secs_f64());
+            claimed
+        });
+        let (claim, counted) = match claim.catch_unwind().await {
+            Ok(Ok(claimed)) => {
+                let dead_lettered = claimed.dead_lettered as u64;
+                let claim = if !claimed.messages.is_empty() {
+                    Claim::Found(claimed.messages)
+                } else if dead_lettered > 0 {
+                    Claim::AllDeadLettered
+                } else {
+                    Claim::Nothing
+                };
+                let counted = DispatchReport {
+                    dead_lettered,
+                    ..DispatchReport::default()
+                };
+                (claim, counted)
+            }
+            Ok(Err(err)) => {
+                tracing::warn!(error = %err.report(), "claim failed");
+                let counted = DispatchReport {
+                    store_errors: 1,
+                    ..DispatchReport::default()
+                };
+                (Claim::Failed, counted)
+            }
+            Err(panic) => {
+                tracing::error!(
+                    panic = %panic_message(&*panic),
+                    "relay claim panicked; the loop carries on"
+                );
+                let counted = DispatchReport {
+                    panics: 1,
+                    ..DispatchReport::default()
+                };
+                (Claim::Failed, counted)
+            }
+        };
+        if counted != DispatchReport::default() {
+            inner.tally.record(&counted);
+        }
+        claim
     }
 
     /// Publish a claimed batch of the loop and settle it, but for the settle of its
@@ -507,9 +504,9 @@ impl Relay {
         let inner = &*self.inner;
         async move {
             let run = AssertUnwindSafe(async {
-                let batch = Batch::new(inner, claimed, claimed_at).deferring_last_settle();
-                batch.publish_until(&inner.stop).await;
-                batch.take_deferred()
+                Batch::new(inner, claimed, claimed_at)
+                    .publish_deferring_last(&inner.stop)
+                    .await
             });
             match run.catch_unwind().await {
                 Ok(deferred) => deferred,
@@ -527,93 +524,6 @@ impl Relay {
             }
         }
         .boxed()
-    }
-
-    /// Settle the last batch's deferred chunk and claim the next batch in one store
-    /// call ([`OutboxStore::settle_and_claim`]). When that call fails the settle is
-    /// retried on its own, as any settle is, and `Ok(None)` tells the caller to claim
-    /// as usual.
-    ///
-    /// # Errors
-    /// The claim's error, after the settle applied.
-    async fn settle_and_claim(&self, deferred: Deferred) -> Result<Option<Claimed>> {
-        let inner = &*self.inner;
-        let config = &inner.config;
-        let request = ClaimRequest::new(config.batch_size, config.lease)?;
-        let settlement = Settlement {
-            complete: &deferred.done,
-            fail: &deferred.failures,
-            release: &[],
-        };
-        let started = Instant::now();
-        let outcome = inner
-            .store
-            .settle_and_claim(settlement, request)
-            .instrument(tracing::debug_span!(
-                "outbox.claim",
-                limit = config.batch_size
-            ))
-            .await;
-        inner
-            .metrics
-            .claim_seconds
-            .record(started.elapsed().as_secs_f64());
-        match outcome {
-            Ok(done) => {
-                let report = count_settled(
-                    Ok(batch::SettleOutcome::first_try(done.completed)),
-                    Ok(batch::SettleOutcome::first_try(done.failed)),
-                    &deferred.failures,
-                );
-                inner.tally.record(&report);
-                done.claimed.map(Some)
-            }
-            Err(err) if err.is_retryable() => {
-                tracing::warn!(
-                    count = deferred.done.len() + deferred.failures.len(),
-                    error = %err.report(),
-                    "settle and claim failed; retrying the settle on its own"
-                );
-                let store = &inner.store;
-                let (done, failures) = (&deferred.done, &deferred.failures);
-                let (completed, failed) = futures::join!(
-                    settle(deferred.deadline, "complete", done.len(), || store
-                        .complete(done)),
-                    settle(deferred.deadline, "fail", failures.len(), || store
-                        .fail(failures)),
-                );
-                // The first try may have applied: leases now reported lost may be ones
-                // it settled.
-                let report = count_settled(
-                    completed.map(batch::SettleOutcome::retried),
-                    failed.map(batch::SettleOutcome::retried),
-                    failures,
-                );
-                inner.tally.record(&report);
-                Ok(None)
-            }
-            Err(err) => {
-                tracing::error!(
-                    count = deferred.done.len() + deferred.failures.len(),
-                    error = %err.report(),
-                    "settle and claim failed; leases will lapse and the messages publish again"
-                );
-                inner.tally.record(&DispatchReport {
-                    store_errors: 1,
-                    ..DispatchReport::default()
-                });
-                Ok(None)
-            }
-        }
-    }
-
-    /// Count a failed step and back off before the next claim.
-    async fn after_failure(&self, idle: &mut Backoff, counted: DispatchReport) {
-        self.inner.tally.record(&counted);
-        tokio::select! {
-            () = idle.wait() => {}
-            () = self.inner.stop.cancelled() => {}
-        }
     }
 
     /// Claim and publish these messages now, for dispatch right after the enqueuing
@@ -701,43 +611,28 @@ impl Relay {
         }
     }
 
-    /// Count the rows a claim dead-lettered, as the relay's own dead letters, and hand
-    /// over its messages: `Some` when there are any, `None` when the claim took rows
-    /// but dead-lettered every one, and an empty vector when it found nothing.
-    fn count_dead_letters(&self, claimed: Claimed) -> Option<Vec<ClaimedMessage>> {
-        let dead_lettered = claimed.dead_lettered as u64;
-        if dead_lettered > 0 {
-            self.inner.tally.record(&DispatchReport {
-                dead_lettered,
-                ..DispatchReport::default()
-            });
-        }
-        if dead_lettered > 0 && claimed.messages.is_empty() {
-            None
-        } else {
-            Some(claimed.messages)
-        }
-    }
-
-    async fn claim(&self) -> Result<Claimed> {
-        let config = &self.inner.config;
-        let request = ClaimRequest::new(config.batch_size, config.lease)?;
-        let started = Instant::now();
-        let claimed = self
-            .inner
+    async fn claim(&self, request: ClaimRequest) -> Result<Claimed> {
+        self.inner
             .store
             .claim(request)
             .instrument(tracing::debug_span!(
                 "outbox.claim",
-                limit = config.batch_size
+                limit = request.limit()
             ))
-            .await;
-        self.inner
-            .metrics
-            .claim_seconds
-            .record(started.elapsed().as_secs_f64());
-        claimed
+            .await
     }
+}
+
+/// What one claim of the loop came back with.
+enum Claim {
+    /// Messages to publish.
+    Found(Vec<ClaimedMessage>),
+    /// Rows, every one dead-lettered by the store: more may be due at once.
+    AllDeadLettered,
+    /// Nothing due.
+    Nothing,
+    /// The claim failed or panicked (logged and counted).
+    Failed,
 }
 
 /// One claimed batch of the loop, publishing; yields its deferred settle.
@@ -746,18 +641,14 @@ type BatchRun<'a> = BoxFuture<'a, Option<Deferred>>;
 type Batches<'a> = FuturesUnordered<BatchRun<'a>>;
 
 /// Await `work` while the batches in flight go on publishing; the settles of those that
-/// finish meanwhile join `carried`.
-async fn drive<F: Future>(
-    batches: &mut Batches<'_>,
-    carried: &mut Vec<Deferred>,
-    work: F,
-) -> F::Output {
+/// finish meanwhile join the settler.
+async fn drive<F: Future>(batches: &mut Batches<'_>, settler: &mut Settler, work: F) -> F::Output {
     tokio::pin!(work);
     loop {
         tokio::select! {
             biased;
             out = &mut work => return out,
-            Some(done) = batches.next(), if !batches.is_empty() => carried.extend(done),
+            Some(done) = batches.next(), if !batches.is_empty() => settler.hold(done),
         }
     }
 }
