@@ -35,6 +35,10 @@ fn msg(n: usize) -> NewMessage {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    outbox_service_unset,
+    ignore = "OUTBOX_TEST_MSSQL_URL was not set when these tests were built"
+)]
 async fn the_database_isolation_mode_is_reported() {
     let Some((pool, _)) = setup("sqlserver isolation mode").await else {
         return;
@@ -55,6 +59,10 @@ async fn the_database_isolation_mode_is_reported() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    outbox_service_unset,
+    ignore = "OUTBOX_TEST_MSSQL_URL was not set when these tests were built"
+)]
 async fn install_is_idempotent_and_refuses_another_version() {
     let Some((pool, outbox)) = setup("sqlserver install").await else {
         return;
@@ -74,6 +82,10 @@ async fn install_is_idempotent_and_refuses_another_version() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    outbox_service_unset,
+    ignore = "OUTBOX_TEST_MSSQL_URL was not set when these tests were built"
+)]
 async fn the_ddl_text_runs_twice_as_one_batch() {
     let Some((pool, outbox)) = setup("sqlserver ddl text").await else {
         return;
@@ -91,6 +103,10 @@ async fn the_ddl_text_runs_twice_as_one_batch() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    outbox_service_unset,
+    ignore = "OUTBOX_TEST_MSSQL_URL was not set when these tests were built"
+)]
 async fn a_conflicting_enqueue_leaves_the_transaction_usable_under_xact_abort() {
     let Some((pool, outbox)) = setup("sqlserver enqueue conflict").await else {
         return;
@@ -133,6 +149,10 @@ async fn a_conflicting_enqueue_leaves_the_transaction_usable_under_xact_abort() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    outbox_service_unset,
+    ignore = "OUTBOX_TEST_MSSQL_URL was not set when these tests were built"
+)]
 async fn batches_larger_than_one_statement_keep_order_and_stay_all_or_nothing() {
     let Some((pool, outbox)) = setup("sqlserver large batches").await else {
         return;
@@ -180,6 +200,10 @@ async fn batches_larger_than_one_statement_keep_order_and_stay_all_or_nothing() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    outbox_service_unset,
+    ignore = "OUTBOX_TEST_MSSQL_URL was not set when these tests were built"
+)]
 async fn rows_written_by_hand_that_do_not_decode_are_dead_lettered() {
     let Some((pool, outbox)) = setup("sqlserver poison rows").await else {
         return;
@@ -216,6 +240,10 @@ async fn rows_written_by_hand_that_do_not_decode_are_dead_lettered() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    outbox_service_unset,
+    ignore = "OUTBOX_TEST_MSSQL_URL was not set when these tests were built"
+)]
 async fn check_out_resets_what_a_caller_left_on_a_pooled_connection() {
     let Some(url) = common::url("sqlserver pool check-out") else {
         return;
@@ -256,6 +284,10 @@ async fn check_out_resets_what_a_caller_left_on_a_pooled_connection() {
 /// fails with `Conflict` and takes back its first statement, so committing anyway
 /// writes none of the batch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    outbox_service_unset,
+    ignore = "OUTBOX_TEST_MSSQL_URL was not set when these tests were built"
+)]
 async fn a_racing_duplicate_leaves_none_of_the_batch_behind() {
     let Some((pool, outbox)) = setup("sqlserver racing duplicate").await else {
         return;
