@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{DedupStore, OutboxAdmin, Retention};
+use outbox_core::{DedupStore, OutboxAdmin, Retention, Schema};
+use outbox_dynamodb::{DynamoDedupConfig, DynamoDedupStore, DynamoOutbox, DynamoOutboxConfig};
 use outbox_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use outbox_postgres::sqlx::{Connection, PgConnection, PgPool};
 use outbox_postgres::{PgDedupConfig, PgDedupStore, PgOutbox, PgOutboxConfig};
@@ -48,20 +49,25 @@ pub(crate) struct Db {
 enum Pool {
     Postgres(PgPool),
     Sqlite(SqlitePool),
+    Dynamo {
+        client: outbox_dynamodb::aws_sdk_dynamodb::Client,
+        shards: u16,
+    },
 }
 
-/// The outbox table, on one backend or the other.
+/// The outbox table, on whichever backend: the admin side for the verbs, the schema
+/// side for `schema`.
 #[derive(Debug)]
-pub(crate) enum Outbox {
-    Postgres(PgOutbox),
-    Sqlite(SqliteOutbox),
+pub(crate) struct Outbox {
+    admin: Arc<dyn OutboxAdmin>,
+    schema: Arc<dyn Schema>,
 }
 
 /// A consumer's inbox (dedup) table.
 #[derive(Debug)]
-pub(crate) enum Inbox {
-    Postgres(PgDedupStore),
-    Sqlite(SqliteDedupStore),
+pub(crate) struct Inbox {
+    store: Arc<dyn DedupStore>,
+    schema: Arc<dyn Schema>,
 }
 
 impl Db {
@@ -76,11 +82,19 @@ impl Db {
             return Err(Failure::usage("SQLite has no schemas")
                 .hint("drop --schema: an SQLite database file holds its tables directly"));
         }
+        if global.schema.is_some() && matches!(target, Target::Dynamo { .. }) {
+            return Err(Failure::usage("DynamoDB has no schemas")
+                .hint("drop --schema: --table names the DynamoDB table"));
+        }
         let pool = match target {
             Target::Postgres { url } => {
                 Pool::Postgres(open_postgres(url, reach, global.connect_timeout).await?)
             }
             Target::Sqlite { path } => Pool::Sqlite(open_sqlite(path, reach, &url).await?),
+            Target::Dynamo(target) => Pool::Dynamo {
+                client: crate::dynamo::client(target, global.connect_timeout),
+                shards: target.shards,
+            },
         };
         Ok(Db {
             pool,
@@ -104,7 +118,7 @@ impl Db {
                     config = config.with_schema(schema);
                 }
                 PgOutbox::new(pool.clone(), config)
-                    .map(Outbox::Postgres)
+                    .map(Outbox::of)
                     .map_err(bad_name)
             }
             Pool::Sqlite(pool) => {
@@ -112,7 +126,16 @@ impl Db {
                     .with_table(&self.table)
                     .with_retention(CLI_RETENTION);
                 SqliteOutbox::new(pool.clone(), config)
-                    .map(Outbox::Sqlite)
+                    .map(Outbox::of)
+                    .map_err(bad_name)
+            }
+            Pool::Dynamo { client, shards } => {
+                let config = DynamoOutboxConfig::default()
+                    .with_table(&self.table)
+                    .with_shards(*shards)
+                    .with_retention(CLI_RETENTION);
+                DynamoOutbox::new(client.clone(), config)
+                    .map(Outbox::of)
                     .map_err(bad_name)
             }
         }
@@ -132,7 +155,7 @@ impl Db {
                     config = config.with_retention(retention);
                 }
                 PgDedupStore::new(pool.clone(), config)
-                    .map(Inbox::Postgres)
+                    .map(Inbox::of)
                     .map_err(bad)
             }
             Pool::Sqlite(pool) => {
@@ -141,7 +164,16 @@ impl Db {
                     config = config.with_retention(retention);
                 }
                 SqliteDedupStore::new(pool.clone(), config)
-                    .map(Inbox::Sqlite)
+                    .map(Inbox::of)
+                    .map_err(bad)
+            }
+            Pool::Dynamo { client, .. } => {
+                let mut config = DynamoDedupConfig::default().with_table(&self.inbox_table);
+                if let Some(retention) = retention {
+                    config = config.with_retention(retention);
+                }
+                DynamoDedupStore::new(client.clone(), config)
+                    .map(Inbox::of)
                     .map_err(bad)
             }
         }
@@ -154,79 +186,39 @@ impl Db {
 }
 
 impl Outbox {
+    fn of<T: OutboxAdmin + Schema + Clone + 'static>(outbox: T) -> Self {
+        Outbox {
+            admin: Arc::new(outbox.clone()),
+            schema: Arc::new(outbox),
+        }
+    }
+
     /// The admin side, for every verb that reads or changes messages.
     pub(crate) fn admin(&self) -> Arc<dyn OutboxAdmin> {
-        match self {
-            Outbox::Postgres(o) => Arc::new(o.clone()),
-            Outbox::Sqlite(o) => Arc::new(o.clone()),
-        }
+        Arc::clone(&self.admin)
     }
 
-    /// The table's name as the backend prints it (`"outbox"."outbox_messages"`).
-    pub(crate) fn name(&self) -> String {
-        match self {
-            Outbox::Postgres(o) => o.qualified_name().to_string(),
-            Outbox::Sqlite(o) => o.table_name().to_string(),
-        }
-    }
-
-    pub(crate) fn ddl(&self) -> String {
-        match self {
-            Outbox::Postgres(o) => o.ddl(),
-            Outbox::Sqlite(o) => o.ddl(),
-        }
-    }
-
-    pub(crate) async fn install(&self) -> outbox_core::Result<()> {
-        match self {
-            Outbox::Postgres(o) => o.install().await,
-            Outbox::Sqlite(o) => o.install().await,
-        }
-    }
-
-    /// The layout version `install` records.
-    pub(crate) fn layout_version(&self) -> i64 {
-        match self {
-            Outbox::Postgres(_) => i64::from(outbox_postgres::SCHEMA_VERSION),
-            Outbox::Sqlite(_) => outbox_sqlite::SCHEMA_VERSION,
-        }
+    /// The table, for `schema` and for naming it in messages.
+    pub(crate) fn schema(&self) -> &dyn Schema {
+        &*self.schema
     }
 }
 
 impl Inbox {
+    fn of<T: DedupStore + Schema + Clone + 'static>(inbox: T) -> Self {
+        Inbox {
+            store: Arc::new(inbox.clone()),
+            schema: Arc::new(inbox),
+        }
+    }
+
     pub(crate) fn store(&self) -> &dyn DedupStore {
-        match self {
-            Inbox::Postgres(s) => s,
-            Inbox::Sqlite(s) => s,
-        }
+        &*self.store
     }
 
-    /// The table's name as the backend prints it.
-    pub(crate) fn name(&self) -> String {
-        match self {
-            Inbox::Postgres(s) => s
-                .config()
-                .qualified_name()
-                .map_or_else(|_| s.config().table().to_owned(), |n| n.to_string()),
-            Inbox::Sqlite(s) => s
-                .config()
-                .table_name()
-                .map_or_else(|_| s.config().table().to_owned(), |n| n.to_string()),
-        }
-    }
-
-    pub(crate) fn ddl(&self) -> String {
-        match self {
-            Inbox::Postgres(s) => s.ddl(),
-            Inbox::Sqlite(s) => s.ddl(),
-        }
-    }
-
-    pub(crate) async fn install(&self) -> outbox_core::Result<()> {
-        match self {
-            Inbox::Postgres(s) => s.install().await,
-            Inbox::Sqlite(s) => s.install().await,
-        }
+    /// The table, for `schema` and for naming it in messages.
+    pub(crate) fn schema(&self) -> &dyn Schema {
+        &*self.schema
     }
 }
 

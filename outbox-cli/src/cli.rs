@@ -213,7 +213,10 @@ pub(crate) enum DedupCommand {
 #[derive(Debug, Args)]
 pub(crate) struct DedupPurgeArgs {
     /// The consumer's retention: records older than this are deleted (e.g. 7d). Never
-    /// less than the longest time your broker may redeliver a message.
+    /// less than the longest time your broker may redeliver a message. On DynamoDB
+    /// each record carries the expiry its consumer wrote with it: the purge deletes
+    /// records past that expiry (ahead of DynamoDB's own TTL deletion), and this value
+    /// only has to be valid.
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub(crate) older_than: Duration,
     /// Rows per statement.

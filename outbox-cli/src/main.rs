@@ -3,6 +3,7 @@
 mod backend;
 mod cli;
 mod commands;
+mod dynamo;
 mod fail;
 mod output;
 mod target;

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use url::Url;
 
+use crate::dynamo::DynamoTarget;
 use crate::fail::Failure;
 
 /// The database a URL names.
@@ -13,10 +14,13 @@ pub(crate) enum Target {
     Postgres { url: String },
     /// An SQLite database file.
     Sqlite { path: PathBuf },
+    /// DynamoDB tables at an endpoint.
+    Dynamo(DynamoTarget),
 }
 
 impl Target {
-    /// Read a URL: `postgres://` / `postgresql://`, `sqlite://PATH` / `sqlite:PATH`.
+    /// Read a URL: `postgres://` / `postgresql://`, `sqlite://PATH` / `sqlite:PATH`,
+    /// `dynamodb://HOST:PORT` / `dynamodb+https://HOST` / `dynamodb://aws`.
     ///
     /// # Errors
     /// A usage failure for what is not such a URL; a plain failure for a scheme whose
@@ -26,7 +30,7 @@ impl Target {
         let Some((scheme, rest)) = url.split_once(':') else {
             return Err(
                 Failure::usage(format!("`{}` is not a database URL", secrets.redact(url)))
-                    .hint("use postgres://user:password@host:port/db or sqlite://path/to/file.db"),
+                    .hint("use postgres://user:password@host:port/db, sqlite://path/to/file.db or dynamodb://host:port"),
             );
         };
         match scheme.to_ascii_lowercase().as_str() {
@@ -44,13 +48,14 @@ impl Target {
                     path: PathBuf::from(path),
                 })
             }
+            "dynamodb" | "dynamodb+https" => DynamoTarget::parse(scheme, rest).map(Target::Dynamo),
             "mssql" | "sqlserver" => Err(Failure::error(format!(
-                "not supported yet: the SQL Server backend is not built ({scheme}:// URL)"
+                "this outbox CLI does not speak SQL Server yet ({scheme}:// URL)"
             ))
-            .hint("outbox-sqlserver is a placeholder so far; use a postgres:// or sqlite:// URL")),
+            .hint("use the outbox-sqlserver crate's OutboxAdmin from your own code for now")),
             other => Err(
                 Failure::usage(format!("unknown database URL scheme `{other}`"))
-                    .hint("use postgres://, postgresql:// or sqlite://"),
+                    .hint("use postgres://, postgresql://, sqlite:// or dynamodb://"),
             ),
         }
     }
@@ -190,7 +195,7 @@ mod tests {
         assert_eq!(mssql.exit, Exit::Error);
         assert!(mssql
             .message
-            .starts_with("not supported yet: the SQL Server backend is not built"));
+            .starts_with("this outbox CLI does not speak SQL Server yet"));
         for bad in [
             "mysql://h/db",
             "just-a-path.db",

@@ -95,6 +95,7 @@ pub mod publisher;
 pub mod purge;
 pub mod relay;
 pub mod retry;
+pub mod schema;
 pub mod store;
 
 pub use admin::{
@@ -117,6 +118,7 @@ pub use relay::{
     MAX_PIPELINE_DEPTH,
 };
 pub use retry::RetryPolicy;
+pub use schema::Schema;
 pub use store::{
     ClaimIds, ClaimRequest, Claimed, ClaimedMessage, Disposition, Failure, KeyOrder, Lease,
     LeaseToken, OutboxStore, OutboxStoreExt, Renewed, Retention, Settled, SettledAndClaimed,

@@ -35,6 +35,51 @@ pub(crate) struct TableSpec {
     pub(crate) ttl: Option<&'static str>,
 }
 
+impl TableSpec {
+    /// The table as an operator reads it (DynamoDB has no DDL): keys, key attribute
+    /// types, local secondary indexes and their projections, billing, TTL.
+    pub(crate) fn describe(&self) -> String {
+        let kind = |name: &str| {
+            self.attributes
+                .iter()
+                .find(|(a, _)| *a == name)
+                .map_or("?", |(_, t)| t.as_str())
+                .to_owned()
+        };
+        let mut text = format!(
+            "DynamoDB table {}
+  partition key: {} ({})
+",
+            self.name,
+            self.hash,
+            kind(self.hash)
+        );
+        if let Some(range) = self.range {
+            text.push_str(&format!(
+                "  sort key: {range} ({})
+",
+                kind(range)
+            ));
+        }
+        for (index, sort, projected) in &self.indexes {
+            let projection = match projected {
+                None => "all attributes".to_owned(),
+                Some(attrs) if attrs.is_empty() => "keys only".to_owned(),
+                Some(attrs) => format!("keys and {}", attrs.join(", ")),
+            };
+            text.push_str(&format!(
+                "  local secondary index {index}: sort key {sort} ({}), projecting {projection}\n",
+                kind(sort)
+            ));
+        }
+        text.push_str("  billing: on demand (pay per request)\n");
+        if let Some(ttl) = self.ttl {
+            text.push_str(&format!("  time to live: attribute {ttl}\n"));
+        }
+        text
+    }
+}
+
 /// The outbox table: `pk`/`sk` strings and three sparse LSIs.
 pub(crate) fn outbox_table(name: &str) -> TableSpec {
     TableSpec {
@@ -310,6 +355,48 @@ pub(crate) async fn drop_table(client: &Client, table: &str) -> Result<()> {
     }
 }
 
+/// The outbox table, for tools.
+#[async_trait::async_trait]
+impl outbox_core::Schema for crate::DynamoOutbox {
+    fn name(&self) -> String {
+        self.table().to_owned()
+    }
+
+    fn ddl(&self) -> String {
+        outbox_table(self.table()).describe()
+    }
+
+    /// 1: the layout of the crate docs.
+    fn layout_version(&self) -> u32 {
+        1
+    }
+
+    async fn install(&self) -> Result<()> {
+        crate::DynamoOutbox::install(self).await
+    }
+}
+
+/// A consumer's inbox table, for tools.
+#[async_trait::async_trait]
+impl outbox_core::Schema for crate::DynamoDedupStore {
+    fn name(&self) -> String {
+        self.config().table().to_owned()
+    }
+
+    fn ddl(&self) -> String {
+        dedup_table(self.config().table()).describe()
+    }
+
+    /// 2: one item per record under its own partition key, expiring by TTL.
+    fn layout_version(&self) -> u32 {
+        2
+    }
+
+    async fn install(&self) -> Result<()> {
+        crate::DynamoDedupStore::install(self).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -348,5 +435,30 @@ mod tests {
         let err = check_not_replicated(&global, "lock").unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Config);
         assert!(err.to_string().contains("eu-west-1"), "{err}");
+    }
+
+    #[test]
+    fn the_description_names_keys_indexes_and_ttl() {
+        let outbox = outbox_table("orders").describe();
+        assert!(outbox.starts_with("DynamoDB table orders\n"), "{outbox}");
+        assert!(
+            outbox.contains(&format!("partition key: {PK} (S)")),
+            "{outbox}"
+        );
+        assert!(outbox.contains(&format!("sort key: {SK} (S)")), "{outbox}");
+        assert!(
+            outbox.contains(&format!(
+                "local secondary index {DUE_INDEX}: sort key {DUE} (N)"
+            )),
+            "{outbox}"
+        );
+        assert!(outbox.contains("keys only"), "{outbox}");
+        assert!(!outbox.contains("time to live"), "{outbox}");
+        let dedup = dedup_table("inbox").describe();
+        assert!(!dedup.contains("sort key"), "{dedup}");
+        assert!(
+            dedup.contains(&format!("time to live: attribute {}", crate::dedup::TTL)),
+            "{dedup}"
+        );
     }
 }

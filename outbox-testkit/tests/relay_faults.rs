@@ -447,6 +447,41 @@ async fn a_wake_that_a_claim_covered_causes_no_extra_claim() {
 }
 
 #[tokio::test]
+async fn a_settle_held_for_the_next_claim_lands_when_the_relay_stops() {
+    let memory = memory_with(0);
+    memory
+        .enqueue(&[NewMessage::builder("held").build().unwrap()])
+        .unwrap();
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    let (publisher, gate) = RecordingPublisher::new().hold_destination("held");
+    let config = config().poll(Duration::from_secs(3600), Duration::from_secs(3600));
+    let relay = relay(&store, Arc::new(publisher.clone()), config);
+    let handle = relay.spawn();
+    publisher.wait_for_calls(1, DEADLINE).await.unwrap();
+    // A wake sends a claim ahead while the batch publishes, and that claim is slow: the
+    // batch ends during it and leaves its settle to the next claim, which never comes,
+    // because the relay is told to stop first. The settle must still land, on its own.
+    store.delay_claims(Duration::from_secs(2));
+    handle.wake();
+    outbox_testkit::wait_until("the slow claim ahead", || async {
+        store.calls(Op::Claim) >= 2
+    })
+    .await;
+    gate.open();
+    outbox_testkit::wait_until("the batch's publish", || async {
+        publisher.published_count() == 1
+    })
+    .await;
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+    let report = within("shutdown", handle.shutdown()).await.unwrap();
+    assert_eq!(report.dispatched, 1, "{report:?}");
+    let stats = memory.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.in_flight), (0, 0), "{stats:?}");
+}
+
+#[tokio::test]
 async fn an_aborted_loop_reports_so_on_shutdown() {
     let relay = relay(
         &FaultyStore::new(Arc::new(MemoryStore::new())),

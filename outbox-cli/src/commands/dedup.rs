@@ -18,7 +18,7 @@ struct DedupPurgeJson {
 
 pub(super) async fn purge(db: &Db, args: &DedupPurgeArgs, term: &Term) -> Result<(), Failure> {
     let inbox = db.inbox(Some(args.older_than))?;
-    let place = format!("{} at {}", inbox.name(), db.url());
+    let place = format!("{} at {}", inbox.schema().name(), db.url());
     let (purged, batches) = super::in_batches(
         term,
         args.batch,
@@ -35,7 +35,7 @@ pub(super) async fn purge(db: &Db, args: &DedupPurgeArgs, term: &Term) -> Result
     .await?;
     if term.json() {
         term.json_out(&DedupPurgeJson {
-            table: inbox.name(),
+            table: inbox.schema().name(),
             older_than_secs: args.older_than.as_secs(),
             purged,
             batches,

@@ -58,7 +58,7 @@ pub(crate) struct Place {
 impl Place {
     fn of(db: &Db) -> Result<Place, Failure> {
         let outbox = db.outbox()?;
-        let description = format!("{} at {}", outbox.name(), db.url());
+        let description = format!("{} at {}", outbox.schema().name(), db.url());
         Ok(Place {
             outbox,
             description,

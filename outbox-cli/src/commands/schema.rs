@@ -20,16 +20,16 @@ struct InstallJson {
     table: String,
     installed: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
-    layout_version: Option<i64>,
+    layout_version: Option<u32>,
 }
 
 pub(super) fn print(db: &Db, args: &SchemaArgs, term: &Term) -> Result<(), Failure> {
     let (table, ddl) = if args.inbox {
         let inbox = db.inbox(None)?;
-        (inbox.name(), inbox.ddl())
+        (inbox.schema().name(), inbox.schema().ddl())
     } else {
         let outbox = db.outbox()?;
-        (outbox.name(), outbox.ddl())
+        (outbox.schema().name(), outbox.schema().ddl())
     };
     if term.json() {
         term.json_out(&DdlJson { table, ddl });
@@ -42,11 +42,13 @@ pub(super) fn print(db: &Db, args: &SchemaArgs, term: &Term) -> Result<(), Failu
 pub(super) async fn install(db: &Db, args: &SchemaArgs, term: &Term) -> Result<(), Failure> {
     let (table, result, version) = if args.inbox {
         let inbox = db.inbox(None)?;
-        (inbox.name(), inbox.install().await, None)
+        let schema = inbox.schema();
+        (schema.name(), schema.install().await, None)
     } else {
         let outbox = db.outbox()?;
-        let version = outbox.layout_version();
-        (outbox.name(), outbox.install().await, Some(version))
+        let schema = outbox.schema();
+        let version = schema.layout_version();
+        (schema.name(), schema.install().await, Some(version))
     };
     let place = format!("{table} at {}", db.url());
     result.map_err(|e| {

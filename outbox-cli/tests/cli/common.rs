@@ -10,12 +10,19 @@ use outbox_core::{
     ClaimRequest, DeadLetterFilter, DedupStore, Disposition, Failure, MessageId, NewMessage,
     OutboxAdmin, OutboxStats, OutboxStore, OutboxStoreExt, Retention,
 };
+use outbox_dynamodb::aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+use outbox_dynamodb::aws_sdk_dynamodb::Client;
+use outbox_dynamodb::{DynamoDedupConfig, DynamoDedupStore, DynamoOutbox, DynamoOutboxConfig};
 use outbox_postgres::sqlx::PgPool;
 use outbox_postgres::{PgDedupConfig, PgDedupStore, PgOutbox, PgOutboxConfig};
 use outbox_sqlite::{SqliteDedupConfig, SqliteDedupStore, SqliteOutbox, SqliteOutboxConfig};
 
 /// The variable naming the PostgreSQL test database.
 pub(crate) const PG_URL: &str = "OUTBOX_PG_URL";
+/// The variable naming the DynamoDB endpoint (DynamoDB Local).
+pub(crate) const DYNAMODB_URL: &str = "OUTBOX_DYNAMODB_URL";
+/// Shards of the DynamoDB test outboxes, passed to the binary as `?shards=`.
+const DYNAMODB_SHARDS: u16 = 4;
 
 /// What one run of the binary did.
 #[derive(Debug)]
@@ -94,8 +101,8 @@ pub(crate) fn fresh_name() -> String {
 #[derive(Debug)]
 pub(crate) struct Fixture {
     pub(crate) url: String,
-    /// `--schema S` on PostgreSQL.
-    schema_args: Vec<String>,
+    /// `--schema S` on PostgreSQL; `--table T --inbox-table I` on DynamoDB.
+    extra_args: Vec<String>,
     backend: Backend,
     /// Removed on drop (SQLite).
     dir: Option<PathBuf>,
@@ -105,6 +112,8 @@ pub(crate) struct Fixture {
 enum Backend {
     Postgres(PgOutbox, PgPool, String),
     Sqlite(SqliteOutbox),
+    /// The outbox, its client, and the inbox table's name.
+    Dynamo(DynamoOutbox, Client, String),
 }
 
 /// Kept history, so completed messages show up as dispatched.
@@ -130,7 +139,7 @@ impl Fixture {
         }
         Some(Fixture {
             url,
-            schema_args: vec!["--schema".into(), schema.clone()],
+            extra_args: vec!["--schema".into(), schema.clone()],
             backend: Backend::Postgres(outbox, pool, schema),
             dir: None,
         })
@@ -155,17 +164,69 @@ impl Fixture {
         }
         Fixture {
             url: format!("sqlite://{}", path.display()),
-            schema_args: Vec::new(),
+            extra_args: Vec::new(),
             backend: Backend::Sqlite(outbox),
             dir: Some(dir),
         }
     }
 
-    /// The PostgreSQL schema (empty on SQLite).
+    /// An outbox in a fresh DynamoDB table (created when `install`), or `None` after
+    /// a visible skip when `OUTBOX_DYNAMODB_URL` is unset. Tables are named like the
+    /// DynamoDB tests' ones, whose sweeper deletes them after an hour.
+    pub(crate) async fn dynamodb(install: bool) -> Option<Fixture> {
+        let endpoint = outbox_testkit::service_url(DYNAMODB_URL, "outbox-cli DynamoDB tests")?;
+        let config = outbox_dynamodb::aws_sdk_dynamodb::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .endpoint_url(&endpoint)
+            .region(Region::new("us-east-1"))
+            .credentials_provider(Credentials::new("outbox", "outbox", None, None, "tests"))
+            .build();
+        let client = Client::from_conf(config);
+        let (table, inbox) = (fresh_name(), fresh_name());
+        let config = DynamoOutboxConfig::default()
+            .with_table(&table)
+            .with_shards(DYNAMODB_SHARDS)
+            .with_retention(KEEP);
+        let outbox = DynamoOutbox::new(client.clone(), config).unwrap();
+        if install {
+            outbox.install().await.unwrap();
+        }
+        let host = endpoint
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_owned();
+        Some(Fixture {
+            url: format!("dynamodb://{host}?shards={DYNAMODB_SHARDS}"),
+            extra_args: vec![
+                "--table".into(),
+                table,
+                "--inbox-table".into(),
+                inbox.clone(),
+            ],
+            backend: Backend::Dynamo(outbox, client, inbox),
+            dir: None,
+        })
+    }
+
+    /// The PostgreSQL schema (empty elsewhere).
     pub(crate) fn schema(&self) -> &str {
         match &self.backend {
             Backend::Postgres(_, _, schema) => schema,
-            Backend::Sqlite(..) => "",
+            Backend::Sqlite(..) | Backend::Dynamo(..) => "",
+        }
+    }
+
+    /// Whether inbox records carry the expiry their consumer wrote (DynamoDB), rather
+    /// than a time `dedup purge --older-than` measures from.
+    pub(crate) fn expiry_written_with_records(&self) -> bool {
+        matches!(self.backend, Backend::Dynamo(..))
+    }
+
+    /// The inbox table's name as the binary is told it.
+    pub(crate) fn inbox_table(&self) -> &str {
+        match &self.backend {
+            Backend::Dynamo(_, _, inbox) => inbox,
+            Backend::Postgres(..) | Backend::Sqlite(..) => "outbox_inbox",
         }
     }
 
@@ -177,7 +238,12 @@ impl Fixture {
     /// As [`run`](Self::run), with `input` on stdin.
     pub(crate) fn run_with_input(&self, args: &[&str], input: Option<&str>) -> Run {
         let mut all: Vec<&str> = vec!["--url", &self.url];
-        all.extend(self.schema_args.iter().map(String::as_str));
+        // The fixture's own options, but for one the case gives itself.
+        for pair in self.extra_args.chunks(2) {
+            if !args.contains(&pair[0].as_str()) {
+                all.extend(pair.iter().map(String::as_str));
+            }
+        }
         all.extend(args);
         outbox(&all, input)
     }
@@ -186,6 +252,7 @@ impl Fixture {
         match &self.backend {
             Backend::Postgres(o, ..) => Arc::new(o.clone()),
             Backend::Sqlite(o) => Arc::new(o.clone()),
+            Backend::Dynamo(o, ..) => Arc::new(o.clone()),
         }
     }
 
@@ -193,6 +260,7 @@ impl Fixture {
         match &self.backend {
             Backend::Postgres(o, ..) => Arc::new(o.clone()),
             Backend::Sqlite(o) => Arc::new(o.clone()),
+            Backend::Dynamo(o, ..) => Arc::new(o.clone()),
         }
     }
 
@@ -201,6 +269,7 @@ impl Fixture {
         match &self.backend {
             Backend::Postgres(o, ..) => o.ddl(),
             Backend::Sqlite(o) => o.ddl(),
+            Backend::Dynamo(o, ..) => outbox_core::Schema::ddl(o),
         }
     }
 
@@ -216,6 +285,12 @@ impl Fixture {
             Backend::Sqlite(o) => {
                 let config = SqliteDedupConfig::default().with_retention(retention);
                 Arc::new(SqliteDedupStore::new(o.pool().clone(), config).unwrap())
+            }
+            Backend::Dynamo(_, client, inbox) => {
+                let config = DynamoDedupConfig::default()
+                    .with_table(inbox)
+                    .with_retention(retention);
+                Arc::new(DynamoDedupStore::new(client.clone(), config).unwrap())
             }
         }
     }
@@ -233,6 +308,7 @@ impl Fixture {
                 o.enqueue(&mut tx, messages).await.unwrap();
                 tx.commit().await.unwrap();
             }
+            Backend::Dynamo(o, ..) => o.enqueue(Vec::new(), messages).await.unwrap(),
         }
     }
 

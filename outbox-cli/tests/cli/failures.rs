@@ -36,13 +36,13 @@ fn no_url_and_bad_urls_are_usage_errors() {
 }
 
 #[test]
-fn sql_server_is_not_built_yet() {
+fn sql_server_is_not_spoken_yet() {
     let url = format!("mssql://sa:{PASSWORD}@127.0.0.1:1433/orders");
     let run = outbox(&["--url", &url, "stats"], None);
     run.expect(1);
     assert!(
         run.stderr
-            .starts_with("error: not supported yet: the SQL Server backend is not built"),
+            .starts_with("error: this outbox CLI does not speak SQL Server yet"),
         "{}",
         run.stderr
     );
