@@ -45,11 +45,11 @@ use outbox_core::consumer::Processed;
 use outbox_core::{Consistency, ConsumerName, Dedup, DedupStore, Error, MessageId, Result};
 
 use crate::config::MssqlDedupConfig;
-use crate::connect::{dedicated, rollback_quietly, MssqlClient, MssqlPool, BEGIN, COMMIT};
 use crate::error::{from_pool, from_tiberius};
 use crate::exec::{execute, query_all_rows, query_rows, row_i32};
 use crate::ident::QualifiedName;
 use crate::schema::{inbox_ddl, inbox_objects, install};
+use crate::session::{dedicated, MssqlClient, MssqlPool};
 use crate::sql::{age_micros, before, Binder, Param, Stmt, DELETE_BATCH, NOW, PURGE_HINTS};
 
 /// Record `id` for `consumer`: refresh an expired record, else insert unless present.
@@ -211,6 +211,10 @@ impl MssqlDedupStore {
     /// # Ok(()) }
     /// ```
     ///
+    /// The transaction is a [`MssqlTransaction`](crate::MssqlTransaction): if this
+    /// future is dropped before it commits or rolls back, the pool closes the session,
+    /// and the server rolls the transaction back at once.
+    ///
     /// # Errors
     /// The handler's error, or mapped driver errors of begin and record: nothing was
     /// committed. An error of the commit itself leaves the outcome unknown.
@@ -225,44 +229,37 @@ impl MssqlDedupStore {
         F: for<'c> FnOnce(&'c mut MssqlClient) -> BoxFuture<'c, Result<T>> + Send,
     {
         let what = "the consumer transaction";
-        let mut conn = self.pool.get().await.map_err(|e| from_pool(what, e))?;
-        let client: &mut MssqlClient = &mut conn;
-        client
-            .simple_query(BEGIN)
-            .await
-            .map_err(|e| from_tiberius("begin the consumer transaction", e))?
-            .into_results()
-            .await
-            .map_err(|e| from_tiberius("begin the consumer transaction", e))?;
-        // From here on, every early return rolls back (and a dropped future leaves the
-        // transaction to the pool's check-out test, which rolls it back).
+        let mut session = self.pool.get().await.map_err(|e| from_pool(what, e))?;
+        let mut tx = session.begin().await?;
         let outcome = async {
-            if self.record_in(client, consumer, id).await? == Dedup::Duplicate {
+            if self.record_in(&mut *tx, consumer, id).await? == Dedup::Duplicate {
                 return Ok(None);
             }
-            handler(client).await.map(Some)
+            handler(&mut tx).await.map(Some)
         }
         .await;
         match outcome {
             Ok(Some(value)) => {
-                client
-                    .simple_query(COMMIT)
-                    .await
-                    .map_err(|e| from_tiberius("commit the consumer transaction", e))?
-                    .into_results()
-                    .await
-                    .map_err(|e| from_tiberius("commit the consumer transaction", e))?;
+                tx.commit().await?;
                 Ok(Processed::Applied(value))
             }
             Ok(None) => {
-                rollback_quietly(client).await;
+                rollback_logged(tx).await;
                 Ok(Processed::Duplicate)
             }
             Err(err) => {
-                rollback_quietly(client).await;
+                rollback_logged(tx).await;
                 Err(err)
             }
         }
+    }
+}
+
+/// Roll `tx` back on a path that already has its answer; a failed rollback is logged
+/// (the session is then closed by the pool, which ends the transaction anyway).
+async fn rollback_logged(tx: crate::MssqlTransaction<'_>) {
+    if let Err(err) = tx.rollback().await {
+        tracing::debug!(error = %err.report(), "rollback failed; the session will be closed");
     }
 }
 

@@ -22,11 +22,11 @@ use outbox_core::consumer::{EntityRecord, EntityStore, Loaded, Persisted, Versio
 use outbox_core::{EntityKey, Error, ErrorKind, Result};
 
 use crate::config::MssqlEntityConfig;
-use crate::connect::{dedicated, MssqlPool};
 use crate::error::{from_pool, from_tiberius, has_number};
 use crate::exec::{query_rows, row_i64, row_str};
 use crate::ident::QualifiedName;
 use crate::schema::{entity_ddl, entity_objects, install};
+use crate::session::{dedicated, MssqlPool};
 use crate::sql::{Binder, Param, Stmt, NOW};
 
 pub(crate) fn load(t: &QualifiedName, key: &str) -> Stmt {

@@ -11,6 +11,7 @@ mod ident;
 mod lock;
 mod row;
 mod schema;
+mod session;
 mod sql;
 mod store;
 
@@ -18,12 +19,15 @@ mod store;
 mod statement_tests;
 
 pub use config::{MssqlDedupConfig, MssqlEntityConfig, MssqlOutboxConfig, MAX_PARTITION_KEY_LEN};
-pub use connect::{MssqlClient, MssqlConnection, MssqlManager, MssqlPool};
+pub use connect::MssqlConnection;
 pub use dedup::MssqlDedupStore;
 pub use entity::MssqlEntityStore;
 pub use ident::QualifiedName;
 pub use lock::MssqlDistributedLock;
 pub use schema::SCHEMA_VERSION;
+pub use session::{
+    MssqlClient, MssqlManager, MssqlPool, MssqlSession, MssqlTransaction, DEFAULT_LOCK_TIMEOUT,
+};
 pub use store::MssqlOutbox;
 
 /// The tiberius this crate was built with: run your transactions on its `Client`.
@@ -56,5 +60,10 @@ mod send_checks {
         assert_send(outbox.claim(request));
         assert_send(outbox.dead_letters(page));
         assert_send(outbox.requeue_dead(selection));
+    }
+
+    fn transactions_are_send(session: &mut MssqlSession, tx: MssqlTransaction<'_>) {
+        assert_send(session.begin());
+        assert_send(tx.commit());
     }
 }

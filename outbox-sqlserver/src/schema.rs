@@ -39,10 +39,10 @@
 
 use outbox_core::{Error, ErrorKind, Result};
 
-use crate::connect::{rollback_quietly, MssqlClient, COMMIT};
 use crate::error::from_tiberius;
 use crate::exec::{query_rows, row_i32, row_str};
 use crate::ident::{literal, quote, QualifiedName};
+use crate::session::{rollback_quietly, MssqlClient, COMMIT};
 use crate::sql::{Binder, Param, Stmt, UNDELIVERED};
 
 /// The layout version this crate writes and expects.

@@ -11,8 +11,10 @@ use sqlparser::dialect::MsSqlDialect;
 use sqlparser::parser::Parser;
 
 use crate::admin::{self, DeadChange};
-use crate::connect::{BEGIN, CHECK_OUT, COMMIT, ROLLBACK_IF_OPEN};
 use crate::ident::QualifiedName;
+use crate::session::{
+    check_out, BEGIN, COMMIT, DEFAULT_LOCK_TIMEOUT, ROLLBACK_IF_OPEN, SESSION_OPTIONS,
+};
 use crate::sql::{self, FailRow, NewRow, Param, Settle, Stmt};
 use crate::{dedup, entity, lock, schema};
 
@@ -207,7 +209,16 @@ fn every_statement() -> Vec<(&'static str, bool, Stmt)> {
         ),
         ("lock", true, lock::try_lock(&format!("l-{EVIL}"))),
         ("unlock", true, lock::unlock(&format!("l-{EVIL}"))),
-        ("pool check-out", false, Stmt::text(CHECK_OUT)),
+        (
+            "pool check-out",
+            false,
+            Stmt::text(check_out(Some(DEFAULT_LOCK_TIMEOUT))),
+        ),
+        (
+            "pool check-out, no time-out",
+            false,
+            Stmt::text(check_out(None)),
+        ),
         ("begin", false, Stmt::text(BEGIN)),
         ("commit", false, Stmt::text(COMMIT)),
         ("rollback if open", false, Stmt::text(ROLLBACK_IF_OPEN)),
@@ -378,6 +389,7 @@ fn identifiers_are_bracket_quoted_everywhere() {
     for (what, _, stmt) in every_statement() {
         if [
             "pool check-out",
+            "pool check-out, no time-out",
             "lock",
             "unlock",
             "install lock",
@@ -540,18 +552,37 @@ fn bounded_deletes_stay_below_lock_escalation() {
 }
 
 #[test]
-fn pooled_connections_are_put_back_to_read_committed_autocommit() {
-    // Claims and settles run on connections callers also use for their transactions;
-    // check-out must undo the settings that would change how a claim locks.
+fn check_out_resets_the_session() {
+    let sql = check_out(Some(DEFAULT_LOCK_TIMEOUT));
+    assert!(
+        sql.starts_with("IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION; "),
+        "{sql}"
+    );
+    assert!(sql.ends_with("SELECT 1 AS ok"), "{sql}");
     for part in [
-        "IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;",
         "SET IMPLICIT_TRANSACTIONS OFF;",
         "SET TRANSACTION ISOLATION LEVEL READ COMMITTED;",
         "SET XACT_ABORT OFF;",
+        "SET LOCK_TIMEOUT 10000;",
+        // The options an INSERT into a table with filtered indexes needs (error 1934
+        // otherwise), at the values it needs.
+        "SET ANSI_WARNINGS ON;",
+        "SET CONCAT_NULL_YIELDS_NULL ON;",
+        "SET ARITHABORT ON;",
+        "SET NUMERIC_ROUNDABORT OFF;",
+        "SET QUOTED_IDENTIFIER ON;",
+        "SET ANSI_NULLS ON;",
+        "SET ANSI_PADDING ON;",
+        // And those that change what statements return.
+        "SET NOCOUNT OFF;",
+        "SET ROWCOUNT 0;",
+        "SET TEXTSIZE 2147483647;",
     ] {
-        assert!(CHECK_OUT.contains(part), "{part}");
+        assert!(sql.contains(part), "{part} in {sql}");
     }
-    assert!(CHECK_OUT.ends_with("SELECT 1 AS ok"));
+    assert_eq!(sql.matches("SET ").count(), 4 + SESSION_OPTIONS.len());
+    assert!(check_out(None).contains("SET LOCK_TIMEOUT -1;"));
+    assert!(check_out(Some(Duration::from_millis(1500))).contains("SET LOCK_TIMEOUT 1500;"));
 }
 
 #[test]

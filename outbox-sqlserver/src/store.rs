@@ -18,12 +18,12 @@ use outbox_core::{
 };
 
 use crate::config::MssqlOutboxConfig;
-use crate::connect::{dedicated, MssqlManager, MssqlPool};
 use crate::error::{from_pool, from_tiberius};
 use crate::exec::{execute, query_rows, row_id};
 use crate::ident::QualifiedName;
 use crate::row::{decode_claimed, DecodedClaim};
 use crate::schema;
+use crate::session::{dedicated, MssqlManager, MssqlPool};
 use crate::sql::{self, chunk_rows, micros, FailRow, NewRow, Settle, Stmt, CLAIM_BATCH};
 
 /// A SQL Server outbox: enqueue with [`enqueue`](Self::enqueue) inside your
