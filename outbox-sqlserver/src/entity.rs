@@ -3,11 +3,12 @@
 //! table.
 //!
 //! One row per entity: `state` and `outbox` as JSON text, `version` for the optimistic
-//! check. A persist is one statement whose `WHERE` is the check (`INSERT ... WHERE NOT
-//! EXISTS (... WITH (UPDLOCK, HOLDLOCK))` to create, `UPDATE ... WHERE version =
-//! @expected` to replace), so concurrent writers cannot both succeed; a conflict is a
-//! value ([`Persisted::Conflict`]), and a unique-key violation of a racing create (2627)
-//! is reported the same way.
+//! check. A persist is one autocommit statement whose `WHERE` is the check (`INSERT ...
+//! WHERE NOT EXISTS (... WITH (READCOMMITTEDLOCK))` to create, `UPDATE ... WHERE
+//! version = @expected` to replace), so concurrent writers cannot both succeed; a
+//! conflict is a value ([`Persisted::Conflict`]). Creating takes no range lock: two
+//! creates of one key that both pass the check race on the primary key, and the loser's
+//! error 2627 is reported as the same conflict.
 //!
 //! ## Limitations
 //!
@@ -46,7 +47,7 @@ pub(crate) fn create(t: &QualifiedName, key: &str, state: String, outbox: String
         "INSERT INTO {t} (entity_key, state, outbox, version, updated_at) \
          OUTPUT INSERTED.version \
          SELECT {key}, {state}, {outbox}, 1, {NOW} WHERE NOT EXISTS \
-         (SELECT 1 FROM {t} WITH (UPDLOCK, HOLDLOCK) WHERE entity_key = {key});"
+         (SELECT 1 FROM {t} WITH (READCOMMITTEDLOCK) WHERE entity_key = {key});"
     ))
 }
 

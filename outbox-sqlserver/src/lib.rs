@@ -16,6 +16,8 @@ mod sql;
 mod store;
 
 #[cfg(test)]
+mod hint_tests;
+#[cfg(test)]
 mod statement_tests;
 
 pub use config::{MssqlDedupConfig, MssqlEntityConfig, MssqlOutboxConfig, MAX_PARTITION_KEY_LEN};
