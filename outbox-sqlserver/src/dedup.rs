@@ -66,7 +66,8 @@ use crate::config::MssqlDedupConfig;
 use crate::error::{from_pool, from_tiberius, has_number};
 use crate::exec::{execute, query_all_rows, query_rows, row_i32};
 use crate::ident::QualifiedName;
-use crate::schema::{inbox_ddl, inbox_objects, install};
+use crate::install::install;
+use crate::schema::{inbox_ddl, inbox_layout};
 use crate::session::{dedicated, MssqlClient, MssqlPool};
 use crate::sql::{age_micros, before, Binder, Param, Stmt, DELETE_BATCH, NOW, PURGE_HINTS};
 
@@ -181,7 +182,7 @@ impl MssqlDedupStore {
     /// another layout version; mapped driver errors otherwise.
     pub async fn install(&self) -> Result<()> {
         let mut client = dedicated(&self.pool, "schema install").await?;
-        install(&mut client, &self.name, &inbox_objects(&self.name)).await
+        install(&mut client, &self.name, &inbox_layout(&self.name)).await
     }
 
     /// Record `id` for `consumer` on `client`, normally inside the transaction that

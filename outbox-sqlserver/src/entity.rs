@@ -26,7 +26,8 @@ use crate::config::MssqlEntityConfig;
 use crate::error::{from_pool, from_tiberius, has_number};
 use crate::exec::{query_rows, row_i64, row_str};
 use crate::ident::QualifiedName;
-use crate::schema::{entity_ddl, entity_objects, install};
+use crate::install::install;
+use crate::schema::{entity_ddl, entity_layout};
 use crate::session::{dedicated, MssqlPool};
 use crate::sql::{Binder, Param, Stmt, NOW};
 
@@ -100,7 +101,7 @@ impl MssqlEntityStore {
     /// driver errors otherwise.
     pub async fn install(&self) -> Result<()> {
         let mut client = dedicated(&self.pool, "schema install").await?;
-        install(&mut client, &self.name, &entity_objects(&self.name)).await
+        install(&mut client, &self.name, &entity_layout(&self.name)).await
     }
 }
 

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod admin;
+mod claim;
 mod config;
 mod connect;
 mod dedup;
@@ -8,6 +9,7 @@ mod entity;
 mod error;
 mod exec;
 mod ident;
+mod install;
 mod lock;
 mod row;
 mod schema;

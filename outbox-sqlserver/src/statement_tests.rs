@@ -1,9 +1,9 @@
 //! Offline checks of every statement the crate sends (no server needed): each is
-//! parsed by a maintained T-SQL parser (`sqlparser` with `MsSqlDialect`), every claim
-//! carries the lock hints, identifiers are bracket-quoted, values are bound (a quote, a
-//! bracket and `--` planted in every value never reach the text), and batches stay
-//! within SQL Server's parameter limit. That no statement asks for a range lock is
-//! checked in `hint_tests.rs`, on the same list of statements.
+//! parsed by a maintained T-SQL parser (`sqlparser` with `MsSqlDialect`), identifiers
+//! are bracket-quoted, values are bound (a quote, a bracket and `--` planted in every
+//! value never reach the text), and batches stay within SQL Server's parameter limit.
+//! The lock and index hints each statement must (or must not) carry are checked in
+//! `hint_tests.rs`, on the same list of statements.
 
 use std::time::Duration;
 
@@ -12,12 +12,11 @@ use sqlparser::dialect::MsSqlDialect;
 use sqlparser::parser::Parser;
 
 use crate::admin::{self, DeadChange};
+use crate::claim;
 use crate::ident::QualifiedName;
-use crate::session::{
-    check_out, BEGIN, COMMIT, DEFAULT_LOCK_TIMEOUT, ROLLBACK_IF_OPEN, SESSION_OPTIONS,
-};
+use crate::session::{check_out, BEGIN, COMMIT, DEFAULT_LOCK_TIMEOUT, ROLLBACK_IF_OPEN};
 use crate::sql::{self, FailRow, NewRow, Param, Settle, Stmt};
-use crate::{dedup, entity, lock, schema};
+use crate::{dedup, entity, install, lock, schema};
 
 /// Planted in every value: a quote, a bracket, a comment opener and a statement end.
 const EVIL: &str = "x'y]z--w;\"q";
@@ -72,22 +71,22 @@ pub(crate) fn every_statement() -> Vec<(&'static str, bool, Stmt)> {
         (
             "claim",
             false,
-            sql::claim(&t, KeyOrder::Unordered, 10, 30_000_000, id(7), None),
+            claim::claim(&t, KeyOrder::Unordered, 10, 30_000_000, id(7), None),
         ),
         (
             "claim per key",
             false,
-            sql::claim(&t, KeyOrder::PerKey, 10, 30_000_000, id(7), None),
+            claim::claim(&t, KeyOrder::PerKey, 10, 30_000_000, id(7), None),
         ),
         (
             "claim ids",
             false,
-            sql::claim(&t, KeyOrder::Unordered, 3, 30_000_000, id(7), Some(&ids)),
+            claim::claim(&t, KeyOrder::Unordered, 3, 30_000_000, id(7), Some(&ids)),
         ),
         (
             "claim ids per key",
             false,
-            sql::claim(&t, KeyOrder::PerKey, 3, 30_000_000, id(7), Some(&ids)),
+            claim::claim(&t, KeyOrder::PerKey, 3, 30_000_000, id(7), Some(&ids)),
         ),
         (
             "enqueue",
@@ -172,9 +171,9 @@ pub(crate) fn every_statement() -> Vec<(&'static str, bool, Stmt)> {
             admin::count_dispatched(&t, 1_000),
         ),
         ("stats", false, admin::stats(&t)),
-        ("install lock", true, schema::install_lock(&t)),
-        ("installed version", true, schema::installed_version(&t)),
-        ("record version", true, schema::record_version(&t)),
+        ("install lock", true, install::install_lock(&t)),
+        ("installed version", true, install::installed_version(&t)),
+        ("record version", true, install::record_version(&t, 2)),
         (
             "dedup record",
             true,
@@ -223,7 +222,7 @@ pub(crate) fn every_statement() -> Vec<(&'static str, bool, Stmt)> {
         ("begin", false, Stmt::text(BEGIN)),
         ("commit", false, Stmt::text(COMMIT)),
         ("rollback if open", false, Stmt::text(ROLLBACK_IF_OPEN)),
-        ("install begin", false, Stmt::text(schema::INSTALL_BEGIN)),
+        ("install begin", false, Stmt::text(install::INSTALL_BEGIN)),
     ];
     for (what, ddl) in [
         ("outbox ddl", schema::outbox_ddl(&t)),
@@ -333,45 +332,6 @@ fn unparsed_statements_still_hold_what_they_must() {
     for part in [refresh, insert, caught] {
         parses(part).unwrap_or_else(|e| panic!("{e}: {part}"));
     }
-}
-
-#[test]
-fn every_claim_carries_the_lock_hints() {
-    for (what, _, stmt) in every_statement() {
-        if what.starts_with("claim") || what.ends_with("matching") {
-            assert!(
-                stmt.sql
-                    .contains("FROM [obx_s].[obx_t] AS c WITH (UPDLOCK, READPAST, ROWLOCK)")
-                    || stmt
-                        .sql
-                        .contains("FROM [obx_s].[obx_t] WITH (UPDLOCK, READPAST, ROWLOCK)"),
-                "{what}: {}",
-                stmt.sql
-            );
-        }
-        if what.starts_with("claim") {
-            assert!(
-                stmt.sql.contains("ORDER BY c.available_at, c.seq"),
-                "{what}"
-            );
-            assert!(stmt.sql.contains("OUTPUT INSERTED.id"), "{what}");
-            assert!(
-                stmt.sql.contains("DELETED.available_at"),
-                "{what}: due time returned"
-            );
-            assert!(stmt.sql.contains("c.dispatched_at IS NULL AND c.dead_at IS NULL AND c.available_at <= SYSUTCDATETIME()"), "{what}");
-            assert!(stmt.sql.contains("attempts = CASE WHEN attempts >= 2147483646 THEN 2147483647 ELSE attempts + 1 END"), "{what}");
-        }
-        if what.contains("purge") {
-            assert!(stmt.sql.contains("WITH (ROWLOCK, READPAST)"), "{what}");
-        }
-    }
-    let t = name();
-    let per_key = sql::claim(&t, KeyOrder::PerKey, 1, 1, id(1), None).sql;
-    assert!(per_key.contains("c.seq = (SELECT TOP (1) e.seq FROM [obx_s].[obx_t] AS e WHERE e.partition_key = c.partition_key AND e.dispatched_at IS NULL AND e.dead_at IS NULL AND e.partition_key IS NOT NULL ORDER BY e.seq)"));
-    assert!(!sql::claim(&t, KeyOrder::Unordered, 1, 1, id(1), None)
-        .sql
-        .contains("c.partition_key"));
 }
 
 #[test]
@@ -502,9 +462,10 @@ fn batches_are_chunked_under_the_parameter_limit() {
     let ids: Vec<[u8; 16]> = (0..10_000u16)
         .map(|n| id(u8::try_from(n % 250).unwrap()))
         .collect();
-    for chunk in ids.chunks(sql::chunk_rows(1, 3)) {
-        let stmt = sql::claim(&t, KeyOrder::PerKey, chunk.len(), 1, id(0), Some(chunk));
-        assert!(stmt.params.len() <= sql::PARAM_BUDGET);
+    for chunk in ids.chunks(sql::CLAIM_BATCH) {
+        // The ids are one JSON parameter: top, lease, token and the array.
+        let stmt = claim::claim(&t, KeyOrder::PerKey, chunk.len(), 1, id(0), Some(chunk));
+        assert_eq!(stmt.params.len(), 4);
     }
     // A filter of MAX_ADMIN_BATCH ids binds one parameter, not ten thousand.
     let many = DeadLetterFilter::default()
@@ -561,40 +522,6 @@ fn bounded_deletes_stay_below_lock_escalation() {
             "{n}"
         );
     }
-}
-
-#[test]
-fn check_out_resets_the_session() {
-    let sql = check_out(Some(DEFAULT_LOCK_TIMEOUT));
-    assert!(
-        sql.starts_with("IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION; "),
-        "{sql}"
-    );
-    assert!(sql.ends_with("SELECT 1 AS ok"), "{sql}");
-    for part in [
-        "SET IMPLICIT_TRANSACTIONS OFF;",
-        "SET TRANSACTION ISOLATION LEVEL READ COMMITTED;",
-        "SET XACT_ABORT OFF;",
-        "SET LOCK_TIMEOUT 10000;",
-        // The options an INSERT into a table with filtered indexes needs (error 1934
-        // otherwise), at the values it needs.
-        "SET ANSI_WARNINGS ON;",
-        "SET CONCAT_NULL_YIELDS_NULL ON;",
-        "SET ARITHABORT ON;",
-        "SET NUMERIC_ROUNDABORT OFF;",
-        "SET QUOTED_IDENTIFIER ON;",
-        "SET ANSI_NULLS ON;",
-        "SET ANSI_PADDING ON;",
-        // And those that change what statements return.
-        "SET NOCOUNT OFF;",
-        "SET ROWCOUNT 0;",
-        "SET TEXTSIZE 2147483647;",
-    ] {
-        assert!(sql.contains(part), "{part} in {sql}");
-    }
-    assert_eq!(sql.matches("SET ").count(), 4 + SESSION_OPTIONS.len());
-    assert!(check_out(None).contains("SET LOCK_TIMEOUT -1;"));
-    assert!(check_out(Some(Duration::from_millis(1500))).contains("SET LOCK_TIMEOUT 1500;"));
 }
 
 #[test]
