@@ -19,5 +19,7 @@ CREATE TABLE [outbox].[outbox_inbox] (
 );
 IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[outbox].[outbox_inbox]') AND name = N'outbox_inbox_processed_at')
     CREATE INDEX [outbox_inbox_processed_at] ON [outbox].[outbox_inbox] (processed_at);
+IF CAST(SERVERPROPERTY('ProductMajorVersion') AS int) >= 15 OR CAST(SERVERPROPERTY('EngineEdition') AS int) IN (5, 8)
+    EXEC(N'IF EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N''[outbox].[outbox_inbox]'') AND name = N''outbox_inbox_pk'' AND optimize_for_sequential_key = 0) ALTER INDEX [outbox_inbox_pk] ON [outbox].[outbox_inbox] SET (OPTIMIZE_FOR_SEQUENTIAL_KEY = ON); IF EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N''[outbox].[outbox_inbox]'') AND name = N''outbox_inbox_processed_at'' AND optimize_for_sequential_key = 0) ALTER INDEX [outbox_inbox_processed_at] ON [outbox].[outbox_inbox] SET (OPTIMIZE_FOR_SEQUENTIAL_KEY = ON);');
 IF NOT EXISTS (SELECT 1 FROM [outbox].[outbox_schema_versions] WHERE table_name = N'outbox_inbox')
     INSERT INTO [outbox].[outbox_schema_versions] (table_name, version) VALUES (N'outbox_inbox', 1);

@@ -1,4 +1,4 @@
--- outbox-sqlserver, layout version 1: the outbox table under its default names.
+-- outbox-sqlserver, layout version 2: the outbox table under its default names.
 -- Generated: MssqlOutbox::ddl() for MssqlOutboxConfig::default() renders this text (a unit test keeps them equal).
 -- Idempotent, one batch (no GO needed): run it with sqlcmd or your migration tool.
 SET ANSI_NULLS ON;
@@ -32,12 +32,16 @@ CREATE TABLE [outbox].[outbox_messages] (
 IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[outbox].[outbox_messages]') AND name = N'outbox_messages_clustered')
     CREATE UNIQUE CLUSTERED INDEX [outbox_messages_clustered] ON [outbox].[outbox_messages] (bucket, seq);
 IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[outbox].[outbox_messages]') AND name = N'outbox_messages_due')
-    CREATE INDEX [outbox_messages_due] ON [outbox].[outbox_messages] (available_at, seq) WHERE dispatched_at IS NULL AND dead_at IS NULL;
+    CREATE INDEX [outbox_messages_due] ON [outbox].[outbox_messages] (available_at, seq) INCLUDE (id, partition_key, lease_token, created_at, dispatched_at, dead_at) WHERE dispatched_at IS NULL AND dead_at IS NULL;
 IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[outbox].[outbox_messages]') AND name = N'outbox_messages_key')
     CREATE INDEX [outbox_messages_key] ON [outbox].[outbox_messages] (partition_key, seq) INCLUDE (dispatched_at, dead_at) WHERE dispatched_at IS NULL AND dead_at IS NULL AND partition_key IS NOT NULL;
 IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[outbox].[outbox_messages]') AND name = N'outbox_messages_dispatched')
     CREATE INDEX [outbox_messages_dispatched] ON [outbox].[outbox_messages] (dispatched_at) WHERE dispatched_at IS NOT NULL;
 IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[outbox].[outbox_messages]') AND name = N'outbox_messages_dead')
-    CREATE INDEX [outbox_messages_dead] ON [outbox].[outbox_messages] (id) WHERE dead_at IS NOT NULL;
+    CREATE INDEX [outbox_messages_dead] ON [outbox].[outbox_messages] (id) INCLUDE (dead_at) WHERE dead_at IS NOT NULL;
+IF EXISTS (SELECT 1 FROM sys.tables WHERE object_id = OBJECT_ID(N'[outbox].[outbox_messages]') AND lock_escalation <> 1)
+    ALTER TABLE [outbox].[outbox_messages] SET (LOCK_ESCALATION = DISABLE);
+IF CAST(SERVERPROPERTY('ProductMajorVersion') AS int) >= 15 OR CAST(SERVERPROPERTY('EngineEdition') AS int) IN (5, 8)
+    EXEC(N'IF EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N''[outbox].[outbox_messages]'') AND name = N''outbox_messages_pk'' AND optimize_for_sequential_key = 0) ALTER INDEX [outbox_messages_pk] ON [outbox].[outbox_messages] SET (OPTIMIZE_FOR_SEQUENTIAL_KEY = ON); IF EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N''[outbox].[outbox_messages]'') AND name = N''outbox_messages_due'' AND optimize_for_sequential_key = 0) ALTER INDEX [outbox_messages_due] ON [outbox].[outbox_messages] SET (OPTIMIZE_FOR_SEQUENTIAL_KEY = ON); IF EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N''[outbox].[outbox_messages]'') AND name = N''outbox_messages_dispatched'' AND optimize_for_sequential_key = 0) ALTER INDEX [outbox_messages_dispatched] ON [outbox].[outbox_messages] SET (OPTIMIZE_FOR_SEQUENTIAL_KEY = ON);');
 IF NOT EXISTS (SELECT 1 FROM [outbox].[outbox_schema_versions] WHERE table_name = N'outbox_messages')
-    INSERT INTO [outbox].[outbox_schema_versions] (table_name, version) VALUES (N'outbox_messages', 1);
+    INSERT INTO [outbox].[outbox_schema_versions] (table_name, version) VALUES (N'outbox_messages', 2);

@@ -16,13 +16,15 @@ use outbox_core::{
     OutboxAdmin, OutboxStats, Result, Retention,
 };
 
+use crate::claim::UPDATE_LOCKS;
 use crate::error::from_tiberius;
 use crate::exec::{execute, row_count, row_opt_i64};
 use crate::ident::QualifiedName;
 use crate::row::decode_dead_letter;
+use crate::schema::{index, index_hint};
 use crate::sql::{
     age_micros, before, chunk_rows, id_list, limit_param, unix_us, Binder, Param, Stmt,
-    CLAIM_HINTS, DELETE_BATCH, NOW, PURGE_HINTS, UNDELIVERED,
+    DELETE_BATCH, NOW, PURGE_HINTS, UNDELIVERED,
 };
 use crate::store::MssqlOutbox;
 
@@ -129,7 +131,9 @@ pub(crate) fn change_dead_ids(t: &QualifiedName, change: DeadChange, ids: &[[u8;
 }
 
 /// Requeue or discard up to `limit` (at most [`DELETE_BATCH`]) dead letters matching
-/// `filter`, lowest id first, skipping rows locked elsewhere.
+/// `filter`, lowest id first, skipping rows locked elsewhere. The read is pinned to
+/// `<table>_dead`, whose id order it walks (a scan of that index, not a seek: the
+/// filter has no bound on `id`).
 pub(crate) fn change_dead_matching(
     t: &QualifiedName,
     change: DeadChange,
@@ -141,8 +145,9 @@ pub(crate) fn change_dead_matching(
     let clauses = dead_filter(&mut b, filter);
     let head = dead_change_head(change, "picked");
     b.finish(format!(
-        "WITH picked AS (SELECT TOP ({top}) * FROM {t} {CLAIM_HINTS} \
-         WHERE dead_at IS NOT NULL{clauses} ORDER BY id) {head};"
+        "WITH picked AS (SELECT TOP ({top}) * FROM {t} WITH ({dead}, {UPDATE_LOCKS}) \
+         WHERE dead_at IS NOT NULL{clauses} ORDER BY id) {head};",
+        dead = index_hint(t, index::DEAD),
     ))
 }
 
@@ -170,7 +175,21 @@ pub(crate) fn count_dispatched(t: &QualifiedName, age_us: i64) -> Stmt {
     ))
 }
 
-/// The counts of `OutboxStats`, in one statement.
+/// The hints of `stats`' reads: pinned to the filtered index that covers the count, a
+/// locking read (whatever `READ_COMMITTED_SNAPSHOT` says) that skips locked rows.
+fn stats_hints(t: &QualifiedName, suffix: &str) -> String {
+    format!(
+        "WITH ({}, READCOMMITTEDLOCK, READPAST)",
+        index_hint(t, suffix)
+    )
+}
+
+/// The counts of `OutboxStats`, in one statement. Each count reads one filtered index
+/// that covers it (`<table>_due` includes `lease_token` and `created_at`), so no row is
+/// looked up in the table, and reads past locked rows: it never waits behind an open
+/// enqueue or a claim. The counts are therefore a moment's view without the rows other
+/// transactions hold at that moment (uncommitted enqueues, rows being claimed or
+/// settled).
 pub(crate) fn stats(t: &QualifiedName) -> Stmt {
     Stmt::text(format!(
         "SELECT \
@@ -178,9 +197,13 @@ pub(crate) fn stats(t: &QualifiedName) -> Stmt {
          COUNT_BIG(CASE WHEN lease_token IS NOT NULL AND available_at > {NOW} THEN 1 END) \
          AS in_flight, \
          DATEDIFF_BIG(MICROSECOND, MIN(created_at), {NOW}) AS oldest_us, \
-         (SELECT COUNT_BIG(*) FROM {t} WHERE dead_at IS NOT NULL) AS dead, \
-         (SELECT COUNT_BIG(*) FROM {t} WHERE dispatched_at IS NOT NULL) AS dispatched \
-         FROM {t} WHERE {UNDELIVERED};"
+         (SELECT COUNT_BIG(*) FROM {t} {dead} WHERE dead_at IS NOT NULL) AS dead, \
+         (SELECT COUNT_BIG(*) FROM {t} {dispatched} WHERE dispatched_at IS NOT NULL) \
+         AS dispatched \
+         FROM {t} {due} WHERE {UNDELIVERED};",
+        dead = stats_hints(t, index::DEAD),
+        dispatched = stats_hints(t, index::DISPATCHED),
+        due = stats_hints(t, index::DUE),
     ))
 }
 
@@ -240,6 +263,8 @@ impl MssqlOutbox {
 
 #[async_trait]
 impl OutboxAdmin for MssqlOutbox {
+    /// As the trait says, read without waiting: rows other transactions hold at that
+    /// moment (uncommitted enqueues, rows being claimed or settled) are not counted.
     async fn stats(&self) -> Result<OutboxStats> {
         let rows = self.rows("stats", stats(self.qualified_name())).await?;
         let row = rows

@@ -1,19 +1,15 @@
 //! Connecting: [`MssqlConnection`] (an ADO.NET connection string whose `Debug` never
-//! shows a secret) and the bb8 pool of tiberius clients.
+//! shows a secret, and the lock time-out pooled sessions get) and the bb8 pool built
+//! from it (the sessions themselves are in `session.rs`).
 
 use std::fmt;
+use std::time::Duration;
 
+use bb8::ManageConnection;
 use outbox_core::{Error, Result};
 
-use crate::error::{from_connect, from_tiberius};
-
-/// A tiberius client on a tokio TCP stream: the connection type of [`MssqlPool`], and
-/// the client your own transactions run on when you pass it to
-/// [`MssqlOutbox::enqueue`](crate::MssqlOutbox::enqueue).
-pub type MssqlClient = bb8_tiberius::rt::Client;
-
-/// A bb8 pool of [`MssqlClient`]s.
-pub type MssqlPool = bb8::Pool<MssqlManager>;
+use crate::error::in_context;
+use crate::session::{MssqlClient, MssqlManager, MssqlPool, DEFAULT_LOCK_TIMEOUT};
 
 /// Keys whose values `Debug` may show: addresses, names and switches. Every other
 /// key's value (`Password`, `PWD`, and anything this list does not know) is shown as
@@ -64,6 +60,7 @@ pub struct MssqlConnection {
     ado: String,
     pairs: Vec<(String, String)>,
     config: tiberius::Config,
+    lock_timeout: Option<Duration>,
 }
 
 impl MssqlConnection {
@@ -82,7 +79,25 @@ impl MssqlConnection {
             ado: ado.to_owned(),
             pairs,
             config,
+            lock_timeout: Some(DEFAULT_LOCK_TIMEOUT),
         })
+    }
+
+    /// The same connection whose pooled sessions wait at most `timeout` for a lock
+    /// (`SET LOCK_TIMEOUT`, set on every check-out), then fail the statement with error
+    /// 1222, a retryable [`ErrorKind::Contention`](outbox_core::ErrorKind::Contention);
+    /// `None` waits without end. Default [`DEFAULT_LOCK_TIMEOUT`]. It applies to your
+    /// own statements on pooled connections too; under `XACT_ABORT OFF` error 1222
+    /// cancels the statement and leaves the transaction open.
+    #[must_use]
+    pub fn with_lock_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.lock_timeout = timeout;
+        self
+    }
+
+    /// The lock time-out pooled sessions get.
+    pub fn lock_timeout(&self) -> Option<Duration> {
+        self.lock_timeout
     }
 
     /// The tiberius configuration.
@@ -106,15 +121,20 @@ impl MssqlConnection {
         // trimmed first.
         let base = self.ado.trim_end_matches([';', ' ', '\n']);
         Self::from_ado_string(&format!("{base};Application Name={name}"))
+            .map(|named| named.with_lock_timeout(self.lock_timeout))
     }
 
-    /// A pool of at most `max_size` connections (the stores also open dedicated,
+    /// A pool of at most `max_size` sessions (the stores also open dedicated,
     /// unpooled connections through it, with `Pool::dedicated_connection`, for
-    /// installs and locks). Each connection is checked when it is
-    /// taken from the pool: a transaction a dropped caller left open is rolled back
-    /// there, `IMPLICIT_TRANSACTIONS`, the isolation level and `XACT_ABORT` are set back
-    /// to the login defaults (`OFF`, READ COMMITTED, `OFF`), and a connection that does
-    /// not answer is replaced.
+    /// installs and locks). Each session is checked when it is taken from the pool
+    /// ([`MssqlManager`]): a transaction left open is rolled back there;
+    /// `IMPLICIT_TRANSACTIONS`, the isolation level and `XACT_ABORT` are set back to the
+    /// login defaults (`OFF`, READ COMMITTED, `OFF`); `LOCK_TIMEOUT` is set to
+    /// [`lock_timeout`](Self::lock_timeout); the ANSI options, `ARITHABORT`,
+    /// `NUMERIC_ROUNDABORT`, `NOCOUNT`, `ROWCOUNT` and `TEXTSIZE` get the values the
+    /// crate's statements need; and a session that does not answer is replaced. A
+    /// session whose [`MssqlTransaction`](crate::MssqlTransaction) was dropped before it
+    /// ended is closed instead of being pooled again.
     ///
     /// One connection is opened before this returns (and kept open), so a wrong address
     /// or password is reported here; later connection failures, which bb8 retries until
@@ -128,21 +148,26 @@ impl MssqlConnection {
             .min_idle(Some(1))
             .test_on_check_out(true)
             .error_sink(Box::new(LogErrors))
-            .build(MssqlManager::new(self.config.clone()))
+            .build(self.manager())
             .await
-            .map_err(|e| from_connect("open the SQL Server pool", e))
+            .map_err(|e| in_context("open the SQL Server pool", e))
     }
 
-    /// One connection outside any pool, closed when dropped.
+    /// The pool's connection manager for this connection.
+    pub fn manager(&self) -> MssqlManager {
+        MssqlManager::new(self.config.clone()).with_lock_timeout(self.lock_timeout)
+    }
+
+    /// One connection outside any pool, closed when dropped (no check-out statement
+    /// runs on it: it has the login's settings).
     ///
     /// # Errors
     /// Mapped driver errors.
     pub async fn connect(&self) -> Result<MssqlClient> {
-        use bb8::ManageConnection;
-        MssqlManager::new(self.config.clone())
+        self.manager()
             .connect()
             .await
-            .map_err(|e| from_connect("connect to SQL Server", e))
+            .map(crate::MssqlSession::into_client)
     }
 }
 
@@ -159,8 +184,9 @@ impl fmt::Debug for MssqlConnection {
                 }
             })
             .collect();
-        f.debug_tuple("MssqlConnection")
-            .field(&shown.join(";"))
+        f.debug_struct("MssqlConnection")
+            .field("ado", &shown.join(";"))
+            .field("lock_timeout", &self.lock_timeout)
             .finish()
     }
 }
@@ -273,91 +299,13 @@ fn ado_pairs(ado: &str) -> Result<Vec<(String, String)>> {
 #[derive(Debug, Clone, Copy)]
 struct LogErrors;
 
-impl bb8::ErrorSink<bb8_tiberius::Error> for LogErrors {
-    fn sink(&self, error: bb8_tiberius::Error) {
-        let err = from_connect("connect to SQL Server", error);
-        tracing::warn!(error = %err.report(), "SQL Server pool connection failed; retrying");
+impl bb8::ErrorSink<Error> for LogErrors {
+    fn sink(&self, error: Error) {
+        tracing::warn!(error = %error.report(), "SQL Server pool connection failed; retrying");
     }
 
-    fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<bb8_tiberius::Error>> {
+    fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<Error>> {
         Box::new(*self)
-    }
-}
-
-/// The pool's connection manager: bb8-tiberius's, plus a check-out test that rolls back
-/// a transaction left open on the connection (a caller's future dropped between `BEGIN
-/// TRAN` and `COMMIT`) and replaces a connection that no longer answers, for example
-/// one whose stream a dropped query left half read.
-pub struct MssqlManager {
-    inner: bb8_tiberius::ConnectionManager,
-}
-
-impl MssqlManager {
-    /// A manager connecting with `config`.
-    pub fn new(config: tiberius::Config) -> Self {
-        MssqlManager {
-            inner: bb8_tiberius::ConnectionManager::new(config),
-        }
-    }
-}
-
-impl fmt::Debug for MssqlManager {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MssqlManager").finish_non_exhaustive()
-    }
-}
-
-/// Begins the crate's own transactions (consumer `process`), sent as a plain batch:
-/// through `sp_executesql` a changed transaction count would raise error 266.
-pub(crate) const BEGIN: &str = "BEGIN TRANSACTION";
-/// Commits them.
-pub(crate) const COMMIT: &str = "COMMIT TRANSACTION";
-/// Rolls back whatever is open, on error paths.
-pub(crate) const ROLLBACK_IF_OPEN: &str = "IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION";
-
-/// Run on every connection taken from the pool: roll back a transaction left open, and
-/// put back the session settings the crate's statements rely on. The pool is shared
-/// with callers' own transactions (see the README), and tiberius has no
-/// `sp_reset_connection`: a caller that left `SET TRANSACTION ISOLATION LEVEL
-/// SERIALIZABLE` (key-range locks) or `SNAPSHOT` (where `READPAST` without `HOLDLOCK`
-/// fails with error 650) on a connection, or `IMPLICIT_TRANSACTIONS ON` (a claim would
-/// then keep its locks in a transaction nobody commits), would otherwise change how the
-/// next claim or settle on that connection behaves.
-pub(crate) const CHECK_OUT: &str = "IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION; \
-     SET IMPLICIT_TRANSACTIONS OFF; SET TRANSACTION ISOLATION LEVEL READ COMMITTED; \
-     SET XACT_ABORT OFF; SELECT 1 AS ok";
-
-impl bb8::ManageConnection for MssqlManager {
-    type Connection = MssqlClient;
-    type Error = bb8_tiberius::Error;
-
-    async fn connect(&self) -> std::result::Result<Self::Connection, Self::Error> {
-        self.inner.connect().await
-    }
-
-    async fn is_valid(&self, conn: &mut Self::Connection) -> std::result::Result<(), Self::Error> {
-        conn.simple_query(CHECK_OUT).await?.into_results().await?;
-        Ok(())
-    }
-
-    fn has_broken(&self, _conn: &mut Self::Connection) -> bool {
-        false
-    }
-}
-
-/// A dedicated connection from `pool`'s manager: not pooled, closed when dropped.
-pub(crate) async fn dedicated(pool: &MssqlPool, what: &str) -> Result<MssqlClient> {
-    pool.dedicated_connection()
-        .await
-        .map_err(|e| from_connect(what, e))
-}
-
-/// Roll back whatever transaction `client` has open, ignoring errors: used on error
-/// paths of the crate's own transactions, before the connection is dropped or pooled.
-pub(crate) async fn rollback_quietly(client: &mut MssqlClient) {
-    if let Err(e) = client.simple_query(ROLLBACK_IF_OPEN).await {
-        let err = from_tiberius("roll back", e);
-        tracing::debug!(error = %err.report(), "rollback failed; the pool replaces the connection");
     }
 }
 

@@ -7,33 +7,49 @@
 //! [`MssqlDedupStore::record_in`] is step 2 for a caller that manages the transaction.
 //!
 //! 1. `BEGIN TRANSACTION` on a connection.
-//! 2. [`MssqlDedupStore::record_in`] the message id on it. One batch: refresh the row
-//!    if its record expired (`UPDATE ... OUTPUT`), otherwise insert it unless present
-//!    (`INSERT ... WHERE NOT EXISTS (SELECT ... WITH (UPDLOCK, HOLDLOCK))`). A row out
-//!    means [`Dedup::New`]. For an id not yet stored, `HOLDLOCK` takes a key-range
-//!    lock on the *gap* the id falls into (up to the next stored key), not on the id
-//!    alone; see Limitations.
+//! 2. [`MssqlDedupStore::record_in`] the message id on it. One batch:
+//!    1. refresh the row if its record expired (`UPDATE ... OUTPUT`, a seek on the
+//!       primary key);
+//!    2. insert it unless present (a refreshed record is): `INSERT ... SELECT ... WHERE NOT EXISTS
+//!       (SELECT ... WITH (READCOMMITTEDLOCK))`, inside `BEGIN TRY ... END TRY`. The
+//!       check takes no range lock (no `HOLDLOCK`, no `SERIALIZABLE`): it reads the
+//!       id's key with a shared lock released at once, and the insert locks only the
+//!       new key. Transactions recording different ids never wait for each other,
+//!       however close their ids are.
+//!    3. A row out means [`Dedup::New`]; none means [`Dedup::Duplicate`].
 //! 3. On [`Dedup::New`], apply the handler's writes on the same transaction.
 //! 4. Commit: the writes and the id become visible together; a rollback or crash before
 //!    it leaves neither, so the redelivered message is processed again.
 //!
-//! Concurrent deliveries of one id are serialised by those locks: the second waits for
-//! the first transaction and then reports a duplicate (or `New` if the first rolled
-//! back). The locking reads (`UPDLOCK`, and an `UPDATE`'s own scan) ignore
-//! `READ_COMMITTED_SNAPSHOT`, so this holds with the option on or off.
+//! # Concurrent deliveries of one id
+//!
+//! - The second delivery's check reads the id's key with a lock (`READCOMMITTEDLOCK`,
+//!   so also with `READ_COMMITTED_SNAPSHOT` on): while the first transaction holds its
+//!   new row, the second waits, then reports [`Dedup::Duplicate`] (or inserts, and
+//!   reports [`Dedup::New`], if the first rolled back).
+//! - The rare race where both checks run before either insert ends with one insert
+//!   failing with error 2627. The `CATCH` block turns it into "no row", that is
+//!   [`Dedup::Duplicate`], whenever the caller's transaction is still committable
+//!   (`XACT_ABORT OFF`, or no transaction): the statement's error only undid the
+//!   statement. Under `SET XACT_ABORT ON` the server dooms the whole transaction on
+//!   that error (`XACT_STATE() = -1`; no savepoint or `CATCH` can save it), so the
+//!   error is raised again and `record_in` returns a retryable
+//!   [`ErrorKind::Contention`]: the caller's transaction is gone, and the redelivery
+//!   will report the duplicate.
+//!
+//! `IGNORE_DUP_KEY` on the primary key would report duplicates without any error, but
+//! SQL Server takes key-range locks for inserts into such an index at every isolation
+//! level: the serialisation this protocol avoids. It is not used.
 //!
 //! ## Limitations
 //!
 //! - [`Consistency::Strong`] holds on the primary replica; a readable secondary can
 //!   miss a record committed a moment ago.
 //! - Ids are remembered for the configured retention; a redelivery after that is new.
-//! - `record_in` holds its locks until the transaction ends; keep consumer transactions
-//!   short. Message ids are UUIDv7, so a consumer's new ids usually fall into the same
-//!   gap, after its newest stored id: two consumer transactions recording *different*
-//!   new ids for the same consumer name wait for each other there (the range lock of
-//!   the first blocks the second until it commits). Record the id late in the
-//!   transaction, or use one consumer transaction at a time per consumer name. (Not
-//!   measured against a server.)
+//! - `record_in` holds the new row's lock until the transaction ends: a redelivery of
+//!   the same id waits that long (up to the pool's `LOCK_TIMEOUT`, then error 1222,
+//!   a retryable [`ErrorKind::Contention`]).
+//! - Under `XACT_ABORT ON`, the race above costs the caller's transaction.
 //! - Consumer names are compared exactly (binary collation).
 
 use async_trait::async_trait;
@@ -42,30 +58,45 @@ use futures::io::{AsyncRead, AsyncWrite};
 use tiberius::Client;
 
 use outbox_core::consumer::Processed;
-use outbox_core::{Consistency, ConsumerName, Dedup, DedupStore, Error, MessageId, Result};
+use outbox_core::{
+    Consistency, ConsumerName, Dedup, DedupStore, Error, ErrorKind, MessageId, Result,
+};
 
 use crate::config::MssqlDedupConfig;
-use crate::connect::{dedicated, rollback_quietly, MssqlClient, MssqlPool, BEGIN, COMMIT};
-use crate::error::{from_pool, from_tiberius};
+use crate::error::{from_pool, from_tiberius, has_number};
 use crate::exec::{execute, query_all_rows, query_rows, row_i32};
 use crate::ident::QualifiedName;
-use crate::schema::{inbox_ddl, inbox_objects, install};
+use crate::install::install;
+use crate::schema::{inbox_ddl, inbox_layout};
+use crate::session::{dedicated, MssqlClient, MssqlPool};
 use crate::sql::{age_micros, before, Binder, Param, Stmt, DELETE_BATCH, NOW, PURGE_HINTS};
 
-/// Record `id` for `consumer`: refresh an expired record, else insert unless present.
-/// Returns a row (in one of two result sets) when the id is new.
+/// The error numbers of a duplicate key: a racing insert of the same id.
+pub(crate) const DUPLICATE_KEY: [u32; 2] = [2627, 2601];
+
+/// Record `id` for `consumer`: refresh an expired record, else insert unless present
+/// (a refreshed record is present, so the insert's check skips it), without a range
+/// lock (see the module's protocol). Returns a row (in one of two
+/// result sets) when the id is new. A duplicate-key error of a racing insert is
+/// swallowed while the transaction stays committable (`XACT_STATE() <> -1`) and raised
+/// again otherwise, as is every other error.
 pub(crate) fn record(t: &QualifiedName, consumer: &str, id: [u8; 16], retention_us: i64) -> Stmt {
     let mut b = Binder::default();
     let consumer = b.bind(Param::Text(Some(consumer.to_owned())));
     let id = b.bind_id(id);
     let retention = b.bind(Param::I64(retention_us));
+    let [unique, unique_index] = DUPLICATE_KEY;
     b.finish(format!(
         "UPDATE {t} SET processed_at = {NOW} OUTPUT 1 AS fresh \
          WHERE consumer = {consumer} AND message_id = {id} AND processed_at < {cutoff}; \
-         IF @@ROWCOUNT = 0 \
+         BEGIN TRY \
          INSERT INTO {t} (consumer, message_id, processed_at) OUTPUT 1 AS fresh \
-         SELECT {consumer}, {id}, {NOW} WHERE NOT EXISTS (SELECT 1 FROM {t} WITH (UPDLOCK, HOLDLOCK) \
-         WHERE consumer = {consumer} AND message_id = {id});",
+         SELECT {consumer}, {id}, {NOW} WHERE NOT EXISTS (SELECT 1 FROM {t} WITH (READCOMMITTEDLOCK) \
+         WHERE consumer = {consumer} AND message_id = {id}); \
+         END TRY \
+         BEGIN CATCH \
+         IF ERROR_NUMBER() NOT IN ({unique}, {unique_index}) OR XACT_STATE() = -1 THROW; \
+         END CATCH;",
         cutoff = before(&retention),
     ))
 }
@@ -151,14 +182,21 @@ impl MssqlDedupStore {
     /// another layout version; mapped driver errors otherwise.
     pub async fn install(&self) -> Result<()> {
         let mut client = dedicated(&self.pool, "schema install").await?;
-        install(&mut client, &self.name, &inbox_objects(&self.name)).await
+        install(&mut client, &self.name, &inbox_layout(&self.name)).await
     }
 
     /// Record `id` for `consumer` on `client`, normally inside the transaction that
-    /// applies the message's effects, so both commit together.
+    /// applies the message's effects, so both commit together. Takes no range lock:
+    /// concurrent transactions recording other ids do not wait for this one.
     ///
     /// # Errors
-    /// Mapped driver errors.
+    /// - [`ErrorKind::Contention`] (retryable) when a concurrent transaction inserted
+    ///   the same id between this call's check and its insert *and* your transaction
+    ///   runs with `SET XACT_ABORT ON`: the server has rolled your transaction back
+    ///   (end it with `IF @@TRANCOUNT > 0 ROLLBACK`); the redelivery reports
+    ///   [`Dedup::Duplicate`]. Under `XACT_ABORT OFF` that race is a
+    ///   [`Dedup::Duplicate`] and your transaction stays usable.
+    /// - Mapped driver errors otherwise.
     pub async fn record_in<S>(
         &self,
         client: &mut Client<S>,
@@ -174,9 +212,19 @@ impl MssqlDedupStore {
             *id.as_uuid().as_bytes(),
             self.retention_us,
         );
-        let rows = query_all_rows(client, stmt)
-            .await
-            .map_err(|e| from_tiberius("record message id", e))?;
+        let rows = match query_all_rows(client, stmt).await {
+            Ok(rows) => rows,
+            // Raised again by the CATCH block only when the transaction is doomed.
+            Err(e) if has_number(&e, &DUPLICATE_KEY) => {
+                return Err(Error::new(
+                    ErrorKind::Contention,
+                    "record message id failed: a concurrent transaction recorded the same \
+                     id, and under XACT_ABORT ON the server rolled this transaction back",
+                )
+                .with_source(e))
+            }
+            Err(e) => return Err(from_tiberius("record message id", e)),
+        };
         Ok(if rows.is_empty() {
             Dedup::Duplicate
         } else {
@@ -211,6 +259,10 @@ impl MssqlDedupStore {
     /// # Ok(()) }
     /// ```
     ///
+    /// The transaction is a [`MssqlTransaction`](crate::MssqlTransaction): if this
+    /// future is dropped before it commits or rolls back, the pool closes the session,
+    /// and the server rolls the transaction back at once.
+    ///
     /// # Errors
     /// The handler's error, or mapped driver errors of begin and record: nothing was
     /// committed. An error of the commit itself leaves the outcome unknown.
@@ -225,44 +277,37 @@ impl MssqlDedupStore {
         F: for<'c> FnOnce(&'c mut MssqlClient) -> BoxFuture<'c, Result<T>> + Send,
     {
         let what = "the consumer transaction";
-        let mut conn = self.pool.get().await.map_err(|e| from_pool(what, e))?;
-        let client: &mut MssqlClient = &mut conn;
-        client
-            .simple_query(BEGIN)
-            .await
-            .map_err(|e| from_tiberius("begin the consumer transaction", e))?
-            .into_results()
-            .await
-            .map_err(|e| from_tiberius("begin the consumer transaction", e))?;
-        // From here on, every early return rolls back (and a dropped future leaves the
-        // transaction to the pool's check-out test, which rolls it back).
+        let mut session = self.pool.get().await.map_err(|e| from_pool(what, e))?;
+        let mut tx = session.begin().await?;
         let outcome = async {
-            if self.record_in(client, consumer, id).await? == Dedup::Duplicate {
+            if self.record_in(&mut *tx, consumer, id).await? == Dedup::Duplicate {
                 return Ok(None);
             }
-            handler(client).await.map(Some)
+            handler(&mut tx).await.map(Some)
         }
         .await;
         match outcome {
             Ok(Some(value)) => {
-                client
-                    .simple_query(COMMIT)
-                    .await
-                    .map_err(|e| from_tiberius("commit the consumer transaction", e))?
-                    .into_results()
-                    .await
-                    .map_err(|e| from_tiberius("commit the consumer transaction", e))?;
+                tx.commit().await?;
                 Ok(Processed::Applied(value))
             }
             Ok(None) => {
-                rollback_quietly(client).await;
+                rollback_logged(tx).await;
                 Ok(Processed::Duplicate)
             }
             Err(err) => {
-                rollback_quietly(client).await;
+                rollback_logged(tx).await;
                 Err(err)
             }
         }
+    }
+}
+
+/// Roll `tx` back on a path that already has its answer; a failed rollback is logged
+/// (the session is then closed by the pool, which ends the transaction anyway).
+async fn rollback_logged(tx: crate::MssqlTransaction<'_>) {
+    if let Err(err) = tx.rollback().await {
+        tracing::debug!(error = %err.report(), "rollback failed; the session will be closed");
     }
 }
 

@@ -3,11 +3,12 @@
 //! table.
 //!
 //! One row per entity: `state` and `outbox` as JSON text, `version` for the optimistic
-//! check. A persist is one statement whose `WHERE` is the check (`INSERT ... WHERE NOT
-//! EXISTS (... WITH (UPDLOCK, HOLDLOCK))` to create, `UPDATE ... WHERE version =
-//! @expected` to replace), so concurrent writers cannot both succeed; a conflict is a
-//! value ([`Persisted::Conflict`]), and a unique-key violation of a racing create (2627)
-//! is reported the same way.
+//! check. A persist is one autocommit statement whose `WHERE` is the check (`INSERT ...
+//! WHERE NOT EXISTS (... WITH (READCOMMITTEDLOCK))` to create, `UPDATE ... WHERE
+//! version = @expected` to replace), so concurrent writers cannot both succeed; a
+//! conflict is a value ([`Persisted::Conflict`]). Creating takes no range lock: two
+//! creates of one key that both pass the check race on the primary key, and the loser's
+//! error 2627 is reported as the same conflict.
 //!
 //! ## Limitations
 //!
@@ -22,11 +23,12 @@ use outbox_core::consumer::{EntityRecord, EntityStore, Loaded, Persisted, Versio
 use outbox_core::{EntityKey, Error, ErrorKind, Result};
 
 use crate::config::MssqlEntityConfig;
-use crate::connect::{dedicated, MssqlPool};
 use crate::error::{from_pool, from_tiberius, has_number};
 use crate::exec::{query_rows, row_i64, row_str};
 use crate::ident::QualifiedName;
-use crate::schema::{entity_ddl, entity_objects, install};
+use crate::install::install;
+use crate::schema::{entity_ddl, entity_layout};
+use crate::session::{dedicated, MssqlPool};
 use crate::sql::{Binder, Param, Stmt, NOW};
 
 pub(crate) fn load(t: &QualifiedName, key: &str) -> Stmt {
@@ -46,7 +48,7 @@ pub(crate) fn create(t: &QualifiedName, key: &str, state: String, outbox: String
         "INSERT INTO {t} (entity_key, state, outbox, version, updated_at) \
          OUTPUT INSERTED.version \
          SELECT {key}, {state}, {outbox}, 1, {NOW} WHERE NOT EXISTS \
-         (SELECT 1 FROM {t} WITH (UPDLOCK, HOLDLOCK) WHERE entity_key = {key});"
+         (SELECT 1 FROM {t} WITH (READCOMMITTEDLOCK) WHERE entity_key = {key});"
     ))
 }
 
@@ -99,7 +101,7 @@ impl MssqlEntityStore {
     /// driver errors otherwise.
     pub async fn install(&self) -> Result<()> {
         let mut client = dedicated(&self.pool, "schema install").await?;
-        install(&mut client, &self.name, &entity_objects(&self.name)).await
+        install(&mut client, &self.name, &entity_layout(&self.name)).await
     }
 }
 

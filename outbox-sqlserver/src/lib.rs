@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod admin;
+mod claim;
 mod config;
 mod connect;
 mod dedup;
@@ -8,22 +9,29 @@ mod entity;
 mod error;
 mod exec;
 mod ident;
+mod install;
 mod lock;
 mod row;
 mod schema;
+mod session;
 mod sql;
 mod store;
 
 #[cfg(test)]
+mod hint_tests;
+#[cfg(test)]
 mod statement_tests;
 
 pub use config::{MssqlDedupConfig, MssqlEntityConfig, MssqlOutboxConfig, MAX_PARTITION_KEY_LEN};
-pub use connect::{MssqlClient, MssqlConnection, MssqlManager, MssqlPool};
+pub use connect::MssqlConnection;
 pub use dedup::MssqlDedupStore;
 pub use entity::MssqlEntityStore;
 pub use ident::QualifiedName;
 pub use lock::MssqlDistributedLock;
 pub use schema::SCHEMA_VERSION;
+pub use session::{
+    MssqlClient, MssqlManager, MssqlPool, MssqlSession, MssqlTransaction, DEFAULT_LOCK_TIMEOUT,
+};
 pub use store::MssqlOutbox;
 
 /// The tiberius this crate was built with: run your transactions on its `Client`.
@@ -56,5 +64,10 @@ mod send_checks {
         assert_send(outbox.claim(request));
         assert_send(outbox.dead_letters(page));
         assert_send(outbox.requeue_dead(selection));
+    }
+
+    fn transactions_are_send(session: &mut MssqlSession, tx: MssqlTransaction<'_>) {
+        assert_send(session.begin());
+        assert_send(tx.commit());
     }
 }

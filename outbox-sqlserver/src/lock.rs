@@ -6,9 +6,9 @@ use async_trait::async_trait;
 
 use outbox_core::{DistributedLock, LockGuard, LockName, Result};
 
-use crate::connect::{dedicated, MssqlClient, MssqlPool};
 use crate::error::from_tiberius;
 use crate::exec::{query_all_rows, row_i32, row_str};
+use crate::session::{dedicated, MssqlClient, MssqlPool};
 use crate::sql::{Binder, Param, Stmt};
 
 /// Take `name` for the session without waiting, then report the mode the session

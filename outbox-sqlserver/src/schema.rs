@@ -1,9 +1,15 @@
-//! The tables' DDL, rendered from a validated [`QualifiedName`], and the idempotent,
-//! versioned installer. The DDL for the default names is checked in as
-//! `sql/outbox.sql`, `sql/inbox.sql` and `sql/entities.sql` (a unit test keeps them
-//! equal to what is rendered here).
+//! The tables' DDL, rendered from a validated [`QualifiedName`]. The DDL for the
+//! default names is checked in as `sql/outbox.sql`, `sql/inbox.sql` and
+//! `sql/entities.sql` (a unit test keeps them equal to what is rendered here); the
+//! versioned installer that runs it is in `install.rs`.
 //!
-//! # The outbox table's layout
+//! Each table has a [`Layout`]: the objects that make it (columns, keys, indexes), its
+//! settings (table and index options that change how it performs, not what it holds),
+//! and the layout version of the objects. Settings are applied by the DDL text and by
+//! every install, so a table created before them, or on a server that has since been
+//! upgraded, gets them without a new layout version.
+//!
+//! # The outbox table's layout (version 2)
 //!
 //! - `id binary(16)` is the **nonclustered** primary key. `uniqueidentifier` would not
 //!   do: SQL Server orders it by its last six bytes first, not like
@@ -11,79 +17,156 @@
 //! - The **clustered** key is `(bucket, seq)`, where `bucket` is a persisted computed
 //!   column, the id's last byte modulo 16 (random bits in a UUIDv7). Clustering on
 //!   `id` (time-ordered UUIDv7) or on `seq` (an identity) would send every insert to
-//!   the last page of the clustered index: under concurrent enqueues, one page latch
-//!   (`PAGELATCH_EX`) serialises them all. With the bucket first, inserts land on 16
-//!   insertion points, each still append-only (no page splits in the middle of the
-//!   index), so latch waits drop by about that factor while range scans by bucket stay
-//!   cheap. `OPTIMIZE_FOR_SEQUENTIAL_KEY` (SQL Server 2019+) only queues the waiters
-//!   better; it is not used, so the DDL runs on SQL Server 2016 and later.
+//!   the last page of the clustered index; with the bucket first, the clustered index
+//!   takes inserts at 16 points, each append-only.
+//! - That does not remove last-page contention: the primary key on the time-ordered
+//!   `id` and `<table>_due` (keyed by the due time) still take every insert, and
+//!   `<table>_due` every lease a claim writes, at their last page. Their
+//!   `OPTIMIZE_FOR_SEQUENTIAL_KEY` is set where the server has it (SQL Server 2019 and
+//!   later, Azure SQL): it paces the threads entering that page so the latch convoy
+//!   does not collapse throughput; it does not spread the inserts. On SQL Server 2016
+//!   and 2017 the option does not exist and those pages stay the hot spot.
 //! - Text columns that are compared (`destination`, `partition_key`) use the binary
 //!   collation `Latin1_General_100_BIN2`, so `=` is exact whatever the database's
 //!   (usually case-insensitive) default is, as the contract's filters require.
-//! - Filtered indexes give the contract's partial indexes: `<table>_due` on
-//!   `(available_at, seq)` and `<table>_key` on `(partition_key, seq)` over
-//!   undelivered rows, `<table>_dispatched` and `<table>_dead`. `<table>_key` includes
-//!   the filter's own columns: the optimizer is known to add a key lookup for a query's
-//!   `col IS NULL` even when an index filter states the same, unless the column is in
-//!   the index, and would then look every probed row up in the clustered index. Index-only, the
-//!   per-key head probe takes no lock on a table row, so with
-//!   `READ_COMMITTED_SNAPSHOT` off it does not wait on a row another transaction has
-//!   only updated (a claim, a lease, an error text).
+//! - Filtered indexes give the contract's partial indexes, over undelivered rows:
+//!   `<table>_due` on `(available_at, seq)`, including every column a per-key claim's
+//!   first pass and `stats` read (`id`, `partition_key`, `lease_token`, `created_at`),
+//!   so both run inside the index without key lookups; `<table>_key` on
+//!   `(partition_key, seq)`, the per-key head probe. `<table>_dispatched` and
+//!   `<table>_dead` serve purges, dead-letter pages and counts. Each includes the
+//!   columns of its own filter: the optimizer is known to add a key lookup for a
+//!   query's `col IS NULL` even when an index filter states the same, unless the column
+//!   is in the index.
+//! - `LOCK_ESCALATION = DISABLE`: a statement holding many row locks on the table is
+//!   never turned into a table lock that would block every enqueue. Claims, purges and
+//!   changes by filter already stay below the escalation threshold (statements of at
+//!   most 2,000 rows); the setting covers a caller's own large statement or a server
+//!   whose threshold is hit through lock memory, at the cost of that memory.
 //!
-//! # Installing
+//! Layout 1 (this crate before issue 24) lacked the includes of `<table>_due` and
+//! `<table>_dead`; the installer refuses it with the way to upgrade (see the crate
+//! README).
 //!
-//! [`install`] runs in one transaction on a dedicated connection, serialised across
-//! processes with `sp_getapplock` (transaction-owned, per schema), creates what is
-//! missing, and records the layout version in `[<schema>].[outbox_schema_versions]`;
-//! [`ErrorKind::Schema`] when a table was installed at another version.
+//! The inbox and entity tables are at layout 1. The inbox's primary key (one
+//! consumer's ids are time-ordered) and `<table>_processed_at` get
+//! `OPTIMIZE_FOR_SEQUENTIAL_KEY` as settings where the server has it.
 
-use outbox_core::{Error, ErrorKind, Result};
-
-use crate::connect::{rollback_quietly, MssqlClient, COMMIT};
-use crate::error::from_tiberius;
-use crate::exec::{query_rows, row_i32, row_str};
 use crate::ident::{literal, quote, QualifiedName};
-use crate::sql::{Binder, Param, Stmt, UNDELIVERED};
+use crate::sql::UNDELIVERED;
 
-/// The layout version this crate writes and expects.
-pub const SCHEMA_VERSION: i32 = 1;
+/// The layout version of the outbox table this crate writes and expects.
+pub const SCHEMA_VERSION: i32 = 2;
 
-/// Begins the installer's transaction: any error aborts it whole.
-pub(crate) const INSTALL_BEGIN: &str = "SET XACT_ABORT ON; BEGIN TRANSACTION;";
+/// The layout version of the inbox (dedup) table.
+pub(crate) const INBOX_VERSION: i32 = 1;
 
-/// The SET options filtered indexes need (tiberius logs in with ANSI defaults on; the
-/// DDL text states them for other tools).
+/// The layout version of the entity table.
+pub(crate) const ENTITY_VERSION: i32 = 1;
+
+/// The SET options filtered indexes need (the pool's check-out sets them; the DDL text
+/// states them for other tools).
 pub(crate) const SET_OPTIONS: &str = "SET ANSI_NULLS ON;\nSET QUOTED_IDENTIFIER ON;\n";
 
 /// The table (in each schema used) recording installed layout versions.
 pub(crate) const VERSION_TABLE: &str = "outbox_schema_versions";
 
+/// Index name suffixes (`<table>_<suffix>`, see [`QualifiedName::derived`]); the
+/// primary key's index is named after its constraint.
+pub(crate) mod index {
+    /// The primary key.
+    pub(crate) const PK: &str = "pk";
+    /// The outbox's clustered index.
+    pub(crate) const CLUSTERED: &str = "clustered";
+    /// Undelivered rows by due time.
+    pub(crate) const DUE: &str = "due";
+    /// Undelivered keyed rows by key and `seq`.
+    pub(crate) const KEY: &str = "key";
+    /// Dispatched rows by dispatch time.
+    pub(crate) const DISPATCHED: &str = "dispatched";
+    /// Dead letters by id.
+    pub(crate) const DEAD: &str = "dead";
+    /// Inbox records by time.
+    pub(crate) const PROCESSED_AT: &str = "processed_at";
+}
+
+/// `INDEX([<table>_<suffix>])`, the table hint that pins a statement to that index.
+pub(crate) fn index_hint(name: &QualifiedName, suffix: &str) -> String {
+    format!("INDEX({})", quote(&name.derived(suffix)))
+}
+
+/// A table's objects, settings and layout version.
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    /// The layout version the objects make.
+    pub(crate) version: i32,
+    /// Creates what is missing (table, indexes).
+    pub(crate) objects: String,
+    /// Applies the table's options where they are not set yet (idempotent, cheap when
+    /// nothing changes).
+    pub(crate) settings: String,
+}
+
+/// The outbox table's layout.
+pub(crate) fn outbox_layout(name: &QualifiedName) -> Layout {
+    Layout {
+        version: SCHEMA_VERSION,
+        objects: outbox_objects(name),
+        settings: format!(
+            "{}{}",
+            no_lock_escalation(name),
+            sequential_keys(name, &[index::PK, index::DUE, index::DISPATCHED])
+        ),
+    }
+}
+
+/// The inbox table's layout.
+pub(crate) fn inbox_layout(name: &QualifiedName) -> Layout {
+    Layout {
+        version: INBOX_VERSION,
+        objects: inbox_objects(name),
+        settings: sequential_keys(name, &[index::PK, index::PROCESSED_AT]),
+    }
+}
+
+/// The entity table's layout.
+pub(crate) fn entity_layout(name: &QualifiedName) -> Layout {
+    Layout {
+        version: ENTITY_VERSION,
+        objects: entity_objects(name),
+        settings: String::new(),
+    }
+}
+
 /// The complete, idempotent DDL for an outbox table.
 pub(crate) fn outbox_ddl(name: &QualifiedName) -> String {
-    ddl(name, &outbox_objects(name))
+    ddl(name, &outbox_layout(name))
 }
 
 /// The complete, idempotent DDL for an inbox (dedup) table.
 pub(crate) fn inbox_ddl(name: &QualifiedName) -> String {
-    ddl(name, &inbox_objects(name))
+    ddl(name, &inbox_layout(name))
 }
 
 /// The complete, idempotent DDL for an entity table.
 pub(crate) fn entity_ddl(name: &QualifiedName) -> String {
-    ddl(name, &entity_objects(name))
+    ddl(name, &entity_layout(name))
 }
 
-/// `objects` wrapped in the prelude and followed by the version record. Every
+/// `layout` wrapped in the prelude and followed by the version record. Every
 /// statement checks the catalog first, so the text can be run again as is (one batch:
 /// no `GO` needed).
-pub(crate) fn ddl(name: &QualifiedName, objects: &str) -> String {
+pub(crate) fn ddl(name: &QualifiedName, layout: &Layout) -> String {
     let versions = name.sibling(VERSION_TABLE);
     format!(
-        "{SET_OPTIONS}{prelude}{objects}\
+        "{SET_OPTIONS}{prelude}{objects}{settings}\
          IF NOT EXISTS (SELECT 1 FROM {versions} WHERE table_name = {table})\n    \
-         INSERT INTO {versions} (table_name, version) VALUES ({table}, {SCHEMA_VERSION});\n",
+         INSERT INTO {versions} (table_name, version) VALUES ({table}, {version});\n",
         prelude = prelude(name),
+        objects = layout.objects,
+        settings = layout.settings,
         table = literal(name.table()),
+        version = layout.version,
     )
 }
 
@@ -96,7 +179,7 @@ fn index(name: &QualifiedName, suffix: &str, create: &str) -> String {
         table = name.literal(),
         index_literal = literal(&index),
         quoted = quote(&index),
-        create_kw = if suffix == "clustered" {
+        create_kw = if suffix == index::CLUSTERED {
             "CREATE UNIQUE CLUSTERED INDEX"
         } else {
             "CREATE INDEX"
@@ -109,6 +192,47 @@ fn table(name: &QualifiedName, columns: &str) -> String {
     format!(
         "IF OBJECT_ID({literal}, N'U') IS NULL\nCREATE TABLE {name} (\n{columns}\n);\n",
         literal = name.literal(),
+    )
+}
+
+/// Whether the server has `OPTIMIZE_FOR_SEQUENTIAL_KEY`: SQL Server 2019 (major
+/// version 15) and later, Azure SQL Database (engine edition 5) and Managed Instance
+/// (8), which report an older major version.
+pub(crate) const HAS_SEQUENTIAL_KEY: &str =
+    "CAST(SERVERPROPERTY('ProductMajorVersion') AS int) >= 15 \
+     OR CAST(SERVERPROPERTY('EngineEdition') AS int) IN (5, 8)";
+
+/// Set `OPTIMIZE_FOR_SEQUENTIAL_KEY = ON` on the named indexes where the server has the
+/// option and it is off. Older servers refuse the option, and the catalog column
+/// `sys.indexes.optimize_for_sequential_key`, when the batch is compiled, so both are
+/// in dynamic SQL that only a server with the option runs.
+fn sequential_keys(name: &QualifiedName, suffixes: &[&str]) -> String {
+    let inner: String = suffixes
+        .iter()
+        .map(|suffix| {
+            let index = name.derived(suffix);
+            format!(
+                "IF EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID({table}) \
+                 AND name = {index_literal} AND optimize_for_sequential_key = 0) \
+                 ALTER INDEX {quoted} ON {name} SET (OPTIMIZE_FOR_SEQUENTIAL_KEY = ON); ",
+                table = name.literal(),
+                index_literal = literal(&index),
+                quoted = quote(&index),
+            )
+        })
+        .collect();
+    format!(
+        "IF {HAS_SEQUENTIAL_KEY}\n    EXEC({inner});\n",
+        inner = literal(inner.trim_end())
+    )
+}
+
+/// `LOCK_ESCALATION = DISABLE` unless set (`sys.tables.lock_escalation` 1).
+fn no_lock_escalation(name: &QualifiedName) -> String {
+    format!(
+        "IF EXISTS (SELECT 1 FROM sys.tables WHERE object_id = OBJECT_ID({table}) \
+         AND lock_escalation <> 1)\n    ALTER TABLE {name} SET (LOCK_ESCALATION = DISABLE);\n",
+        table = name.literal(),
     )
 }
 
@@ -134,18 +258,21 @@ pub(crate) fn outbox_objects(name: &QualifiedName) -> String {
         headers_default = quote(&name.derived("headers_default")),
         created_default = quote(&name.derived("created_default")),
         attempts_default = quote(&name.derived("attempts_default")),
-        pk = quote(&name.derived("pk")),
+        pk = quote(&name.derived(index::PK)),
     );
     let mut text = table(name, &columns);
-    text.push_str(&index(name, "clustered", "(bucket, seq)"));
+    text.push_str(&index(name, index::CLUSTERED, "(bucket, seq)"));
     text.push_str(&index(
         name,
-        "due",
-        &format!("(available_at, seq) WHERE {UNDELIVERED}"),
+        index::DUE,
+        &format!(
+            "(available_at, seq) INCLUDE (id, partition_key, lease_token, created_at, \
+             dispatched_at, dead_at) WHERE {UNDELIVERED}"
+        ),
     ));
     text.push_str(&index(
         name,
-        "key",
+        index::KEY,
         &format!(
             "(partition_key, seq) INCLUDE (dispatched_at, dead_at) \
              WHERE {UNDELIVERED} AND partition_key IS NOT NULL"
@@ -153,10 +280,14 @@ pub(crate) fn outbox_objects(name: &QualifiedName) -> String {
     ));
     text.push_str(&index(
         name,
-        "dispatched",
+        index::DISPATCHED,
         "(dispatched_at) WHERE dispatched_at IS NOT NULL",
     ));
-    text.push_str(&index(name, "dead", "(id) WHERE dead_at IS NOT NULL"));
+    text.push_str(&index(
+        name,
+        index::DEAD,
+        "(id) INCLUDE (dead_at) WHERE dead_at IS NOT NULL",
+    ));
     text
 }
 
@@ -168,10 +299,10 @@ pub(crate) fn inbox_objects(name: &QualifiedName) -> String {
     processed_at datetime2(7) NOT NULL CONSTRAINT {processed_default} DEFAULT SYSUTCDATETIME(),
     CONSTRAINT {pk} PRIMARY KEY (consumer, message_id)",
         processed_default = quote(&name.derived("processed_default")),
-        pk = quote(&name.derived("pk")),
+        pk = quote(&name.derived(index::PK)),
     );
     let mut text = table(name, &columns);
-    text.push_str(&index(name, "processed_at", "(processed_at)"));
+    text.push_str(&index(name, index::PROCESSED_AT, "(processed_at)"));
     text
 }
 
@@ -188,14 +319,14 @@ pub(crate) fn entity_objects(name: &QualifiedName) -> String {
         outbox_default = quote(&name.derived("outbox_default")),
         version_check = quote(&name.derived("version_check")),
         updated_default = quote(&name.derived("updated_default")),
-        pk = quote(&name.derived("pk")),
+        pk = quote(&name.derived(index::PK)),
     );
     table(name, &columns)
 }
 
 /// The schema (created through `EXEC`, since `CREATE SCHEMA` must be alone in its
 /// batch) and the version table.
-fn prelude(name: &QualifiedName) -> String {
+pub(crate) fn prelude(name: &QualifiedName) -> String {
     let versions = name.sibling(VERSION_TABLE);
     let create_schema = format!("CREATE SCHEMA {}", name.quoted_schema());
     let mut text = format!(
@@ -216,136 +347,6 @@ fn prelude(name: &QualifiedName) -> String {
     text
 }
 
-/// Take the per-schema install lock for the current transaction, waiting up to a
-/// minute.
-pub(crate) fn install_lock(name: &QualifiedName) -> Stmt {
-    let mut b = Binder::default();
-    let resource = b.bind(Param::Text(Some(format!(
-        "outbox-sqlserver:install:{}",
-        name.schema()
-    ))));
-    b.finish(format!(
-        "EXEC sp_getapplock @Resource = {resource}, @LockMode = 'Exclusive', \
-         @LockOwner = 'Transaction', @LockTimeout = 60000; \
-         SELECT APPLOCK_MODE('public', {resource}, 'Transaction') AS mode;"
-    ))
-}
-
-/// The recorded layout version of `name`, if any.
-pub(crate) fn installed_version(name: &QualifiedName) -> Stmt {
-    let mut b = Binder::default();
-    let table = b.bind(Param::Text(Some(name.table().to_owned())));
-    b.finish(format!(
-        "SELECT version FROM {versions} WHERE table_name = {table};",
-        versions = name.sibling(VERSION_TABLE),
-    ))
-}
-
-/// Record `name` at [`SCHEMA_VERSION`].
-pub(crate) fn record_version(name: &QualifiedName) -> Stmt {
-    let mut b = Binder::default();
-    let table = b.bind(Param::Text(Some(name.table().to_owned())));
-    let version = b.bind(Param::I32(SCHEMA_VERSION));
-    b.finish(format!(
-        "INSERT INTO {versions} (table_name, version) VALUES ({table}, {version});",
-        versions = name.sibling(VERSION_TABLE),
-    ))
-}
-
-/// Create `name` with `objects` unless it is already recorded, under the per-schema
-/// install lock, and record [`SCHEMA_VERSION`]: one transaction on `client` (a
-/// dedicated connection; on an error it is rolled back before the error returns).
-///
-/// # Errors
-/// [`ErrorKind::Schema`] when the table was installed at another layout version, or
-/// the install lock could not be had within a minute; mapped driver errors otherwise.
-pub(crate) async fn install(
-    client: &mut MssqlClient,
-    name: &QualifiedName,
-    objects: &str,
-) -> Result<()> {
-    let result = install_in_transaction(client, name, objects).await;
-    if result.is_err() {
-        rollback_quietly(client).await;
-    }
-    result
-}
-
-async fn install_in_transaction(
-    client: &mut MssqlClient,
-    name: &QualifiedName,
-    objects: &str,
-) -> Result<()> {
-    let err = |e| from_tiberius("schema install", e);
-    client
-        .simple_query(INSTALL_BEGIN)
-        .await
-        .map_err(err)?
-        .into_results()
-        .await
-        .map_err(err)?;
-    let locked = crate::exec::query_all_rows(client, install_lock(name))
-        .await
-        .map_err(err)?;
-    let mode = locked.first().map(|row| row_str(row, "mode")).transpose()?;
-    if mode.as_deref() != Some("Exclusive") {
-        return Err(Error::new(
-            ErrorKind::Schema,
-            format!(
-                "could not take the install lock of schema {} within a minute",
-                name.quoted_schema()
-            ),
-        ));
-    }
-    let prelude = format!("{SET_OPTIONS}{}", prelude(name));
-    client
-        .simple_query(prelude)
-        .await
-        .map_err(err)?
-        .into_results()
-        .await
-        .map_err(err)?;
-    let installed = query_rows(client, installed_version(name))
-        .await
-        .map_err(err)?;
-    match installed
-        .first()
-        .map(|row| row_i32(row, "version"))
-        .transpose()?
-    {
-        Some(SCHEMA_VERSION) => {}
-        Some(other) => {
-            return Err(Error::new(
-                ErrorKind::Schema,
-                format!(
-                    "table {name} is at layout version {other}, this crate expects \
-                     {SCHEMA_VERSION}"
-                ),
-            ))
-        }
-        None => {
-            client
-                .simple_query(objects.to_owned())
-                .await
-                .map_err(err)?
-                .into_results()
-                .await
-                .map_err(err)?;
-            query_rows(client, record_version(name))
-                .await
-                .map_err(err)?;
-        }
-    }
-    client
-        .simple_query(COMMIT)
-        .await
-        .map_err(err)?
-        .into_results()
-        .await
-        .map_err(err)?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -364,10 +365,14 @@ mod tests {
             .contains("CREATE UNIQUE CLUSTERED INDEX [t1_clustered] ON [s1].[t1] (bucket, seq);"));
         assert!(text.contains(
             "CREATE INDEX [t1_due] ON [s1].[t1] (available_at, seq) \
+             INCLUDE (id, partition_key, lease_token, created_at, dispatched_at, dead_at) \
              WHERE dispatched_at IS NULL AND dead_at IS NULL;"
         ));
+        assert!(text.contains(
+            "CREATE INDEX [t1_dead] ON [s1].[t1] (id) INCLUDE (dead_at) WHERE dead_at IS NOT NULL;"
+        ));
         assert!(text.contains("CONSTRAINT [t1_pk] PRIMARY KEY NONCLUSTERED (id)"));
-        assert!(text.contains("VALUES (N't1', 1);"));
+        assert!(text.contains("VALUES (N't1', 2);"));
         for line in text
             .lines()
             .filter(|l| l.trim_start().starts_with("CREATE"))
@@ -389,11 +394,78 @@ mod tests {
         let text = outbox_ddl(&name("s", &"t".repeat(128)));
         let names: std::collections::HashSet<String> = text
             .lines()
-            .filter_map(|l| l.split("INDEX [").nth(1))
+            .filter_map(|l| {
+                l.split("CREATE INDEX [")
+                    .nth(1)
+                    .or(l.split("CLUSTERED INDEX [").nth(1))
+            })
             .map(|l| l.split(']').next().unwrap().to_owned())
             .collect();
         assert_eq!(names.len(), 5, "{names:?}");
         assert!(names.iter().all(|n| n.len() <= 128));
+    }
+
+    #[test]
+    fn the_outbox_disables_lock_escalation_once() {
+        let text = outbox_ddl(&name("s1", "t1"));
+        assert!(text.contains(
+            "IF EXISTS (SELECT 1 FROM sys.tables WHERE object_id = OBJECT_ID(N'[s1].[t1]') \
+             AND lock_escalation <> 1)\n    ALTER TABLE [s1].[t1] SET (LOCK_ESCALATION = DISABLE);"
+        ));
+        assert!(!inbox_ddl(&name("s1", "t1")).contains("LOCK_ESCALATION"));
+    }
+
+    /// `OPTIMIZE_FOR_SEQUENTIAL_KEY` exists from SQL Server 2019 and on Azure SQL; older
+    /// servers refuse the option (and the catalog column) when the batch compiles, so
+    /// the text names them only inside `EXEC(N'...')`, behind the version check.
+    #[test]
+    fn sequential_keys_are_set_only_where_the_server_has_them() {
+        for (text, indexes) in [
+            (
+                outbox_ddl(&name("s1", "t1")),
+                vec!["t1_pk", "t1_due", "t1_dispatched"],
+            ),
+            (
+                inbox_ddl(&name("s1", "t1")),
+                vec!["t1_pk", "t1_processed_at"],
+            ),
+        ] {
+            let guard = format!("IF {HAS_SEQUENTIAL_KEY}\n    EXEC(N'");
+            let (before, dynamic) = text.split_once(&guard).expect("the version check");
+            assert!(!before.contains("OPTIMIZE_FOR_SEQUENTIAL_KEY"));
+            let dynamic = dynamic.split("');\n").next().unwrap();
+            for index in &indexes {
+                assert!(
+                    dynamic.contains(&format!(
+                        "AND name = N''{index}'' AND optimize_for_sequential_key = 0) \
+                         ALTER INDEX [{index}] ON [s1].[t1] SET (OPTIMIZE_FOR_SEQUENTIAL_KEY = ON);"
+                    )),
+                    "{index}: {dynamic}"
+                );
+            }
+            assert_eq!(dynamic.matches("ALTER INDEX").count(), indexes.len());
+            assert_eq!(
+                text.matches("OPTIMIZE_FOR_SEQUENTIAL_KEY = ON").count(),
+                indexes.len()
+            );
+        }
+        assert!(HAS_SEQUENTIAL_KEY.contains("SERVERPROPERTY('ProductMajorVersion') AS int) >= 15"));
+        assert!(HAS_SEQUENTIAL_KEY.contains("SERVERPROPERTY('EngineEdition') AS int) IN (5, 8)"));
+        assert!(!entity_ddl(&name("s1", "t1")).contains("SEQUENTIAL"));
+    }
+
+    #[test]
+    fn layouts_carry_their_own_versions() {
+        let t = name("s1", "t1");
+        assert_eq!(outbox_layout(&t).version, 2);
+        assert_eq!(inbox_layout(&t).version, 1);
+        assert_eq!(entity_layout(&t).version, 1);
+        assert!(inbox_ddl(&t).contains("VALUES (N't1', 1);"));
+        assert!(entity_ddl(&t).contains("VALUES (N't1', 1);"));
+        // Settings come after the objects they change, and are part of the DDL text.
+        let layout = outbox_layout(&t);
+        let text = outbox_ddl(&t);
+        assert!(text.find(&layout.objects).unwrap() < text.find(&layout.settings).unwrap());
     }
 
     /// The checked-in files are what the default configs render; regenerate them with

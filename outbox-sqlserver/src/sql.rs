@@ -1,6 +1,7 @@
-//! Statements as [`Stmt`]s (SQL text plus bound values): the relay's here (claim,
-//! enqueue, settles), and the [`Binder`] and time helpers every other module uses for
-//! its own (`admin.rs`, `dedup.rs`, `entity.rs`, `lock.rs`, `schema.rs`).
+//! Statements as [`Stmt`]s (SQL text plus bound values): the relay's here (enqueue,
+//! settles; the claim has `claim.rs`), and the [`Binder`] and time helpers every other
+//! module uses for its own (`admin.rs`, `dedup.rs`, `entity.rs`, `lock.rs`,
+//! `install.rs`).
 //!
 //! Only a [`QualifiedName`] (and names derived from it) and integers the crate
 //! computes itself (row ordinals, clamped constants) are formatted into the text;
@@ -28,8 +29,7 @@
 
 use std::time::Duration;
 
-use outbox_core::store::MAX_ATTEMPTS;
-use outbox_core::{Error, KeyOrder, Result};
+use outbox_core::{Error, Result};
 
 use crate::ident::QualifiedName;
 
@@ -44,8 +44,9 @@ pub(crate) const MAX_VALUES_ROWS: usize = 1000;
 /// locks at which SQL Server escalates a statement's row locks to a table lock (each
 /// row also takes key locks in the table's nonclustered indexes).
 pub(crate) const DELETE_BATCH: usize = 2000;
-/// Rows one claim statement takes at most, for the same reason as [`DELETE_BATCH`]: a
-/// larger claim is sent as several statements sharing one token.
+/// Rows one claim statement takes at most, for the same reason as [`DELETE_BATCH`]
+/// (and so the table's `LOCK_ESCALATION = DISABLE` costs bounded lock memory): a larger
+/// claim is sent as several statements sharing one token.
 pub(crate) const CLAIM_BATCH: usize = DELETE_BATCH;
 /// The longest age a filter or purge compares with: a thousand years, past which a
 /// cutoff would leave `datetime2`'s range. Longer ages are clamped to it, which
@@ -175,74 +176,8 @@ fn undelivered_by_key(alias: &str) -> String {
     format!("COALESCE({alias}.dispatched_at, {alias}.dead_at) IS NULL")
 }
 
-/// The lock hints of every claim and of every statement that picks rows by a filter:
-/// update locks (so two claimers never take one row), skipping rows others have locked
-/// instead of waiting, at row granularity.
-pub(crate) const CLAIM_HINTS: &str = "WITH (UPDLOCK, READPAST, ROWLOCK)";
 /// The hints of bounded purges: row locks, skipping locked rows.
 pub(crate) const PURGE_HINTS: &str = "WITH (ROWLOCK, READPAST)";
-
-/// The message columns a claim returns, from `OUTPUT`.
-fn claimed_columns() -> String {
-    format!(
-        "INSERTED.id, INSERTED.destination, INSERTED.partition_key, INSERTED.payload, \
-         INSERTED.content_type, INSERTED.headers, {created} AS created_us, \
-         INSERTED.attempts, INSERTED.last_error, {lease} AS lease_us, {due} AS due_us, \
-         INSERTED.seq",
-        created = unix_us("INSERTED.created_at"),
-        lease = unix_us("INSERTED.available_at"),
-        due = unix_us("DELETED.available_at"),
-    )
-}
-
-/// A claim: up to `limit` due rows (only `ids` when given), leased for `lease_us` under
-/// `token`. One statement: an updatable CTE selects the rows oldest first with
-/// [`CLAIM_HINTS`], the `UPDATE` stamps them, `OUTPUT` returns them.
-pub(crate) fn claim(
-    t: &QualifiedName,
-    ordering: KeyOrder,
-    limit: usize,
-    lease_us: i64,
-    token: [u8; 16],
-    ids: Option<&[[u8; 16]]>,
-) -> Stmt {
-    let mut b = Binder::default();
-    let top = b.bind(Param::I64(limit_param(limit)));
-    let lease = b.bind(Param::I64(lease_us));
-    let token = b.bind_id(token);
-    let ids = match ids {
-        Some(ids) => {
-            let list: Vec<String> = ids.iter().map(|id| b.bind_id(*id)).collect();
-            format!(" AND c.id IN ({})", list.join(", "))
-        }
-        None => String::new(),
-    };
-    // A keyed row must be the head of its key: the lowest `seq` among the key's
-    // undelivered rows (dead letters do not block). One probe of the `<table>_key`
-    // filtered index per candidate: the probe states the index's whole filter,
-    // `partition_key IS NOT NULL` included, rather than leave the optimizer to infer it
-    // from the correlated equality before it may use the index.
-    let key_order = match ordering {
-        KeyOrder::PerKey => format!(
-            " AND (c.partition_key IS NULL OR c.seq = (SELECT TOP (1) e.seq FROM {t} AS e \
-             WHERE e.partition_key = c.partition_key AND e.dispatched_at IS NULL \
-             AND e.dead_at IS NULL AND e.partition_key IS NOT NULL ORDER BY e.seq))"
-        ),
-        KeyOrder::Unordered => String::new(),
-    };
-    let sql = format!(
-        "WITH due AS (SELECT TOP ({top}) c.* FROM {t} AS c {CLAIM_HINTS} \
-         WHERE c.dispatched_at IS NULL AND c.dead_at IS NULL AND c.available_at <= {NOW}\
-         {ids}{key_order} ORDER BY c.available_at, c.seq) \
-         UPDATE due SET available_at = {expiry}, lease_token = {token}, \
-         attempts = CASE WHEN attempts >= {before_max} THEN {MAX_ATTEMPTS} ELSE attempts + 1 END \
-         OUTPUT {columns};",
-        expiry = after(&lease),
-        before_max = MAX_ATTEMPTS - 1,
-        columns = claimed_columns(),
-    );
-    b.finish(sql)
-}
 
 /// A message to enqueue, as bound.
 #[derive(Debug, Clone)]

@@ -1,8 +1,9 @@
 //! Offline checks of every statement the crate sends (no server needed): each is
-//! parsed by a maintained T-SQL parser (`sqlparser` with `MsSqlDialect`), every claim
-//! carries the lock hints, identifiers are bracket-quoted, values are bound (a quote, a
-//! bracket and `--` planted in every value never reach the text), and batches stay
-//! within SQL Server's parameter limit.
+//! parsed by a maintained T-SQL parser (`sqlparser` with `MsSqlDialect`), identifiers
+//! are bracket-quoted, values are bound (a quote, a bracket and `--` planted in every
+//! value never reach the text), and batches stay within SQL Server's parameter limit.
+//! The lock and index hints each statement must (or must not) carry are checked in
+//! `hint_tests.rs`, on the same list of statements.
 
 use std::time::Duration;
 
@@ -11,19 +12,20 @@ use sqlparser::dialect::MsSqlDialect;
 use sqlparser::parser::Parser;
 
 use crate::admin::{self, DeadChange};
-use crate::connect::{BEGIN, CHECK_OUT, COMMIT, ROLLBACK_IF_OPEN};
+use crate::claim;
 use crate::ident::QualifiedName;
+use crate::session::{check_out, BEGIN, COMMIT, DEFAULT_LOCK_TIMEOUT, ROLLBACK_IF_OPEN};
 use crate::sql::{self, FailRow, NewRow, Param, Settle, Stmt};
-use crate::{dedup, entity, lock, schema};
+use crate::{dedup, entity, install, lock, schema};
 
 /// Planted in every value: a quote, a bracket, a comment opener and a statement end.
 const EVIL: &str = "x'y]z--w;\"q";
 
-fn name() -> QualifiedName {
+pub(crate) fn name() -> QualifiedName {
     QualifiedName::new("obx_s", "obx_t").unwrap()
 }
 
-fn id(n: u8) -> [u8; 16] {
+pub(crate) fn id(n: u8) -> [u8; 16] {
     let mut id = *MessageId::new().as_uuid().as_bytes();
     id[15] = n;
     id
@@ -53,7 +55,7 @@ fn evil_filter() -> DeadLetterFilter {
 /// Every statement builder of the crate, with evil values wherever it takes one.
 /// `true` marks builders that bind at least one text value (where EVIL must appear
 /// among the parameters).
-fn every_statement() -> Vec<(&'static str, bool, Stmt)> {
+pub(crate) fn every_statement() -> Vec<(&'static str, bool, Stmt)> {
     let t = name();
     let ids = [id(1), id(2), id(3)];
     let leases = [(id(1), id(9)), (id(2), id(8))];
@@ -69,22 +71,22 @@ fn every_statement() -> Vec<(&'static str, bool, Stmt)> {
         (
             "claim",
             false,
-            sql::claim(&t, KeyOrder::Unordered, 10, 30_000_000, id(7), None),
+            claim::claim(&t, KeyOrder::Unordered, 10, 30_000_000, id(7), None),
         ),
         (
             "claim per key",
             false,
-            sql::claim(&t, KeyOrder::PerKey, 10, 30_000_000, id(7), None),
+            claim::claim(&t, KeyOrder::PerKey, 10, 30_000_000, id(7), None),
         ),
         (
             "claim ids",
             false,
-            sql::claim(&t, KeyOrder::Unordered, 3, 30_000_000, id(7), Some(&ids)),
+            claim::claim(&t, KeyOrder::Unordered, 3, 30_000_000, id(7), Some(&ids)),
         ),
         (
             "claim ids per key",
             false,
-            sql::claim(&t, KeyOrder::PerKey, 3, 30_000_000, id(7), Some(&ids)),
+            claim::claim(&t, KeyOrder::PerKey, 3, 30_000_000, id(7), Some(&ids)),
         ),
         (
             "enqueue",
@@ -169,9 +171,9 @@ fn every_statement() -> Vec<(&'static str, bool, Stmt)> {
             admin::count_dispatched(&t, 1_000),
         ),
         ("stats", false, admin::stats(&t)),
-        ("install lock", true, schema::install_lock(&t)),
-        ("installed version", true, schema::installed_version(&t)),
-        ("record version", true, schema::record_version(&t)),
+        ("install lock", true, install::install_lock(&t)),
+        ("installed version", true, install::installed_version(&t)),
+        ("record version", true, install::record_version(&t, 2)),
         (
             "dedup record",
             true,
@@ -207,11 +209,20 @@ fn every_statement() -> Vec<(&'static str, bool, Stmt)> {
         ),
         ("lock", true, lock::try_lock(&format!("l-{EVIL}"))),
         ("unlock", true, lock::unlock(&format!("l-{EVIL}"))),
-        ("pool check-out", false, Stmt::text(CHECK_OUT)),
+        (
+            "pool check-out",
+            false,
+            Stmt::text(check_out(Some(DEFAULT_LOCK_TIMEOUT))),
+        ),
+        (
+            "pool check-out, no time-out",
+            false,
+            Stmt::text(check_out(None)),
+        ),
         ("begin", false, Stmt::text(BEGIN)),
         ("commit", false, Stmt::text(COMMIT)),
         ("rollback if open", false, Stmt::text(ROLLBACK_IF_OPEN)),
-        ("install begin", false, Stmt::text(schema::INSTALL_BEGIN)),
+        ("install begin", false, Stmt::text(install::INSTALL_BEGIN)),
     ];
     for (what, ddl) in [
         ("outbox ddl", schema::outbox_ddl(&t)),
@@ -244,6 +255,11 @@ const UNPARSED: &[(&str, &str)] = &[
     (
         "dedup purge",
         "`DELETE TOP (n) FROM ...` is not supported by the parser",
+    ),
+    (
+        "dedup record",
+        "the parser reads `BEGIN TRY` as a statement of its own that must end with `;`, \
+         which T-SQL does not require (each part is parsed on its own instead)",
     ),
 ];
 
@@ -307,48 +323,15 @@ fn unparsed_statements_still_hold_what_they_must() {
         let plain = purge.replacen("DELETE TOP (@P1) FROM", "DELETE FROM", 1);
         parses(&plain).unwrap();
     }
-}
-
-#[test]
-fn every_claim_carries_the_lock_hints_and_never_serializable() {
-    for (what, _, stmt) in every_statement() {
-        let upper = stmt.sql.to_uppercase();
-        assert!(!upper.contains("SERIALIZABLE"), "{what}");
-        if what.starts_with("claim") || what.ends_with("matching") {
-            assert!(
-                stmt.sql
-                    .contains("FROM [obx_s].[obx_t] AS c WITH (UPDLOCK, READPAST, ROWLOCK)")
-                    || stmt
-                        .sql
-                        .contains("FROM [obx_s].[obx_t] WITH (UPDLOCK, READPAST, ROWLOCK)"),
-                "{what}: {}",
-                stmt.sql
-            );
-            assert!(!upper.contains("HOLDLOCK"), "{what}");
-        }
-        if what.starts_with("claim") {
-            assert!(
-                stmt.sql.contains("ORDER BY c.available_at, c.seq"),
-                "{what}"
-            );
-            assert!(stmt.sql.contains("OUTPUT INSERTED.id"), "{what}");
-            assert!(
-                stmt.sql.contains("DELETED.available_at"),
-                "{what}: due time returned"
-            );
-            assert!(stmt.sql.contains("c.dispatched_at IS NULL AND c.dead_at IS NULL AND c.available_at <= SYSUTCDATETIME()"), "{what}");
-            assert!(stmt.sql.contains("attempts = CASE WHEN attempts >= 2147483646 THEN 2147483647 ELSE attempts + 1 END"), "{what}");
-        }
-        if what.contains("purge") {
-            assert!(stmt.sql.contains("WITH (ROWLOCK, READPAST)"), "{what}");
-        }
+    // The dedup record: the refresh, the insert inside TRY and the CATCH's statement
+    // each parse; `hint_tests` checks how they fit together.
+    let record = dedup::record(&t, "c", id(1), 1).sql;
+    let (refresh, rest) = record.split_once(" BEGIN TRY ").unwrap();
+    let (insert, rest) = rest.split_once(" END TRY BEGIN CATCH ").unwrap();
+    let caught = rest.strip_suffix(" END CATCH;").unwrap();
+    for part in [refresh, insert, caught] {
+        parses(part).unwrap_or_else(|e| panic!("{e}: {part}"));
     }
-    let t = name();
-    let per_key = sql::claim(&t, KeyOrder::PerKey, 1, 1, id(1), None).sql;
-    assert!(per_key.contains("c.seq = (SELECT TOP (1) e.seq FROM [obx_s].[obx_t] AS e WHERE e.partition_key = c.partition_key AND e.dispatched_at IS NULL AND e.dead_at IS NULL AND e.partition_key IS NOT NULL ORDER BY e.seq)"));
-    assert!(!sql::claim(&t, KeyOrder::Unordered, 1, 1, id(1), None)
-        .sql
-        .contains("c.partition_key"));
 }
 
 #[test]
@@ -378,6 +361,7 @@ fn identifiers_are_bracket_quoted_everywhere() {
     for (what, _, stmt) in every_statement() {
         if [
             "pool check-out",
+            "pool check-out, no time-out",
             "lock",
             "unlock",
             "install lock",
@@ -478,9 +462,10 @@ fn batches_are_chunked_under_the_parameter_limit() {
     let ids: Vec<[u8; 16]> = (0..10_000u16)
         .map(|n| id(u8::try_from(n % 250).unwrap()))
         .collect();
-    for chunk in ids.chunks(sql::chunk_rows(1, 3)) {
-        let stmt = sql::claim(&t, KeyOrder::PerKey, chunk.len(), 1, id(0), Some(chunk));
-        assert!(stmt.params.len() <= sql::PARAM_BUDGET);
+    for chunk in ids.chunks(sql::CLAIM_BATCH) {
+        // The ids are one JSON parameter: top, lease, token and the array.
+        let stmt = claim::claim(&t, KeyOrder::PerKey, chunk.len(), 1, id(0), Some(chunk));
+        assert_eq!(stmt.params.len(), 4);
     }
     // A filter of MAX_ADMIN_BATCH ids binds one parameter, not ten thousand.
     let many = DeadLetterFilter::default()
@@ -537,21 +522,6 @@ fn bounded_deletes_stay_below_lock_escalation() {
             "{n}"
         );
     }
-}
-
-#[test]
-fn pooled_connections_are_put_back_to_read_committed_autocommit() {
-    // Claims and settles run on connections callers also use for their transactions;
-    // check-out must undo the settings that would change how a claim locks.
-    for part in [
-        "IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;",
-        "SET IMPLICIT_TRANSACTIONS OFF;",
-        "SET TRANSACTION ISOLATION LEVEL READ COMMITTED;",
-        "SET XACT_ABORT OFF;",
-    ] {
-        assert!(CHECK_OUT.contains(part), "{part}");
-    }
-    assert!(CHECK_OUT.ends_with("SELECT 1 AS ok"));
 }
 
 #[test]

@@ -17,13 +17,14 @@ use outbox_core::{
     NewMessage, OutboxStore, Result, Retention, Settled, StoreCapabilities,
 };
 
+use crate::claim;
 use crate::config::MssqlOutboxConfig;
-use crate::connect::{dedicated, MssqlManager, MssqlPool};
 use crate::error::{from_pool, from_tiberius};
 use crate::exec::{execute, query_rows, row_id};
 use crate::ident::QualifiedName;
 use crate::row::{decode_claimed, DecodedClaim};
 use crate::schema;
+use crate::session::{dedicated, MssqlManager, MssqlPool};
 use crate::sql::{self, chunk_rows, micros, FailRow, NewRow, Settle, Stmt, CLAIM_BATCH};
 
 /// A SQL Server outbox: enqueue with [`enqueue`](Self::enqueue) inside your
@@ -34,18 +35,21 @@ use crate::sql::{self, chunk_rows, micros, FailRow, NewRow, Settle, Stmt, CLAIM_
 ///
 /// # The claim protocol on SQL Server
 ///
-/// 1. One statement, in autocommit at READ COMMITTED, selects due rows oldest first
-///    (`TOP (n) ... ORDER BY available_at, seq` in an updatable CTE) from the table
-///    `WITH (UPDLOCK, READPAST, ROWLOCK)`: update locks so two claimers never take one
-///    row, `READPAST` so rows another transaction holds are skipped instead of waited
-///    on, row granularity so nothing else is locked. The `UPDATE` of the CTE sets
-///    `available_at = SYSUTCDATETIME() + lease`, a fresh `lease_token` and `attempts +
-///    1` (saturating at [`MAX_ATTEMPTS`](outbox_core::store::MAX_ATTEMPTS)), and
-///    `OUTPUT INSERTED.<columns>, DELETED.available_at` returns the rows. The locks end with
-///    the statement; the lease lives on in the row. Never `SERIALIZABLE` or `HOLDLOCK`:
-///    key-range locks would block unrelated enqueues. A claim of more than 2,000 rows
-///    is sent as several such statements sharing one token, each below the 5,000
-///    locks at which SQL Server escalates to a table lock.
+/// 1. One statement, in autocommit at READ COMMITTED, takes up to `n` due rows oldest
+///    first (`ORDER BY available_at, seq`) and stamps them: `available_at =
+///    SYSUTCDATETIME() + lease`, a fresh `lease_token`, `attempts + 1` (saturating at
+///    [`MAX_ATTEMPTS`](outbox_core::store::MAX_ATTEMPTS)); `OUTPUT INSERTED.<columns>,
+///    DELETED.available_at` returns them. Rows are locked `WITH (UPDLOCK, READPAST,
+///    ROWLOCK)`: update locks so two claimers never take one row, `READPAST` so rows
+///    another transaction holds are skipped instead of waited on, row granularity so
+///    nothing else is locked. Every read is pinned to its index (`INDEX(..),
+///    FORCESEEK`), so no plan can scan the table and lock what it passes. The locks end
+///    with the statement; the lease lives on in the row. Never `SERIALIZABLE` or
+///    `HOLDLOCK`: key-range locks would block unrelated enqueues. A claim of more than
+///    2,000 rows is sent as several statements sharing one token. The statement's
+///    shapes (one pass unordered; per key, heads picked without update locks, then only
+///    the heads locked; ids as one `OPENJSON` array) are described in the crate docs,
+///    "Claims, settles and `READ_COMMITTED_SNAPSHOT`".
 /// 2. Rows that do not make a deliverable message are dead-lettered at once, fenced by
 ///    the claim's token; the others are returned. If rows cannot be read at all (a
 ///    column of another type), the claim releases every row it took (attempt undone)
@@ -64,25 +68,21 @@ use crate::sql::{self, chunk_rows, micros, FailRow, NewRow, Settle, Stmt, CLAIM_
 ///
 /// # `READ_COMMITTED_SNAPSHOT` on or off
 ///
-/// Both are safe, for these reasons:
+/// The claim behaves the same under both, because none of its reads is a row-versioned
+/// read:
 ///
-/// - The claim's candidate rows are read by the `UPDATE` itself. A data modification
-///   reads its target with update locks (a "blocking scan") whatever
-///   `READ_COMMITTED_SNAPSHOT` says, and the `UPDLOCK` hint makes that explicit, so
-///   `READPAST` applies and no row version is used to pick rows: two claimers can never
-///   both take a row. (Queues built on the same hints, such as Hangfire's and
-///   NServiceBus's SQL transports, run on Azure SQL Database, where the option is on by
-///   default.)
-/// - The per-key head probe reads other rows of the key without hints. With the option
-///   **on**, it reads the last committed versions without waiting: a row another
-///   transaction is completing still counts as undelivered (a conservative answer: the
-///   key waits for the next claim), and a row a still-open transaction is enqueueing is
-///   not seen, exactly as PostgreSQL's snapshot does. With the option **off**, it takes
-///   shared locks and can wait for a transaction holding an earlier row of the same key
-///   (an enqueue not yet committed, or a claim or settle in flight): correct, but a
-///   claim may wait that long. See Limitations.
+/// - The rows a claim takes are read with `UPDLOCK`, a locking read whatever
+///   `READ_COMMITTED_SNAPSHOT` says, so `READPAST` applies and no row version is used to
+///   pick rows: two claimers can never both take a row. (Queues built on the same hints,
+///   such as Hangfire's and NServiceBus's SQL transports, run on Azure SQL Database,
+///   where the option is on by default.)
+/// - A per-key claim's first pass and its head probe read with `READCOMMITTEDLOCK`: the
+///   probe sees (and waits for) an uncommitted earlier row of a candidate's key, so a
+///   later row of that key never goes out first, with the option on as with it off.
+///   The wait is bounded by the pool's `LOCK_TIMEOUT` (error 1222, retryable).
 /// - Settles and admin statements find rows by primary key or take update locks, so
-///   they read current data in both modes.
+///   they read current data in both modes; `stats` reads with `READCOMMITTEDLOCK,
+///   READPAST`.
 /// - Enqueue checks for stored ids inside the caller's transaction: with the option on,
 ///   an id that another open transaction inserts is not seen by the check and the
 ///   insert then waits on that transaction's key lock; if it commits, the insert fails
@@ -95,13 +95,14 @@ use crate::sql::{self, chunk_rows, micros, FailRow, NewRow, Settle, Stmt, CLAIM_
 ///   suites run when `OUTBOX_TEST_MSSQL_URL` is set. See the crate docs.
 /// - Enqueue order is `seq` order (the identity follows the insert's `ORDER BY`); two
 ///   transactions enqueueing one key concurrently may commit in the other order.
-/// - Per-key claims with `READ_COMMITTED_SNAPSHOT` off may wait on locks of earlier rows
-///   of the same key (see above), and may deadlock with another claim in rare
-///   interleavings: the victim gets error 1205, a retryable
-///   [`ErrorKind::Contention`](outbox_core::ErrorKind::Contention). Turn the option on
-///   for per-key outboxes.
-/// - Per-key claims walk past every due row of a key whose head is in flight or
-///   backing off.
+/// - A per-key claim waits for a transaction that holds an uncommitted row of a
+///   candidate's key earlier than a committed one (two transactions enqueueing one key,
+///   the later committing first), up to the pool's `LOCK_TIMEOUT`; the whole claim
+///   waits, not only that key.
+/// - Per-key claims read past every due row of a key whose head is in flight or
+///   backing off (without locking them beyond the read).
+/// - Two claimers may pick the same heads in the first pass; the second then skips
+///   them and returns fewer rows than are due. The relay claims again.
 /// - A batch larger than one statement can carry (see [`enqueue`](Self::enqueue) and
 ///   the settles) is sent as several statements; settles run each in autocommit, so an
 ///   error part-way leaves the earlier chunks applied (their leases then report lost on
@@ -179,7 +180,7 @@ impl MssqlOutbox {
     pub async fn install(&self) -> Result<()> {
         let mut client = dedicated(&self.pool, "schema install").await?;
         let name = &self.inner.name;
-        schema::install(&mut client, name, &schema::outbox_objects(name)).await
+        crate::install::install(&mut client, name, &schema::outbox_layout(name)).await
     }
 
     /// Enqueue `messages` on `client`, inside the transaction you began on it (`BEGIN
@@ -349,7 +350,7 @@ impl MssqlOutbox {
         let lease_us = micros("lease", lease)?;
         let mut rows = Vec::new();
         let ask = |stmt_limit: usize, chunk: Option<&[[u8; 16]]>| {
-            sql::claim(
+            claim::claim(
                 &self.inner.name,
                 self.inner.config.ordering(),
                 stmt_limit,
@@ -361,7 +362,8 @@ impl MssqlOutbox {
         let mut stmts: Vec<(usize, Stmt)> = Vec::new();
         match ids {
             Some(ids) => {
-                for chunk in ids.chunks(chunk_rows(1, 3).min(CLAIM_BATCH)) {
+                // One JSON parameter per statement, whatever the number of ids.
+                for chunk in ids.chunks(CLAIM_BATCH) {
                     stmts.push((chunk.len(), ask(chunk.len(), Some(chunk))));
                 }
             }

@@ -1,0 +1,187 @@
+//! The idempotent, versioned installer of the tables in `schema.rs`.
+//!
+//! # Protocol
+//!
+//! 1. On a dedicated connection, `SET XACT_ABORT ON; BEGIN TRANSACTION` (any error
+//!    aborts the whole install).
+//! 2. Take the per-schema install lock (`sp_getapplock`, transaction-owned, waiting up
+//!    to a minute), so concurrent installs run one after another.
+//! 3. Create the schema and the version table `[<schema>].[outbox_schema_versions]` if
+//!    missing, and read the table's recorded layout version.
+//! 4. - Not recorded: create the table's objects, apply its settings, record its
+//!      layout version.
+//!    - Recorded at the crate's version: apply the settings that are not set yet (a
+//!      server upgraded to one that has `OPTIMIZE_FOR_SEQUENTIAL_KEY`, a table created
+//!      from an older DDL text).
+//!    - Recorded at another version: [`ErrorKind::Schema`], nothing changed. An outbox
+//!      table at layout 1 is refused with the way to upgrade it.
+//! 5. Commit.
+
+use outbox_core::{Error, ErrorKind, Result};
+
+use crate::error::from_tiberius;
+use crate::exec::{query_all_rows, query_rows, row_i32, row_str};
+use crate::ident::QualifiedName;
+use crate::schema::{prelude, Layout, SCHEMA_VERSION, SET_OPTIONS, VERSION_TABLE};
+use crate::session::{rollback_quietly, MssqlClient, COMMIT};
+use crate::sql::{Binder, Param, Stmt};
+
+/// Begins the installer's transaction: any error aborts it whole.
+pub(crate) const INSTALL_BEGIN: &str = "SET XACT_ABORT ON; BEGIN TRANSACTION;";
+
+/// Take the per-schema install lock for the current transaction, waiting up to a
+/// minute.
+pub(crate) fn install_lock(name: &QualifiedName) -> Stmt {
+    let mut b = Binder::default();
+    let resource = b.bind(Param::Text(Some(format!(
+        "outbox-sqlserver:install:{}",
+        name.schema()
+    ))));
+    b.finish(format!(
+        "EXEC sp_getapplock @Resource = {resource}, @LockMode = 'Exclusive', \
+         @LockOwner = 'Transaction', @LockTimeout = 60000; \
+         SELECT APPLOCK_MODE('public', {resource}, 'Transaction') AS mode;"
+    ))
+}
+
+/// The recorded layout version of `name`, if any.
+pub(crate) fn installed_version(name: &QualifiedName) -> Stmt {
+    let mut b = Binder::default();
+    let table = b.bind(Param::Text(Some(name.table().to_owned())));
+    b.finish(format!(
+        "SELECT version FROM {versions} WHERE table_name = {table};",
+        versions = name.sibling(VERSION_TABLE),
+    ))
+}
+
+/// Record `name` at layout `version`.
+pub(crate) fn record_version(name: &QualifiedName, version: i32) -> Stmt {
+    let mut b = Binder::default();
+    let table = b.bind(Param::Text(Some(name.table().to_owned())));
+    let version = b.bind(Param::I32(version));
+    b.finish(format!(
+        "INSERT INTO {versions} (table_name, version) VALUES ({table}, {version});",
+        versions = name.sibling(VERSION_TABLE),
+    ))
+}
+
+/// Why a table recorded at `installed` is refused by a crate expecting `expected`.
+pub(crate) fn version_mismatch(name: &QualifiedName, installed: i32, expected: i32) -> Error {
+    let upgrade = if installed == 1 && expected == SCHEMA_VERSION {
+        " (layout 2 re-creates the outbox's due and dead-letter indexes with included \
+         columns: run the statements under \"Upgrading from layout 1\" in the \
+         outbox-sqlserver README, then install again)"
+    } else {
+        ""
+    };
+    Error::new(
+        ErrorKind::Schema,
+        format!(
+            "table {name} is at layout version {installed}, this crate expects \
+             {expected}{upgrade}"
+        ),
+    )
+}
+
+/// Install `layout` as `name` (see the module's protocol): one transaction on `client`
+/// (a dedicated connection; on an error it is rolled back before the error returns).
+///
+/// # Errors
+/// [`ErrorKind::Schema`] when the table was installed at another layout version, or
+/// the install lock could not be had within a minute; mapped driver errors otherwise.
+pub(crate) async fn install(
+    client: &mut MssqlClient,
+    name: &QualifiedName,
+    layout: &Layout,
+) -> Result<()> {
+    let result = install_in_transaction(client, name, layout).await;
+    if result.is_err() {
+        rollback_quietly(client).await;
+    }
+    result
+}
+
+/// Run `sql` as a plain batch, reading every result.
+async fn batch(client: &mut MssqlClient, sql: String) -> Result<()> {
+    let err = |e| from_tiberius("schema install", e);
+    client
+        .simple_query(sql)
+        .await
+        .map_err(err)?
+        .into_results()
+        .await
+        .map_err(err)?;
+    Ok(())
+}
+
+async fn install_in_transaction(
+    client: &mut MssqlClient,
+    name: &QualifiedName,
+    layout: &Layout,
+) -> Result<()> {
+    let err = |e| from_tiberius("schema install", e);
+    batch(client, INSTALL_BEGIN.to_owned()).await?;
+    let locked = query_all_rows(client, install_lock(name))
+        .await
+        .map_err(err)?;
+    let mode = locked.first().map(|row| row_str(row, "mode")).transpose()?;
+    if mode.as_deref() != Some("Exclusive") {
+        return Err(Error::new(
+            ErrorKind::Schema,
+            format!(
+                "could not take the install lock of schema {} within a minute",
+                name.quoted_schema()
+            ),
+        ));
+    }
+    batch(client, format!("{SET_OPTIONS}{}", prelude(name))).await?;
+    let installed = query_rows(client, installed_version(name))
+        .await
+        .map_err(err)?;
+    match installed
+        .first()
+        .map(|row| row_i32(row, "version"))
+        .transpose()?
+    {
+        Some(version) if version == layout.version => {
+            if !layout.settings.is_empty() {
+                batch(client, format!("{SET_OPTIONS}{}", layout.settings)).await?;
+            }
+        }
+        Some(other) => return Err(version_mismatch(name, other, layout.version)),
+        None => {
+            batch(
+                client,
+                format!("{SET_OPTIONS}{}{}", layout.objects, layout.settings),
+            )
+            .await?;
+            query_rows(client, record_version(name, layout.version))
+                .await
+                .map_err(err)?;
+        }
+    }
+    batch(client, COMMIT.to_owned()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_layout_1_outbox_is_refused_with_the_way_to_upgrade() {
+        let name = QualifiedName::new("s", "t").unwrap();
+        let refused = version_mismatch(&name, 1, SCHEMA_VERSION);
+        assert_eq!(refused.kind(), ErrorKind::Schema);
+        assert!(!refused.is_retryable());
+        assert!(
+            refused.message().contains("Upgrading from layout 1"),
+            "{}",
+            refused.message()
+        );
+        let other = version_mismatch(&name, 7, SCHEMA_VERSION);
+        assert!(other
+            .message()
+            .ends_with("is at layout version 7, this crate expects 2"));
+        assert!(include_str!("../README.md").contains("### Upgrading from layout 1"));
+    }
+}
