@@ -11,6 +11,9 @@ use outbox_postgres::sqlx::{Connection, PgConnection, PgPool};
 use outbox_postgres::{PgDedupConfig, PgDedupStore, PgOutbox, PgOutboxConfig};
 use outbox_sqlite::sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
 use outbox_sqlite::{SqliteDedupConfig, SqliteDedupStore, SqliteOutbox, SqliteOutboxConfig};
+use outbox_sqlserver::{
+    MssqlConnection, MssqlDedupConfig, MssqlDedupStore, MssqlOutbox, MssqlOutboxConfig, MssqlPool,
+};
 
 use crate::cli::Global;
 use crate::fail::Failure;
@@ -53,6 +56,7 @@ enum Pool {
         client: outbox_dynamodb::aws_sdk_dynamodb::Client,
         shards: u16,
     },
+    Mssql(MssqlPool),
 }
 
 /// The outbox table, on whichever backend: the admin side for the verbs, the schema
@@ -91,6 +95,9 @@ impl Db {
                 Pool::Postgres(open_postgres(url, reach, global.connect_timeout).await?)
             }
             Target::Sqlite { path } => Pool::Sqlite(open_sqlite(path, reach, &url).await?),
+            Target::Mssql { ado } => {
+                Pool::Mssql(open_mssql(ado, reach, global.connect_timeout, &url).await?)
+            }
             Target::Dynamo(target) => Pool::Dynamo {
                 client: crate::dynamo::client(target, global.connect_timeout),
                 shards: target.shards,
@@ -129,6 +136,17 @@ impl Db {
                     .map(Outbox::of)
                     .map_err(bad_name)
             }
+            Pool::Mssql(pool) => {
+                let mut config = MssqlOutboxConfig::default()
+                    .with_table(&self.table)
+                    .with_retention(CLI_RETENTION);
+                if let Some(schema) = &self.schema {
+                    config = config.with_schema(schema);
+                }
+                MssqlOutbox::new(pool.clone(), config)
+                    .map(Outbox::of)
+                    .map_err(bad_name)
+            }
             Pool::Dynamo { client, shards } => {
                 let config = DynamoOutboxConfig::default()
                     .with_table(&self.table)
@@ -164,6 +182,18 @@ impl Db {
                     config = config.with_retention(retention);
                 }
                 SqliteDedupStore::new(pool.clone(), config)
+                    .map(Inbox::of)
+                    .map_err(bad)
+            }
+            Pool::Mssql(pool) => {
+                let mut config = MssqlDedupConfig::default().with_table(&self.inbox_table);
+                if let Some(schema) = &self.schema {
+                    config = config.with_schema(schema);
+                }
+                if let Some(retention) = retention {
+                    config = config.with_retention(retention);
+                }
+                MssqlDedupStore::new(pool.clone(), config)
                     .map(Inbox::of)
                     .map_err(bad)
             }
@@ -269,6 +299,43 @@ fn connect_failure(url: &str, err: &outbox_postgres::sqlx::Error) -> Failure {
         (E::Io(_) | E::Tls(_) | E::PoolTimedOut, _) => failure
             .hint("check that the server is running and reachable at the host and port of --url"),
         _ => failure.hint("check --url"),
+    }
+}
+
+/// A SQL Server pool for the ADO.NET string `ado` (from `url`). Unless offline, one
+/// connection is opened first (within `timeout`), so a server that is down or refuses
+/// the login fails at once with its reason; offline, nothing connects.
+async fn open_mssql(
+    ado: &str,
+    reach: Reach,
+    timeout: Duration,
+    url: &str,
+) -> Result<MssqlPool, Failure> {
+    let connection = MssqlConnection::from_ado_string(ado)
+        .and_then(|c| c.with_application_name("outbox-cli"))
+        .map_err(|e| Failure::usage(format!("`{url}` is not a usable SQL Server URL: {e}")))?;
+    if reach == Reach::Offline {
+        return Ok(connection.lazy_pool(2));
+    }
+    match tokio::time::timeout(timeout, connection.pool(2)).await {
+        Err(_) => Err(Failure::error(format!(
+            "no answer from {url} within {}",
+            crate::output::human(timeout)
+        ))
+        .hint("check that the server is running and reachable, or raise --connect-timeout")),
+        Ok(Err(e)) => {
+            let failure = Failure::error(format!("cannot connect to {url}: {}", e.report()));
+            Err(match e.kind() {
+                outbox_core::ErrorKind::Config => {
+                    failure.hint("check the user, password and database in --url")
+                }
+                _ => failure.hint(
+                    "check that the server is running and reachable at the host and port of \
+                     --url (and ?trustServerCertificate=true for a self-signed certificate)",
+                ),
+            })
+        }
+        Ok(Ok(pool)) => Ok(pool),
     }
 }
 

@@ -25,8 +25,9 @@ pub(crate) struct Cli {
 /// Options every verb takes.
 #[derive(Debug, Args)]
 pub(crate) struct Global {
-    /// Database URL: postgres://user:password@host:port/db or sqlite://path/to/file.db
-    /// (sqlite:///absolute/path.db). The password is never printed.
+    /// Database URL: postgres://user:password@host:port/db, sqlite://path/to/file.db
+    /// (sqlite:///absolute/path.db), sqlserver://user:password@host:1433/db or
+    /// dynamodb://host:port (see the README). The password is never printed.
     #[arg(
         long,
         short = 'u',
@@ -36,7 +37,8 @@ pub(crate) struct Global {
     )]
     pub(crate) url: Option<String>,
 
-    /// PostgreSQL schema of the tables [default: outbox]. SQLite has none.
+    /// Schema of the tables on PostgreSQL and SQL Server [default: outbox]. SQLite and
+    /// DynamoDB have none.
     #[arg(long, global = true, value_name = "SCHEMA")]
     pub(crate) schema: Option<String>,
 

@@ -5,6 +5,7 @@ mod cli;
 mod commands;
 mod dynamo;
 mod fail;
+mod mssql;
 mod output;
 mod target;
 

@@ -16,15 +16,17 @@ pub(crate) enum Target {
     Sqlite { path: PathBuf },
     /// DynamoDB tables at an endpoint.
     Dynamo(DynamoTarget),
+    /// A SQL Server database, as the ADO.NET connection string the URL makes.
+    Mssql { ado: String },
 }
 
 impl Target {
     /// Read a URL: `postgres://` / `postgresql://`, `sqlite://PATH` / `sqlite:PATH`,
-    /// `dynamodb://HOST:PORT` / `dynamodb+https://HOST` / `dynamodb://aws`.
+    /// `dynamodb://HOST:PORT` / `dynamodb+https://HOST` / `dynamodb://aws`,
+    /// `sqlserver://USER:PASSWORD@HOST[:PORT]/DATABASE` / `mssql://...`.
     ///
     /// # Errors
-    /// A usage failure for what is not such a URL; a plain failure for a scheme whose
-    /// backend is not built (SQL Server).
+    /// A usage failure for what is not such a URL.
     pub(crate) fn parse(url: &str, secrets: &Secrets) -> Result<Target, Failure> {
         let url = url.trim();
         let Some((scheme, rest)) = url.split_once(':') else {
@@ -49,13 +51,12 @@ impl Target {
                 })
             }
             "dynamodb" | "dynamodb+https" => DynamoTarget::parse(scheme, rest).map(Target::Dynamo),
-            "mssql" | "sqlserver" => Err(Failure::error(format!(
-                "this outbox CLI does not speak SQL Server yet ({scheme}:// URL)"
-            ))
-            .hint("use the outbox-sqlserver crate's OutboxAdmin from your own code for now")),
+            "mssql" | "sqlserver" => Ok(Target::Mssql {
+                ado: crate::mssql::ado_string(url)?,
+            }),
             other => Err(
                 Failure::usage(format!("unknown database URL scheme `{other}`"))
-                    .hint("use postgres://, postgresql://, sqlite:// or dynamodb://"),
+                    .hint("use postgres://, postgresql://, sqlite://, sqlserver:// or dynamodb://"),
             ),
         }
     }
@@ -190,12 +191,19 @@ mod tests {
     }
 
     #[test]
-    fn sql_server_is_an_error_and_unknown_schemes_are_usage() {
-        let mssql = parse("mssql://sa:pw@localhost/db").unwrap_err();
-        assert_eq!(mssql.exit, Exit::Error);
-        assert!(mssql
-            .message
-            .starts_with("this outbox CLI does not speak SQL Server yet"));
+    fn sql_server_urls_become_ado_strings_and_unknown_schemes_are_usage() {
+        for url in [
+            "mssql://sa:pw@localhost/db",
+            "SQLSERVER://sa:pw@localhost/db",
+        ] {
+            assert_eq!(
+                parse(url).unwrap(),
+                Target::Mssql {
+                    ado: "Server=tcp:localhost,1433;Database=db;User Id=sa;Password=pw".into()
+                },
+                "{url}"
+            );
+        }
         for bad in [
             "mysql://h/db",
             "just-a-path.db",

@@ -153,6 +153,17 @@ impl MssqlConnection {
             .map_err(|e| in_context("open the SQL Server pool", e))
     }
 
+    /// A pool like [`pool`](Self::pool)'s that opens no connection until a store first
+    /// needs one: for tools that may never reach the server (printing DDL) and should
+    /// report an unreachable server where they use it.
+    pub fn lazy_pool(&self, max_size: u32) -> MssqlPool {
+        bb8::Pool::builder()
+            .max_size(max_size.max(1))
+            .test_on_check_out(true)
+            .error_sink(Box::new(LogErrors))
+            .build_unchecked(self.manager())
+    }
+
     /// The pool's connection manager for this connection.
     pub fn manager(&self) -> MssqlManager {
         MssqlManager::new(self.config.clone()).with_lock_timeout(self.lock_timeout)

@@ -16,7 +16,7 @@ use crate::target::Target;
 pub(crate) async fn run(cli: &Cli, term: &Term) -> Result<(), Failure> {
     let Some(url) = cli.global.url.as_deref() else {
         return Err(Failure::usage("no database URL")
-            .hint("pass --url postgres://... or --url sqlite://path.db, or set OUTBOX_URL"));
+            .hint("pass --url postgres://..., sqlite://path.db, sqlserver://... or dynamodb://..., or set OUTBOX_URL"));
     };
     let target = Target::parse(url, term.secrets())?;
     let reach = match &cli.command {

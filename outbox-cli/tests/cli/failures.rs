@@ -35,18 +35,59 @@ fn no_url_and_bad_urls_are_usage_errors() {
     assert!(help.stdout.contains("dead"), "{}", help.stdout);
 }
 
+/// No SQL Server runs here: what the binary can do without one. `schema print` needs
+/// no connection and prints the library's own DDL.
 #[test]
-fn sql_server_is_not_spoken_yet() {
-    let url = format!("mssql://sa:{PASSWORD}@127.0.0.1:1433/orders");
-    let run = outbox(&["--url", &url, "stats"], None);
+fn sql_server_schema_print_needs_no_server() {
+    use outbox_core::Schema;
+    use outbox_sqlserver::{MssqlConnection, MssqlDedupConfig, MssqlDedupStore};
+    use outbox_sqlserver::{MssqlOutbox, MssqlOutboxConfig};
+
+    let url = format!("sqlserver://sa:{PASSWORD}@127.0.0.1:1/orders");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _inside = runtime.enter();
+    let pool = MssqlConnection::from_ado_string("Server=tcp:127.0.0.1,1;User Id=sa;Password=x")
+        .unwrap()
+        .lazy_pool(1);
+    let store = MssqlOutbox::new(pool.clone(), MssqlOutboxConfig::default()).unwrap();
+    let print = outbox(&["--url", &url, "schema", "print"], None);
+    print.expect(0);
+    assert_eq!(print.stdout.trim_end(), Schema::ddl(&store).trim_end());
+    let inbox = MssqlDedupStore::new(pool, MssqlDedupConfig::default()).unwrap();
+    let print = outbox(
+        &["--url", &url, "schema", "print", "--inbox", "--json"],
+        None,
+    );
+    let json = print.expect(0).json();
+    assert_eq!(json["ddl"].as_str().unwrap(), Schema::ddl(&inbox));
+    assert_eq!(json["table"].as_str().unwrap(), Schema::name(&inbox));
+    assert!(!print.all().contains(PASSWORD), "{}", print.all());
+}
+
+#[test]
+fn a_sql_server_that_is_down_is_reported_with_the_password_redacted() {
+    let url = format!("mssql://sa:{PASSWORD}@127.0.0.1:1/orders");
+    let run = outbox(&["--url", &url, "--connect-timeout", "2s", "stats"], None);
     run.expect(1);
+    assert!(run.stderr.starts_with("error: "), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("mssql://sa:***@127.0.0.1:1/orders"),
+        "{}",
+        run.stderr
+    );
     assert!(
         run.stderr
-            .starts_with("error: this outbox CLI does not speak SQL Server yet"),
+            .contains("hint: check that the server is running"),
         "{}",
         run.stderr
     );
     assert!(!run.all().contains(PASSWORD), "{}", run.all());
+    let bad = outbox(&["--url", "sqlserver://sa:pw@host", "stats"], None);
+    bad.expect(2);
+    assert!(bad.stderr.contains("one database"), "{}", bad.stderr);
 }
 
 #[test]
