@@ -297,6 +297,7 @@ async fn a_racing_duplicate_leaves_none_of_the_batch_behind() {
     let racing = batch[299].clone();
 
     let mut other = pool.get_owned().await.unwrap();
+    let other_spid = session_id(&mut other).await;
     common::run(&mut other, "BEGIN TRANSACTION").await.unwrap();
     outbox.enqueue_one(&mut *other, &racing).await.unwrap();
 
@@ -313,8 +314,20 @@ async fn a_racing_duplicate_leaves_none_of_the_batch_behind() {
             .unwrap();
         result
     });
-    // Let the second statement reach the other transaction's key, then commit it.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Once the second statement waits on the other transaction's key (with
+    // READ_COMMITTED_SNAPSHOT on or off, it must), commit that transaction.
+    let blocked = format!(
+        "SELECT CAST(COUNT(*) AS int) AS n FROM sys.dm_exec_requests \
+         WHERE blocking_session_id = {other_spid}"
+    );
+    outbox_testkit::wait_until("the batch waiting on the other transaction", || {
+        let (pool, blocked) = (pool.clone(), blocked.clone());
+        async move {
+            let mut watcher = pool.get().await.unwrap();
+            count(&mut watcher, &blocked).await > 0
+        }
+    })
+    .await;
     common::run(&mut other, "COMMIT TRANSACTION").await.unwrap();
     let err = task.await.unwrap().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
@@ -323,4 +336,23 @@ async fn a_racing_duplicate_leaves_none_of_the_batch_behind() {
         1,
         "only the other transaction's message"
     );
+}
+
+/// The session id (`@@SPID`) of `client`.
+async fn session_id(client: &mut outbox_sqlserver::MssqlClient) -> i32 {
+    count(client, "SELECT CAST(@@SPID AS int) AS n").await
+}
+
+/// The `int` column `n` of the one row `sql` returns.
+async fn count(client: &mut outbox_sqlserver::MssqlClient, sql: &str) -> i32 {
+    let rows = client
+        .simple_query(sql)
+        .await
+        .unwrap()
+        .into_first_result()
+        .await
+        .unwrap();
+    rows.first()
+        .and_then(|row| row.get::<i32, _>("n"))
+        .expect("one int row")
 }
