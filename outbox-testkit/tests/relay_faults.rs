@@ -406,8 +406,17 @@ async fn the_handle_wakes_an_idle_loop() {
     within("shutdown", handle.shutdown()).await.unwrap();
 }
 
-#[tokio::test]
-async fn a_wake_that_a_claim_covered_causes_no_extra_claim() {
+/// A relay loop whose one message is being published, held by a shut gate; polling is
+/// an hour away, so every later claim is one the case caused.
+struct Held {
+    memory: MemoryStore,
+    store: FaultyStore,
+    publisher: RecordingPublisher,
+    gate: outbox_testkit::Gate,
+    handle: outbox_core::RelayHandle,
+}
+
+async fn one_message_held() -> Held {
     let memory = memory_with(0);
     memory
         .enqueue(&[NewMessage::builder("held").build().unwrap()])
@@ -418,6 +427,24 @@ async fn a_wake_that_a_claim_covered_causes_no_extra_claim() {
     let relay = relay(&store, Arc::new(publisher.clone()), config);
     let handle = relay.spawn();
     publisher.wait_for_calls(1, DEADLINE).await.unwrap();
+    Held {
+        memory,
+        store,
+        publisher,
+        gate,
+        handle,
+    }
+}
+
+#[tokio::test]
+async fn a_wake_that_a_claim_covered_causes_no_extra_claim() {
+    let Held {
+        memory,
+        store,
+        publisher: _,
+        gate,
+        handle,
+    } = one_message_held().await;
     // A wake while the batch publishes asks for a claim at once (pipelining: what was
     // just committed need not wait for the batch), and that claim covers it. The gate
     // stays shut until it has been made, so the order of events is fixed: claim, wake,
@@ -448,16 +475,13 @@ async fn a_wake_that_a_claim_covered_causes_no_extra_claim() {
 
 #[tokio::test]
 async fn a_settle_held_for_the_next_claim_lands_when_the_relay_stops() {
-    let memory = memory_with(0);
-    memory
-        .enqueue(&[NewMessage::builder("held").build().unwrap()])
-        .unwrap();
-    let store = FaultyStore::new(Arc::new(memory.clone()));
-    let (publisher, gate) = RecordingPublisher::new().hold_destination("held");
-    let config = config().poll(Duration::from_secs(3600), Duration::from_secs(3600));
-    let relay = relay(&store, Arc::new(publisher.clone()), config);
-    let handle = relay.spawn();
-    publisher.wait_for_calls(1, DEADLINE).await.unwrap();
+    let Held {
+        memory,
+        store,
+        publisher,
+        gate,
+        handle,
+    } = one_message_held().await;
     // A wake sends a claim ahead while the batch publishes, and that claim is slow: the
     // batch ends during it and leaves its settle to the next claim, which never comes,
     // because the relay is told to stop first. The settle must still land, on its own.
