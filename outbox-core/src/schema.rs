@@ -37,3 +37,57 @@ pub trait Schema: Send + Sync + fmt::Debug {
     /// another layout; the backend's errors otherwise.
     async fn install(&self) -> Result<()>;
 }
+
+/// Implement [`Schema`] for a store whose inherent `ddl()` and `install()` are the
+/// schema's, given how to name it and its layout version. For backend authors; the SQL
+/// backends use it.
+///
+/// ```
+/// use outbox_core::Schema;
+///
+/// #[derive(Debug)]
+/// struct MyOutbox;
+///
+/// impl MyOutbox {
+///     fn ddl(&self) -> String {
+///         "CREATE TABLE IF NOT EXISTS my_outbox (...)".to_owned()
+///     }
+///
+///     async fn install(&self) -> outbox_core::Result<()> {
+///         Ok(())
+///     }
+/// }
+///
+/// outbox_core::schema_from_inherent!(MyOutbox, name = |_s| "my_outbox".to_owned(), version = 3);
+///
+/// let tool: Box<dyn Schema> = Box::new(MyOutbox);
+/// assert_eq!((tool.name(), tool.layout_version()), ("my_outbox".to_owned(), 3));
+/// assert!(tool.ddl().starts_with("CREATE TABLE"));
+/// ```
+#[macro_export]
+macro_rules! schema_from_inherent {
+    ($store:ty, name = |$s:ident| $name:expr, version = $version:expr) => {
+        #[$crate::schema::__async_trait]
+        impl $crate::Schema for $store {
+            fn name(&self) -> String {
+                let $s = self;
+                $name
+            }
+
+            fn ddl(&self) -> String {
+                <$store>::ddl(self)
+            }
+
+            fn layout_version(&self) -> u32 {
+                $version
+            }
+
+            async fn install(&self) -> $crate::Result<()> {
+                <$store>::install(self).await
+            }
+        }
+    };
+}
+
+#[doc(hidden)]
+pub use async_trait::async_trait as __async_trait;

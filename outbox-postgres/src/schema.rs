@@ -305,48 +305,20 @@ pub(crate) async fn install_with(
     tx.commit().await.map_err(err)
 }
 
-/// The outbox table, for tools.
-#[async_trait::async_trait]
-impl outbox_core::Schema for crate::PgOutbox {
-    fn name(&self) -> String {
-        self.qualified_name().to_string()
-    }
-
-    fn ddl(&self) -> String {
-        crate::PgOutbox::ddl(self)
-    }
-
-    fn layout_version(&self) -> u32 {
-        SCHEMA_VERSION.unsigned_abs()
-    }
-
-    async fn install(&self) -> Result<()> {
-        crate::PgOutbox::install(self).await
-    }
-}
-
-/// A consumer's inbox table, for tools.
-#[async_trait::async_trait]
-impl outbox_core::Schema for crate::PgDedupStore {
-    fn name(&self) -> String {
-        let config = self.config();
-        config
-            .qualified_name()
-            .map_or_else(|_| config.table().to_owned(), |n| n.to_string())
-    }
-
-    fn ddl(&self) -> String {
-        crate::PgDedupStore::ddl(self)
-    }
-
-    fn layout_version(&self) -> u32 {
-        SCHEMA_VERSION.unsigned_abs()
-    }
-
-    async fn install(&self) -> Result<()> {
-        crate::PgDedupStore::install(self).await
-    }
-}
+// The outbox and inbox tables, for tools.
+outbox_core::schema_from_inherent!(
+    crate::PgOutbox,
+    name = |s| s.qualified_name().to_string(),
+    version = SCHEMA_VERSION.unsigned_abs()
+);
+outbox_core::schema_from_inherent!(
+    crate::PgDedupStore,
+    name = |s| s
+        .config()
+        .qualified_name()
+        .map_or_else(|_| s.config().table().to_owned(), |n| n.to_string()),
+    version = SCHEMA_VERSION.unsigned_abs()
+);
 
 #[cfg(test)]
 mod tests {

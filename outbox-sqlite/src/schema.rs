@@ -179,48 +179,20 @@ pub(crate) async fn install(pool: &SqlitePool, name: &TableName, objects: &str) 
     tx.commit().await.map_err(err)
 }
 
-/// The outbox table, for tools.
-#[async_trait::async_trait]
-impl outbox_core::Schema for crate::SqliteOutbox {
-    fn name(&self) -> String {
-        self.table_name().to_string()
-    }
-
-    fn ddl(&self) -> String {
-        crate::SqliteOutbox::ddl(self)
-    }
-
-    fn layout_version(&self) -> u32 {
-        u32::try_from(SCHEMA_VERSION).unwrap_or(u32::MAX)
-    }
-
-    async fn install(&self) -> Result<()> {
-        crate::SqliteOutbox::install(self).await
-    }
-}
-
-/// A consumer's inbox table, for tools.
-#[async_trait::async_trait]
-impl outbox_core::Schema for crate::SqliteDedupStore {
-    fn name(&self) -> String {
-        let config = self.config();
-        config
-            .table_name()
-            .map_or_else(|_| config.table().to_owned(), |n| n.to_string())
-    }
-
-    fn ddl(&self) -> String {
-        crate::SqliteDedupStore::ddl(self)
-    }
-
-    fn layout_version(&self) -> u32 {
-        u32::try_from(SCHEMA_VERSION).unwrap_or(u32::MAX)
-    }
-
-    async fn install(&self) -> Result<()> {
-        crate::SqliteDedupStore::install(self).await
-    }
-}
+// The outbox and inbox tables, for tools.
+outbox_core::schema_from_inherent!(
+    crate::SqliteOutbox,
+    name = |s| s.table_name().to_string(),
+    version = u32::try_from(SCHEMA_VERSION).unwrap_or(u32::MAX)
+);
+outbox_core::schema_from_inherent!(
+    crate::SqliteDedupStore,
+    name = |s| s
+        .config()
+        .table_name()
+        .map_or_else(|_| s.config().table().to_owned(), |n| n.to_string()),
+    version = u32::try_from(SCHEMA_VERSION).unwrap_or(u32::MAX)
+);
 
 #[cfg(test)]
 mod tests {

@@ -347,48 +347,20 @@ pub(crate) fn prelude(name: &QualifiedName) -> String {
     text
 }
 
-/// The outbox table, for tools.
-#[async_trait::async_trait]
-impl outbox_core::Schema for crate::MssqlOutbox {
-    fn name(&self) -> String {
-        self.qualified_name().to_string()
-    }
-
-    fn ddl(&self) -> String {
-        crate::MssqlOutbox::ddl(self)
-    }
-
-    fn layout_version(&self) -> u32 {
-        SCHEMA_VERSION.unsigned_abs()
-    }
-
-    async fn install(&self) -> outbox_core::Result<()> {
-        crate::MssqlOutbox::install(self).await
-    }
-}
-
-/// A consumer's inbox table, for tools.
-#[async_trait::async_trait]
-impl outbox_core::Schema for crate::MssqlDedupStore {
-    fn name(&self) -> String {
-        let config = self.config();
-        config
-            .qualified_name()
-            .map_or_else(|_| config.table().to_owned(), |n| n.to_string())
-    }
-
-    fn ddl(&self) -> String {
-        crate::MssqlDedupStore::ddl(self)
-    }
-
-    fn layout_version(&self) -> u32 {
-        INBOX_VERSION.unsigned_abs()
-    }
-
-    async fn install(&self) -> outbox_core::Result<()> {
-        crate::MssqlDedupStore::install(self).await
-    }
-}
+// The outbox and inbox tables, for tools.
+outbox_core::schema_from_inherent!(
+    crate::MssqlOutbox,
+    name = |s| s.qualified_name().to_string(),
+    version = SCHEMA_VERSION.unsigned_abs()
+);
+outbox_core::schema_from_inherent!(
+    crate::MssqlDedupStore,
+    name = |s| s
+        .config()
+        .qualified_name()
+        .map_or_else(|_| s.config().table().to_owned(), |n| n.to_string()),
+    version = INBOX_VERSION.unsigned_abs()
+);
 
 #[cfg(test)]
 mod tests {
