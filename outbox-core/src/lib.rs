@@ -79,6 +79,7 @@
 //! written.
 
 pub mod admin;
+pub mod backend;
 pub mod backoff;
 pub mod consumer;
 pub mod dedup;

@@ -45,10 +45,8 @@
 //!   indexes in every configuration (under `Retention::Delete` the dispatched one is
 //!   always empty, so its count costs one probe).
 
-use std::time::Duration;
-
 use outbox_core::store::MAX_ATTEMPTS;
-use outbox_core::{DeadLetterOrder, Error, KeyOrder, Result, Retention};
+use outbox_core::{DeadLetterOrder, KeyOrder, Retention};
 
 use crate::config::PgOutboxConfig;
 use crate::ident::QualifiedName;
@@ -222,24 +220,9 @@ impl Statements {
     }
 }
 
-/// A duration as whole microseconds for binding.
-pub(crate) fn micros(what: &str, d: Duration) -> Result<i64> {
-    i64::try_from(d.as_micros())
-        .map_err(|_| Error::invalid_input(format!("{what} of {d:?} is too long")))
-}
-
-/// A duration as whole microseconds, saturating at `i64::MAX`: for ages, where "older
-/// than anything" is what a huge value means (the statements stop the cutoff at the
-/// Unix epoch, see [`cutoff`]).
-pub(crate) fn age_micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}
-
-/// A row count for binding as `LIMIT`. Counts beyond `i64::MAX` (the most PostgreSQL
-/// takes) are clamped to it: no table holds that many rows, so the result is the same.
-pub(crate) fn limit_param(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
+// Bound-parameter conversions shared by every backend; huge ages stop at the Unix
+// epoch in the statements (see [`cutoff`]).
+pub(crate) use outbox_core::backend::{age_micros, limit_param, micros};
 
 /// `predicate` (written for the bare table) with every column of `UNDELIVERED`
 /// qualified by `alias`.
@@ -489,20 +472,7 @@ fn claim_parts(t: &QualifiedName, per_key: bool, which: Claim) -> (String, Strin
 mod tests {
     use super::*;
     use crate::config::Notify;
-    use outbox_core::ErrorKind;
-
-    #[test]
-    fn durations_and_limits_bind_or_fail_typed() {
-        assert_eq!(micros("x", Duration::from_millis(3)).unwrap(), 3000);
-        assert_eq!(
-            micros("x", Duration::MAX).unwrap_err().kind(),
-            ErrorKind::InvalidInput
-        );
-        assert_eq!(age_micros(Duration::MAX), i64::MAX);
-        assert_eq!(limit_param(0), 0);
-        assert_eq!(limit_param(5), 5);
-        assert_eq!(limit_param(usize::MAX), i64::MAX);
-    }
+    use std::time::Duration;
 
     fn config() -> PgOutboxConfig {
         PgOutboxConfig::default().with_schema("s").with_table("t")

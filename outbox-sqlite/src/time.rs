@@ -7,8 +7,6 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use outbox_core::{Error, Result};
-
 /// Now, in microseconds since the Unix epoch (negative before it, saturating).
 pub(crate) fn now_us() -> i64 {
     to_us(SystemTime::now())
@@ -32,27 +30,12 @@ pub(crate) fn from_us(us: i64) -> Option<SystemTime> {
     }
 }
 
-/// A duration as whole microseconds for binding.
-pub(crate) fn micros(what: &str, d: Duration) -> Result<i64> {
-    i64::try_from(d.as_micros())
-        .map_err(|_| Error::invalid_input(format!("{what} of {d:?} is too long")))
-}
-
-/// A duration as whole microseconds, saturating at `i64::MAX`: for ages, where "older
-/// than anything" is what a huge value means.
-pub(crate) fn age_micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}
-
-/// A row count for binding as `LIMIT`, clamped to `i64::MAX`.
-pub(crate) fn limit_param(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
+// Bound-parameter conversions shared by every backend.
+pub(crate) use outbox_core::backend::{age_micros, limit_param, micros};
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use outbox_core::ErrorKind;
 
     #[test]
     fn times_round_trip_through_microseconds() {
@@ -63,18 +46,5 @@ mod tests {
         let back = from_us(to_us(now)).unwrap();
         assert!(now.duration_since(back).unwrap() < Duration::from_micros(1));
         assert!(now_us() > 1_700_000_000_000_000);
-    }
-
-    #[test]
-    fn durations_and_limits_bind_or_fail_typed() {
-        assert_eq!(micros("x", Duration::from_millis(3)).unwrap(), 3000);
-        assert_eq!(
-            micros("x", Duration::MAX).unwrap_err().kind(),
-            ErrorKind::InvalidInput
-        );
-        assert_eq!(age_micros(Duration::MAX), i64::MAX);
-        assert_eq!(age_micros(Duration::from_micros(5)), 5);
-        assert_eq!(limit_param(5), 5);
-        assert_eq!(limit_param(usize::MAX), i64::MAX);
     }
 }

@@ -29,8 +29,6 @@
 
 use std::time::Duration;
 
-use outbox_core::{Error, Result};
-
 use crate::ident::QualifiedName;
 
 /// SQL Server's limit on parameters in one request.
@@ -124,20 +122,12 @@ pub(crate) fn chunk_rows(per_row: usize, fixed: usize) -> usize {
     ((PARAM_BUDGET - fixed) / per_row).clamp(1, MAX_VALUES_ROWS)
 }
 
-/// A duration as whole microseconds for binding.
-pub(crate) fn micros(what: &str, d: Duration) -> Result<i64> {
-    i64::try_from(d.as_micros())
-        .map_err(|_| Error::invalid_input(format!("{what} of {d:?} is too long")))
-}
+// Bound-parameter conversions shared by every backend (ages clamp further here).
+pub(crate) use outbox_core::backend::{limit_param, micros};
 
 /// An age as whole microseconds, clamped to [`MAX_AGE`].
 pub(crate) fn age_micros(d: Duration) -> i64 {
     i64::try_from(d.min(MAX_AGE).as_micros()).unwrap_or(i64::MAX)
-}
-
-/// A row count for `TOP (n)`.
-pub(crate) fn limit_param(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// The clock.

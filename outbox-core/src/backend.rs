@@ -1,0 +1,56 @@
+//! Helpers for backend authors: what every storage backend needs besides the traits,
+//! written once. Users of the library do not need this module; a crate that implements
+//! [`OutboxStore`](crate::OutboxStore) and friends uses it so that the rules (message
+//! limits, identifier rules, bounded error text, bound-parameter conversions) are the
+//! same on every backend.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+pub use crate::message::MessageParts;
+pub use crate::names::validate_identifier;
+pub use crate::schema::Schema;
+pub use crate::store::{bounded_error, check_enqueue};
+
+/// A duration as whole microseconds, for binding as a 64-bit integer.
+///
+/// # Errors
+/// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) naming `what` when it
+/// does not fit (over about 292,000 years).
+pub fn micros(what: &str, d: Duration) -> Result<i64> {
+    i64::try_from(d.as_micros())
+        .map_err(|_| Error::invalid_input(format!("{what} of {d:?} is too long")))
+}
+
+/// A duration as whole microseconds, saturating at `i64::MAX`: for ages, where "older
+/// than anything" is what a huge value means. A backend whose clock arithmetic
+/// overflows before that clamps further itself.
+pub fn age_micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// A row count for binding as `LIMIT` / `TOP`, clamped to `i64::MAX`: no table holds
+/// that many rows, so the result is the same.
+pub fn limit_param(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    #[test]
+    fn durations_and_counts_become_bound_integers() {
+        assert_eq!(micros("x", Duration::from_millis(3)).unwrap(), 3000);
+        let err = micros("lease", Duration::MAX).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("lease"), "{err}");
+        assert_eq!(age_micros(Duration::from_micros(7)), 7);
+        assert_eq!(age_micros(Duration::MAX), i64::MAX);
+        assert_eq!(limit_param(0), 0);
+        assert_eq!(limit_param(5), 5);
+        assert_eq!(limit_param(usize::MAX), i64::MAX);
+    }
+}
