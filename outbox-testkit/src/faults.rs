@@ -23,6 +23,8 @@ pub enum Op {
     Fail,
     /// [`OutboxStore::release`].
     Release,
+    /// [`OutboxStore::renew`].
+    Renew,
 }
 
 /// What an injected fault does to one call.
@@ -193,8 +195,7 @@ impl OutboxStore for FaultyStore {
     // `settle_and_claim` keeps the default, so its parts go through the faults of
     // complete, fail, release and claim above.
 
-    /// Passed through without faults.
     async fn renew(&self, leases: &[Lease], lease: Duration) -> Result<Renewed> {
-        self.inner.renew(leases, lease).await
+        self.run(Op::Renew, self.inner.renew(leases, lease)).await
     }
 }

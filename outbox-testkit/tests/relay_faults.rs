@@ -329,6 +329,42 @@ async fn on_a_renewing_store_a_chunk_with_too_little_lease_renews_instead() {
 }
 
 #[tokio::test]
+async fn a_failed_renewal_is_counted_and_the_chunk_is_released_unpublished() {
+    let memory = MemoryStore::with_capabilities(
+        outbox_core::StoreCapabilities::default().with_lease_renewal(true),
+    );
+    let msgs: Vec<_> = (0..2)
+        .map(|i| NewMessage::builder(format!("t{i}")).build().unwrap())
+        .collect();
+    memory.enqueue(&msgs).unwrap();
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    // As above, the second wave finds too little lease left, but the renewal fails:
+    // it is counted, and the chunk is released rather than published on a lease that
+    // may lapse.
+    store.delay_claims(Duration::from_millis(200));
+    store.inject(Op::Renew, Fault::Error(ErrorStatus::Temporary), 1);
+    let publisher = RecordingPublisher::new().with_delay(Duration::from_millis(390));
+    let config = config()
+        .batch_size(2)
+        .publish(1, 1)
+        .lease(Duration::from_secs(1))
+        .publish_timeout(Duration::from_millis(400));
+    let relay = relay(&store, Arc::new(publisher.clone()), config);
+    let ids = memory.pending_ids();
+    let report = within("dispatch_ids", relay.dispatch_ids(&ids))
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.dispatched, report.released, report.store_errors),
+        (1, 1, 1),
+        "{report:?}"
+    );
+    assert_eq!(store.calls(Op::Renew), 1);
+    assert_eq!(publisher.calls(), 1);
+    assert_eq!(relay.report(), report, "the totals count the renewal once");
+}
+
+#[tokio::test]
 async fn totals_add_up_across_batches_and_dispatch_calls() {
     let memory = memory_with(7);
     let store = FaultyStore::new(Arc::new(memory.clone()));

@@ -90,24 +90,28 @@ impl<'r> Batch<'r> {
     }
 
     /// Whether a publish may start now; on a store that renews leases, renew the
-    /// batch's unsettled leases first when too little is left.
-    async fn lease_for_publish(&self) -> bool {
+    /// batch's unsettled leases first when too little is left. Also what the renewal
+    /// counted (a failed one is a store error), already recorded in the relay's totals,
+    /// for the caller's report.
+    async fn lease_for_publish(&self) -> (bool, DispatchReport) {
+        let mut counted = DispatchReport::default();
         if self.lease_allows_publish() {
-            return true;
+            return (true, counted);
         }
         if !self.inner.renews {
-            return false;
+            return (false, counted);
         }
         let _one = self.renewing.lock().await;
         if !self.lease_allows_publish() {
-            self.renew().await;
+            counted = self.renew().await;
         }
-        self.lease_allows_publish()
+        (self.lease_allows_publish(), counted)
     }
 
     /// Extend every lease of the batch not yet being settled, fenced by its token. A
-    /// failure is logged and counted; the deadline then stays where it was.
-    async fn renew(&self) {
+    /// failure is logged and counted (in the totals, and in what this returns); the
+    /// deadline then stays where it was.
+    async fn renew(&self) -> DispatchReport {
         let inner = self.inner;
         let leases: Vec<Lease> = {
             let settling = self.settling.lock().unwrap_or_else(PoisonError::into_inner);
@@ -118,7 +122,7 @@ impl<'r> Batch<'r> {
                 .collect()
         };
         if leases.is_empty() {
-            return;
+            return DispatchReport::default();
         }
         let sent = Instant::now();
         match inner.store.renew(&leases, inner.config.lease).await {
@@ -132,13 +136,16 @@ impl<'r> Batch<'r> {
                 *self.deadline.lock().unwrap_or_else(PoisonError::into_inner) =
                     sent + inner.config.lease;
                 tracing::debug!(count = renewed.leases.len(), "renewed leases");
+                DispatchReport::default()
             }
             Err(err) => {
                 tracing::warn!(count = leases.len(), error = %err.report(), "lease renewal failed");
-                inner.tally.record(&DispatchReport {
+                let failed = DispatchReport {
                     store_errors: 1,
                     ..DispatchReport::default()
-                });
+                };
+                inner.tally.record(&failed);
+                failed
             }
         }
     }
@@ -216,13 +223,16 @@ impl<'r> Batch<'r> {
         if inner.stop.is_cancelled() {
             return (self.release(leases).await, None);
         }
-        if !self.lease_for_publish().await {
+        let (may_publish, renewal) = self.lease_for_publish().await;
+        if !may_publish {
             tracing::warn!(
                 count = leases.len(),
                 "too little lease left to publish safely; releasing (raise the lease or lower \
                  batch_size / publish_timeout)"
             );
-            return (self.release(leases).await, None);
+            let mut report = self.release(leases).await;
+            report.add(&renewal);
+            return (report, None);
         }
         self.mark_started(leases);
         let span = tracing::info_span!(
@@ -264,6 +274,7 @@ impl<'r> Batch<'r> {
         let last = self.unfinished.fetch_sub(1, AtomicOrdering::SeqCst) == 1;
         if last && defer_last && !inner.stop.is_cancelled() {
             inner.tally.record(&report);
+            report.add(&renewal);
             let deadline = self.lease_deadline();
             return (
                 report,
@@ -276,6 +287,8 @@ impl<'r> Batch<'r> {
         }
         report.add(&self.settle_outcomes(&done, &failures).await);
         inner.tally.record(&report);
+        // The renewal's counts are in the totals already: only the report gets them.
+        report.add(&renewal);
         (report, None)
     }
 
