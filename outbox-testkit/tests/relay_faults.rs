@@ -266,13 +266,12 @@ async fn a_panicking_publisher_fails_its_messages_retryably() {
     );
 }
 
-#[tokio::test]
-async fn a_chunk_with_too_little_lease_left_is_released_unpublished() {
-    let memory = memory_with(2);
+/// A relay over `memory` whose second publish wave finds too little lease left. Lease
+/// 1 s, publish timeout 400 ms, margin 100 ms, two waves of one message: the config
+/// validates ((2-1) × 400 + 400 + 100 <= 1000). A claim that takes 200 ms and a first
+/// publish of 390 ms leave the second wave too little lease.
+fn short_second_wave(memory: &MemoryStore) -> (FaultyStore, RecordingPublisher, Relay) {
     let store = FaultyStore::new(Arc::new(memory.clone()));
-    // Lease 1 s, publish timeout 400 ms, margin 100 ms, two waves of one message: the
-    // config validates ((2-1) × 400 + 400 + 100 <= 1000). A claim that takes 200 ms and
-    // a first publish of 390 ms leave the second wave too little lease.
     store.delay_claims(Duration::from_millis(200));
     let publisher = RecordingPublisher::new().with_delay(Duration::from_millis(390));
     let config = config()
@@ -281,10 +280,34 @@ async fn a_chunk_with_too_little_lease_left_is_released_unpublished() {
         .lease(Duration::from_secs(1))
         .publish_timeout(Duration::from_millis(400));
     let relay = relay(&store, Arc::new(publisher.clone()), config);
+    (store, publisher, relay)
+}
+
+/// `n` messages in a store that declares lease renewal.
+fn renewing_with(n: usize) -> MemoryStore {
+    let memory = MemoryStore::with_capabilities(
+        outbox_core::StoreCapabilities::default().with_lease_renewal(true),
+    );
+    let msgs: Vec<_> = (0..n)
+        .map(|i| NewMessage::builder(format!("t{i}")).build().unwrap())
+        .collect();
+    memory.enqueue(&msgs).unwrap();
+    memory
+}
+
+/// Dispatch every pending message of `memory` by id.
+async fn dispatch_pending(relay: &Relay, memory: &MemoryStore) -> DispatchReport {
     let ids = memory.pending_ids();
-    let report = within("dispatch_ids", relay.dispatch_ids(&ids))
+    within("dispatch_ids", relay.dispatch_ids(&ids))
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_chunk_with_too_little_lease_left_is_released_unpublished() {
+    let memory = memory_with(2);
+    let (_store, publisher, relay) = short_second_wave(&memory);
+    let report = dispatch_pending(&relay, &memory).await;
     assert_eq!((report.dispatched, report.released), (1, 1), "{report:?}");
     assert_eq!(publisher.calls(), 1);
     let stats = memory.stats().await.unwrap();
@@ -297,28 +320,11 @@ async fn a_chunk_with_too_little_lease_left_is_released_unpublished() {
 
 #[tokio::test]
 async fn on_a_renewing_store_a_chunk_with_too_little_lease_renews_instead() {
-    let memory = MemoryStore::with_capabilities(
-        outbox_core::StoreCapabilities::default().with_lease_renewal(true),
-    );
-    let msgs: Vec<_> = (0..2)
-        .map(|i| NewMessage::builder(format!("t{i}")).build().unwrap())
-        .collect();
-    memory.enqueue(&msgs).unwrap();
-    let store = FaultyStore::new(Arc::new(memory.clone()));
-    // As above: the second wave finds too little lease left. The store renews, so
-    // the relay extends the batch's leases and publishes it instead of releasing it.
-    store.delay_claims(Duration::from_millis(200));
-    let publisher = RecordingPublisher::new().with_delay(Duration::from_millis(390));
-    let config = config()
-        .batch_size(2)
-        .publish(1, 1)
-        .lease(Duration::from_secs(1))
-        .publish_timeout(Duration::from_millis(400));
-    let relay = relay(&store, Arc::new(publisher.clone()), config);
-    let ids = memory.pending_ids();
-    let report = within("dispatch_ids", relay.dispatch_ids(&ids))
-        .await
-        .unwrap();
+    // The store renews, so the relay extends the batch's leases and publishes the
+    // second wave instead of releasing it.
+    let memory = renewing_with(2);
+    let (_store, publisher, relay) = short_second_wave(&memory);
+    let report = dispatch_pending(&relay, &memory).await;
     assert_eq!(
         (report.dispatched, report.released, report.store_errors),
         (2, 0, 0),
@@ -330,30 +336,12 @@ async fn on_a_renewing_store_a_chunk_with_too_little_lease_renews_instead() {
 
 #[tokio::test]
 async fn a_failed_renewal_is_counted_and_the_chunk_is_released_unpublished() {
-    let memory = MemoryStore::with_capabilities(
-        outbox_core::StoreCapabilities::default().with_lease_renewal(true),
-    );
-    let msgs: Vec<_> = (0..2)
-        .map(|i| NewMessage::builder(format!("t{i}")).build().unwrap())
-        .collect();
-    memory.enqueue(&msgs).unwrap();
-    let store = FaultyStore::new(Arc::new(memory.clone()));
-    // As above, the second wave finds too little lease left, but the renewal fails:
-    // it is counted, and the chunk is released rather than published on a lease that
-    // may lapse.
-    store.delay_claims(Duration::from_millis(200));
+    // The renewal fails: it is counted, and the chunk is released rather than
+    // published on a lease that may lapse.
+    let memory = renewing_with(2);
+    let (store, publisher, relay) = short_second_wave(&memory);
     store.inject(Op::Renew, Fault::Error(ErrorStatus::Temporary), 1);
-    let publisher = RecordingPublisher::new().with_delay(Duration::from_millis(390));
-    let config = config()
-        .batch_size(2)
-        .publish(1, 1)
-        .lease(Duration::from_secs(1))
-        .publish_timeout(Duration::from_millis(400));
-    let relay = relay(&store, Arc::new(publisher.clone()), config);
-    let ids = memory.pending_ids();
-    let report = within("dispatch_ids", relay.dispatch_ids(&ids))
-        .await
-        .unwrap();
+    let report = dispatch_pending(&relay, &memory).await;
     assert_eq!(
         (report.dispatched, report.released, report.store_errors),
         (1, 1, 1),
