@@ -120,18 +120,16 @@ pub(crate) fn dedup_table(name: &str) -> TableSpec {
 
 /// The entity table: one item per entity under the `pk` string.
 pub(crate) fn entity_table(name: &str) -> TableSpec {
-    TableSpec {
-        name: name.to_owned(),
-        hash: PK,
-        range: None,
-        attributes: vec![(PK, ScalarAttributeType::S)],
-        indexes: vec![],
-        ttl: None,
-    }
+    keyed_table(name)
 }
 
 /// The lock table: one lease item per lock name under the `pk` string.
 pub(crate) fn lock_table(name: &str) -> TableSpec {
+    keyed_table(name)
+}
+
+/// A table of items under a `pk` string alone: no sort key, no index, no TTL.
+fn keyed_table(name: &str) -> TableSpec {
     TableSpec {
         name: name.to_owned(),
         hash: PK,
