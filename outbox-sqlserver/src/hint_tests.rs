@@ -291,10 +291,7 @@ fn stats_read_covering_indexes_past_locks() {
     }
     // What the undelivered count reads is inside `<table>_due` (key or included).
     let ddl = schema::outbox_ddl(&name());
-    let due = ddl
-        .lines()
-        .find(|l| l.contains("CREATE INDEX [obx_t_due]"))
-        .unwrap();
+    let due = index_line(&ddl, "due");
     for column in [
         "available_at",
         "lease_token",
@@ -305,10 +302,7 @@ fn stats_read_covering_indexes_past_locks() {
         assert!(due.contains(column), "{column}: {due}");
         assert!(sql.contains(column));
     }
-    let dead = ddl
-        .lines()
-        .find(|l| l.contains("CREATE INDEX [obx_t_dead]"))
-        .unwrap();
+    let dead = index_line(&ddl, "dead");
     assert!(dead.contains("INCLUDE (dead_at)"), "{dead}");
 }
 
@@ -317,10 +311,7 @@ fn the_per_key_first_pass_reads_only_the_due_index() {
     // Everything pass 1 reads from a candidate, so it needs no lookup into the table
     // (where it would lock table rows as well).
     let ddl = schema::outbox_ddl(&name());
-    let due = ddl
-        .lines()
-        .find(|l| l.contains("CREATE INDEX [obx_t_due]"))
-        .unwrap();
+    let due = index_line(&ddl, "due");
     for column in [
         "id",
         "partition_key",
@@ -381,4 +372,12 @@ fn check_out_resets_the_session() {
     assert_eq!(sql.matches("SET ").count(), 4 + SESSION_OPTIONS.len());
     assert!(check_out(None).contains("SET LOCK_TIMEOUT -1;"));
     assert!(check_out(Some(Duration::from_millis(1500))).contains("SET LOCK_TIMEOUT 1500;"));
+}
+
+/// The `CREATE INDEX` line of the test outbox's index `obx_t_<suffix>` in `ddl`.
+fn index_line<'a>(ddl: &'a str, suffix: &str) -> &'a str {
+    let create = format!("CREATE INDEX [obx_t_{suffix}]");
+    ddl.lines()
+        .find(|l| l.contains(&create))
+        .unwrap_or_else(|| panic!("no {create} in the DDL"))
 }
