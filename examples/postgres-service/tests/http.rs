@@ -447,6 +447,14 @@ async fn shutdown_stops_the_server_and_the_relay() {
         .post_order(r#"{"customer":"linus","amount_cents":7}"#)
         .await;
     assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.body);
+    // The dispatch after commit can lose the claim to the background relay, whose
+    // batch may still be publishing when the answer comes: a stop then would release
+    // it (as shutdown should). Stop once the event is out.
+    let created: OrderCreated = answer.json();
+    wait_until("the order's event to be published", || async {
+        svc.published_times(&created.message_id) > 0
+    })
+    .await;
 
     let totals = svc.stop().await;
     assert_eq!(totals.dispatched, 1, "{totals:?}");
