@@ -10,4 +10,4 @@ async fn harness() -> Option<common::DynamoHarness> {
     Some(common::DynamoHarness { client })
 }
 
-outbox_testkit::conformance_suite!(harness);
+outbox_testkit::conformance_suite!(harness; lacks(row_locks, lease_renewal));

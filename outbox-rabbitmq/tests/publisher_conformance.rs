@@ -38,7 +38,7 @@ async fn harness() -> Option<RabbitHarness> {
     Some(RabbitHarness { url })
 }
 
-outbox_testkit::publisher_suite!(harness);
+outbox_testkit::publisher_suite!(harness; lacks(dedup_window));
 
 fn broker_error(doing: &str, err: outbox_rabbitmq::lapin::Error) -> Error {
     Error::new(ErrorKind::Unavailable, format!("test broker: {doing}")).with_source(err)

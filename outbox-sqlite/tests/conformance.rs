@@ -114,7 +114,7 @@ mod file {
         })
     }
 
-    outbox_testkit::conformance_suite!(harness);
+    outbox_testkit::conformance_suite!(harness; lacks(row_locks, lease_renewal));
 }
 
 mod memory {
@@ -124,5 +124,5 @@ mod memory {
         })
     }
 
-    outbox_testkit::conformance_suite!(harness);
+    outbox_testkit::conformance_suite!(harness; lacks(row_locks, lease_renewal));
 }

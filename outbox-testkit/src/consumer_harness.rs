@@ -18,8 +18,9 @@ use crate::entity::MemoryEntityStore;
 /// Hands out the stores of the decoupled algorithm, isolated per case.
 #[async_trait]
 pub trait ConsumerHarness: Send + Sync + 'static {
-    /// What the dedup store supports: cases needing a short retention are skipped
-    /// (with a `SKIPPED` line) unless it is declared.
+    /// What the dedup store supports: the case needing a short retention runs unless
+    /// [`consumer_suite!`](crate::consumer_suite) is told the store lacks
+    /// `short_retention`, and fails if it is not declared here.
     fn features(&self) -> DedupFeatures;
 
     /// A fresh, empty entity store in its own table or key prefix.

@@ -13,8 +13,10 @@ use outbox_core::{DedupStore, DistributedLock, Error, ErrorKind, LockGuard, Resu
 
 use crate::dedup::{MemoryDedupStore, MemoryLock};
 
-/// What a [`DedupStore`] under test supports; the suite runs every case these enable and
-/// prints a `SKIPPED` line for the others.
+/// What a [`DedupStore`] under test supports. The cases that need a capability run
+/// unless [`dedup_suite!`](crate::dedup_suite) is told the store lacks it
+/// (`dedup_suite!(make; lacks(short_retention))`), and fail if the harness does not
+/// declare it here.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DedupFeatures {
@@ -53,8 +55,9 @@ pub trait DedupHarness: Send + Sync + 'static {
     async fn purge_lock(&self) -> Result<Arc<dyn DistributedLock>>;
 }
 
-/// What a [`DistributedLock`] under test supports; the suite runs every case these
-/// enable and prints a `SKIPPED` line for the others.
+/// What a [`DistributedLock`] under test supports. The case that needs `sever` runs
+/// unless [`lock_suite!`](crate::lock_suite) is told the harness lacks it
+/// (`lock_suite!(make; lacks(sever))`), and fails if it is not declared here.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockFeatures {

@@ -8,8 +8,10 @@ use outbox_core::{
     Error, ErrorKind, MessageId, NewMessage, OutboxAdmin, OutboxStore, Result, StoreCapabilities,
 };
 
-/// What a backend under test supports beyond the [`OutboxStore`] contract; the suite runs
-/// every case these enable and prints a skip line for the others.
+/// What a backend under test supports beyond the [`OutboxStore`] contract. The cases
+/// that need a capability run unless the suite macro is told the backend lacks it
+/// ([`conformance_suite!`](crate::conformance_suite)`(make; lacks(row_locks))`), and
+/// fail if it runs while the harness does not declare it here.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Features {
@@ -68,12 +70,8 @@ pub trait Fixture: Send + Sync + fmt::Debug {
     }
 
     /// Stamp the message `id` as dispatched now, as another tool writing to the table
-    /// might, changing nothing else (a dead letter stays dead). Optional: the case that
-    /// needs it is skipped when this returns
-    /// [`ErrorKind::Unsupported`].
-    async fn mark_dispatched(&self, _id: MessageId) -> Result<()> {
-        Err(Error::new(ErrorKind::Unsupported, "mark_dispatched"))
-    }
+    /// might, changing nothing else (a dead letter stays dead).
+    async fn mark_dispatched(&self, id: MessageId) -> Result<()>;
 
     /// Lock the row of `id` from another transaction (as a concurrent writer would)
     /// until the returned guard is released.

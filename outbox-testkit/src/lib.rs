@@ -64,14 +64,15 @@
 //!    transaction usable (SQLite uses a savepoint).
 //! 4. **Run the suites from `tests/`.** Implement [`Harness`] and [`Fixture`] over a
 //!    fresh database, schema, table or key prefix per fixture, declare in [`Features`]
-//!    what the engine supports (SQLite has no row locks, so `row_locks` is off and that
-//!    case prints `SKIPPED`), and invoke [`conformance_suite!`]. This is SQLite's
-//!    harness, minus the in-memory variant:
+//!    what the engine supports, and invoke [`conformance_suite!`], naming what it
+//!    lacks: SQLite has no row locks and does not renew leases, so `row_locks` is off
+//!    and it invokes `conformance_suite!(harness; lacks(row_locks, lease_renewal))`.
+//!    This is SQLite's harness, minus the in-memory variant:
 //!
 //! ```no_run
 //! use std::sync::Arc;
 //!
-//! use outbox_core::{NewMessage, OutboxAdmin, OutboxStore, Result, StoreCapabilities};
+//! use outbox_core::{MessageId, NewMessage, OutboxAdmin, OutboxStore, Result, StoreCapabilities};
 //! use outbox_sqlite::{SqliteOutbox, SqliteOutboxConfig};
 //! use outbox_testkit::{Features, Fixture, Harness};
 //!
@@ -125,6 +126,20 @@
 //!         self.0.enqueue(&mut tx, &messages).await?;
 //!         tx.rollback().await.map_err(storage)
 //!     }
+//!     /// Stamp a row dispatched as another tool might (the suite checks a dead letter
+//!     /// stamped so is still requeued whole).
+//!     async fn mark_dispatched(&self, id: MessageId) -> Result<()> {
+//!         let sql = format!(
+//!             "UPDATE {} SET dispatched_at = 1 WHERE id = ?1",
+//!             self.0.table_name()
+//!         );
+//!         outbox_sqlite::sqlx::query(&sql)
+//!             .bind(id.as_uuid().as_bytes().to_vec())
+//!             .execute(self.0.pool())
+//!             .await
+//!             .map(drop)
+//!             .map_err(storage)
+//!     }
 //! }
 //!
 //! async fn harness() -> Option<SqliteHarness> {
@@ -133,7 +148,7 @@
 //!     Some(SqliteHarness)
 //! }
 //!
-//! outbox_testkit::conformance_suite!(harness);
+//! outbox_testkit::conformance_suite!(harness; lacks(row_locks, lease_renewal));
 //! # fn main() {}
 //! ```
 //!
@@ -152,8 +167,11 @@
 //!    `scripts/check-features.sh` extended), the service started by
 //!    `scripts/services.sh` if it needs one, and a row in the README's backend matrix.
 //!
-//! Each case makes its own fixture, so cases run in parallel. Cases for features a
-//! backend does not declare in [`Features`] print a `SKIPPED` line and pass.
+//! Each case makes its own fixture, so cases run in parallel. The cases that need a
+//! capability the suite macro was told the backend lacks (`lacks(...)`) show as
+//! ignored in cargo's summary, each with the capability it needs; a case that runs and
+//! finds its capability undeclared by the harness fails, so the macro call and the
+//! harness cannot disagree silently.
 //!
 //! # Skipped suites show as ignored
 //!
@@ -194,6 +212,7 @@ mod dedup_macros;
 mod entity;
 pub mod env;
 mod faults;
+mod groups;
 pub mod harness;
 mod macros;
 mod memory;
@@ -214,6 +233,8 @@ pub use dedup_harness::{LockFeatures, LockHarness, MemoryLockHarness};
 pub use entity::MemoryEntityStore;
 pub use env::{integration_required, service_url};
 pub use faults::{Fault, FaultyStore, Op};
+#[doc(hidden)]
+pub use groups::capabilities as __capabilities;
 pub use harness::{Features, Fixture, Harness, RowLock};
 pub use memory::{MemoryStore, MemoryTx};
 pub use memory_harness::MemoryHarness;

@@ -10,11 +10,35 @@
 /// why). The calling crate needs `tokio` with the `macros` and `rt-multi-thread`
 /// features as a dev-dependency.
 ///
+/// A backend that lacks a capability says so after the harness, and the cases that
+/// need it show in cargo's summary as ignored, with the reason:
+/// `conformance_suite!(make; lacks(row_locks, lease_renewal))`. The capabilities are
+/// the fields of [`Features`](crate::Features) (`per_key_ordering`, `keep_retention`,
+/// `transactional_enqueue`, `row_locks`) and the store's `lease_renewal`; a name the
+/// suite does not know fails to compile. A case that runs fails if the harness or
+/// store does not declare what it needs, so the list here must match
+/// [`Harness::features`](crate::Harness::features) and
+/// [`StoreCapabilities`](outbox_core::StoreCapabilities).
+///
 /// See the [crate docs](crate#adding-a-backend) for a complete example.
 #[macro_export]
 macro_rules! conformance_suite {
     ($make:path) => {
-        $crate::conformance_suite!(@cases $make;
+        $crate::conformance_suite!($make; lacks());
+    };
+    ($make:path; lacks($($lacks:ident),* $(,)?)) => {
+        $crate::__suite_known!(conformance: $($lacks),*);
+        $crate::conformance_suite!(@store [$($lacks)*] $make);
+        $crate::conformance_suite!(@relay [$($lacks)*] $make; plain);
+        // The cases that run relays again with pipelining off (one claimed batch per
+        // loop).
+        mod pipelining_off {
+            use super::*;
+            $crate::conformance_suite!(@relay [$($lacks)*] $make; depth 1);
+        }
+    };
+    (@store [$($lacks:ident)*] $make:path) => {
+        $crate::__suite_group!([$($lacks)*] always; $make; plain;
             enqueued_fields_round_trip,
             delayed_messages_wait,
             claims_follow_availability_then_enqueue_order,
@@ -34,65 +58,53 @@ macro_rules! conformance_suite {
             dead_letters_are_found_by_id,
             dead_letters_are_counted_by_filter,
             a_dead_letter_stamped_dispatched_is_requeued_whole,
-            dispatched_counts_match_what_purges_delete,
-            claims_take_only_key_heads,
-            dead_head_does_not_block_its_key,
-            purge_is_bounded_and_spares_undelivered,
             delete_retention_keeps_no_history,
             stats_are_exact,
-            rolled_back_enqueue_leaves_nothing,
             invalid_batch_writes_nothing,
             duplicate_ids_write_nothing,
-            claim_skips_rows_locked_by_another_transaction,
             settle_and_claim_settles_then_claims,
             settle_and_claim_reports_lost_leases,
             settle_and_claim_never_returns_what_it_settled,
+            renewal_is_refused_unless_declared,
+        );
+        $crate::__suite_group!([$($lacks)*] keep_retention; $make; plain;
+            dispatched_counts_match_what_purges_delete,
+            purge_is_bounded_and_spares_undelivered,
+        );
+        $crate::__suite_group!([$($lacks)*] per_key_ordering; $make; plain;
+            claims_take_only_key_heads,
+            dead_head_does_not_block_its_key,
+        );
+        $crate::__suite_group!([$($lacks)*] transactional_enqueue; $make; plain;
+            rolled_back_enqueue_leaves_nothing,
+        );
+        $crate::__suite_group!([$($lacks)*] row_locks; $make; plain;
+            claim_skips_rows_locked_by_another_transaction,
             settle_and_claim_skips_locked_rows,
+        );
+        $crate::__suite_group!([$($lacks)*] lease_renewal; $make; plain;
             renewal_with_a_stale_token_changes_nothing,
             renewed_lease_is_not_claimable_by_others,
             unrenewed_lease_lapses_at_expiry,
         );
-        $crate::conformance_suite!(@relay_cases $make;
+    };
+    (@relay [$($lacks:ident)*] $make:path; $($how:tt)*) => {
+        $crate::__suite_group!([$($lacks)*] always; $make; $($how)*;
             last_attempt_dead_letters,
             permanent_failure_dead_letters_at_once,
             requeued_dead_letters_are_delivered,
-            per_key_order_holds_with_racing_relays,
             shutdown_releases_leases,
             shutdown_finishes_in_flight_and_releases_the_rest,
             killed_relay_loses_nothing,
             relays_deliver_all_without_duplicates,
             explicit_dispatch_runs_alongside_sweeps,
             explicit_dispatch_does_not_block_the_sweeper,
+        );
+        $crate::__suite_group!([$($lacks)*] per_key_ordering; $make; $($how)*;
+            per_key_order_holds_with_racing_relays,
+        );
+        $crate::__suite_group!([$($lacks)*] lease_renewal; $make; $($how)*;
             relay_renews_leases_across_publish_waves,
         );
-    };
-    // The cases that run relays: at the default pipeline depth, and again with
-    // pipelining off (one claimed batch per loop) in a module of their own.
-    (@relay_cases $make:path; $($case:ident),* $(,)?) => {
-        $crate::conformance_suite!(@cases $make; $($case),*);
-        mod pipelining_off {
-            use super::*;
-            $crate::conformance_suite!(@depth 1; $make; $($case),*);
-        }
-    };
-    (@depth $depth:expr; $make:path; $($case:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            #[cfg_attr(outbox_service_unset, ignore = "the backend's service URL was not set when these tests were built: run scripts/services.sh (see the build warning)")]
-            async fn $case() {
-                let Some(harness) = $make().await else { return };
-                $crate::suite::with_pipeline_depth($depth, $crate::suite::$case(&harness)).await;
-            }
-        )*
-    };
-    (@cases $make:path; $($case:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            #[cfg_attr(outbox_service_unset, ignore = "the backend's service URL was not set when these tests were built: run scripts/services.sh (see the build warning)")]
-            async fn $case() {
-                let Some(harness) = $make().await else { return };
-                $crate::suite::$case(&harness).await;
-            }
-        )*
     };
 }

@@ -12,8 +12,10 @@ use outbox_core::{Error, ErrorKind, Headers, Publisher, Result};
 
 use crate::broker::MemoryBroker;
 
-/// What a broker under test supports; the suite runs every case these enable and prints
-/// a `SKIPPED` line for the others.
+/// What a broker under test supports. The cases that need a capability run unless
+/// [`publisher_suite!`](crate::publisher_suite) is told the broker lacks it
+/// (`publisher_suite!(make; lacks(dedup_window))`), and fail if it is not declared
+/// here.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PublisherFeatures {

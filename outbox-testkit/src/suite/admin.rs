@@ -214,11 +214,7 @@ pub async fn dispatched_counts_match_what_purges_delete(h: &dyn Harness) {
         0,
         "no history under Retention::Delete"
     );
-    if !supports(h, "dispatched_counts_match_what_purges_delete", |f| {
-        f.keep_retention
-    }) {
-        return;
-    }
+    require(h.features().keep_retention, "keep_retention");
     let f = fixture(h, keeping()).await;
     let (store, admin) = (f.store(), f.admin());
     f.enqueue(msgs(9)).await.unwrap();
@@ -275,16 +271,9 @@ pub async fn a_dead_letter_stamped_dispatched_is_requeued_whole(h: &dyn Harness)
     let f = plain(h).await;
     let (store, admin) = (f.store(), f.admin());
     let id = kill_all(&*f, vec![msg("c", 0)]).await[0];
-    match f.mark_dispatched(id).await {
-        Err(e) if e.kind() == outbox_core::ErrorKind::Unsupported => {
-            eprintln!(
-                "SKIPPED conformance case a_dead_letter_stamped_dispatched_is_requeued_whole: \
-                 the fixture cannot stamp a row dispatched"
-            );
-            return;
-        }
-        other => other.unwrap(),
-    }
+    f.mark_dispatched(id)
+        .await
+        .expect("the fixture stamps a row dispatched");
     let counted = admin
         .count_dead(&DeadLetterFilter::default())
         .await

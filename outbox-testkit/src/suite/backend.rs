@@ -10,11 +10,7 @@ use crate::harness::Harness;
 
 /// A rolled-back enqueue leaves nothing; a committed one is claimable.
 pub async fn rolled_back_enqueue_leaves_nothing(h: &dyn Harness) {
-    if !supports(h, "rolled_back_enqueue_leaves_nothing", |f| {
-        f.transactional_enqueue
-    }) {
-        return;
-    }
+    require(h.features().transactional_enqueue, "transactional_enqueue");
     let f = plain(h).await;
     let store = f.store();
     f.enqueue_rolled_back(msgs(3)).await.unwrap();
@@ -47,11 +43,7 @@ pub async fn invalid_batch_writes_nothing(h: &dyn Harness) {
 /// A claim skips a row another transaction has locked, without waiting for it, and
 /// takes the row once the lock is gone.
 pub async fn claim_skips_rows_locked_by_another_transaction(h: &dyn Harness) {
-    if !supports(h, "claim_skips_rows_locked_by_another_transaction", |f| {
-        f.row_locks
-    }) {
-        return;
-    }
+    require(h.features().row_locks, "row_locks");
     let f = plain(h).await;
     let store = f.store();
     let batch = msgs(3);

@@ -384,12 +384,7 @@ pub async fn consumer_crash_before_cleanup_ends_with_the_state_removed<H: Consum
 pub async fn consumer_duplicates_are_detected_until_the_record_expires<H: ConsumerHarness>(
     harness: &H,
 ) {
-    if !harness.features().short_retention {
-        println!(
-            "SKIPPED consumer_duplicates_are_detected_until_the_record_expires: no short retention"
-        );
-        return;
-    }
+    crate::groups::require(harness.features().short_retention, "short_retention");
     let parts = Parts::new(harness, SHORT).await;
     let consumer = parts.consumer();
     let (entity, id) = (entity_key(), MessageId::new());

@@ -10,7 +10,8 @@ use outbox_core::{
 };
 use tokio::sync::Barrier;
 
-use crate::dedup_harness::{DedupFeatures, DedupHarness};
+use crate::dedup_harness::DedupHarness;
+use crate::groups::require;
 use crate::wait::wait_until;
 
 /// A retention no case outlives.
@@ -29,17 +30,6 @@ async fn store(h: &dyn DedupHarness, retention: Duration) -> Arc<dyn DedupStore>
     h.store(retention)
         .await
         .expect("harness could not make a dedup store")
-}
-
-/// Returns `false` and prints a skip line when the backend lacks a feature.
-fn supports(h: &dyn DedupHarness, case: &str, need: impl Fn(DedupFeatures) -> bool) -> bool {
-    let ok = need(h.features());
-    if !ok {
-        eprintln!(
-            "SKIPPED dedup conformance case {case}: the backend does not declare the feature"
-        );
-    }
-    ok
 }
 
 fn consumer(name: &str) -> ConsumerName {
@@ -120,9 +110,9 @@ pub async fn dedup_concurrent_records_give_exactly_one_new(h: &dyn DedupHarness)
     }
 }
 
-/// The store declares the consistency the harness expects, and a
-/// [`Consistency::Strong`] store reports an id from the moment `record` returns.
-pub async fn dedup_strong_store_reads_its_writes(h: &dyn DedupHarness) {
+/// The store declares the consistency the harness expects
+/// ([`DedupFeatures::strong`](crate::DedupFeatures::strong)).
+pub async fn dedup_declared_consistency_matches_the_harness(h: &dyn DedupHarness) {
     let store = store(h, LONG).await;
     let expected = if h.features().strong {
         Consistency::Strong
@@ -134,9 +124,13 @@ pub async fn dedup_strong_store_reads_its_writes(h: &dyn DedupHarness) {
         expected,
         "the store declares a consistency the harness does not (DedupFeatures::strong)"
     );
-    if !supports(h, "dedup_strong_store_reads_its_writes", |f| f.strong) {
-        return;
-    }
+}
+
+/// A [`Consistency::Strong`] store reports an id from the moment `record` returns.
+pub async fn dedup_strong_store_reads_its_writes(h: &dyn DedupHarness) {
+    require(h.features().strong, "strong");
+    let store = store(h, LONG).await;
+    assert_eq!(store.consistency(), Consistency::Strong);
     let consumer = consumer("reader");
     for _ in 0..20 {
         let id = MessageId::new();
@@ -193,11 +187,7 @@ pub async fn dedup_ids_are_scoped_by_consumer(h: &dyn DedupHarness) {
 /// An id older than the retention is not reported, before any purge: `contains` says
 /// `false` and `record` says [`Dedup::New`] again (re-recording it).
 pub async fn dedup_expired_ids_are_new_again_before_any_purge(h: &dyn DedupHarness) {
-    if !supports(h, "dedup_expired_ids_are_new_again_before_any_purge", |f| {
-        f.short_retention
-    }) {
-        return;
-    }
+    require(h.features().short_retention, "short_retention");
     let store = store(h, EXPIRY).await;
     let consumer = consumer("expiring");
     let (a, b) = (MessageId::new(), MessageId::new());
@@ -226,11 +216,7 @@ pub async fn dedup_expired_ids_are_new_again_before_any_purge(h: &dyn DedupHarne
 /// `purge_expired(limit)` deletes at most `limit` records, only expired ones, and
 /// returns how many; `purge_expired(0)` deletes nothing.
 pub async fn dedup_purge_is_bounded_and_spares_fresh_records(h: &dyn DedupHarness) {
-    if !supports(h, "dedup_purge_is_bounded_and_spares_fresh_records", |f| {
-        f.short_retention
-    }) {
-        return;
-    }
+    require(h.features().short_retention, "short_retention");
     let store = store(h, PURGE_RETENTION).await;
     let (c, other) = (consumer("purged"), consumer("also purged"));
     for _ in 0..5 {
@@ -278,13 +264,7 @@ pub async fn dedup_purge_is_bounded_and_spares_fresh_records(h: &dyn DedupHarnes
 /// [`Purger::for_dedup`] skips while its lock is held elsewhere, then purges every
 /// expired record in bounded batches, sparing fresh ones, and releases its lock.
 pub async fn dedup_purger_removes_expired_records_under_its_lock(h: &dyn DedupHarness) {
-    if !supports(
-        h,
-        "dedup_purger_removes_expired_records_under_its_lock",
-        |f| f.short_retention,
-    ) {
-        return;
-    }
+    require(h.features().short_retention, "short_retention");
     let store = store(h, PURGE_RETENTION).await;
     let lock = h.purge_lock().await.expect("harness could not make a lock");
     let name = LockName::new(format!("conformance dedup purge {}", MessageId::new()))

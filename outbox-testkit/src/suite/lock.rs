@@ -8,7 +8,8 @@ use outbox_core::names::MAX_NAME_LEN;
 use outbox_core::{DistributedLock, ErrorKind, LockGuard, LockName};
 use tokio::sync::Barrier;
 
-use crate::dedup_harness::{LockFeatures, LockHarness};
+use crate::dedup_harness::LockHarness;
+use crate::groups::require;
 use crate::wait::poll_for;
 
 /// Longer than any `try_lock` may take: it never waits for a holder.
@@ -20,15 +21,6 @@ async fn handle(h: &dyn LockHarness) -> Arc<dyn DistributedLock> {
     h.lock()
         .await
         .expect("harness could not make a lock handle")
-}
-
-/// Returns `false` and prints a skip line when the backend lacks a feature.
-fn supports(h: &dyn LockHarness, case: &str, need: impl Fn(LockFeatures) -> bool) -> bool {
-    let ok = need(h.features());
-    if !ok {
-        eprintln!("SKIPPED lock conformance case {case}: the backend does not declare the feature");
-    }
-    ok
 }
 
 /// A name no other case (or run) uses.
@@ -174,9 +166,7 @@ pub async fn lock_dropped_guard_is_released(h: &dyn LockHarness) {
 /// A lock whose holder's session dies (a crash, a cut connection) is released, and the
 /// orphaned guard's late unlock or drop leaves the next holder's lock alone.
 pub async fn lock_severed_session_releases_the_lock(h: &dyn LockHarness) {
-    if !supports(h, "lock_severed_session_releases_the_lock", |f| f.sever) {
-        return;
-    }
+    require(h.features().sever, "sever");
     let (ours, theirs) = (handle(h).await, handle(h).await);
     let name = unique("severed");
     let orphan = take(&*ours, &name, "nobody holds it").await;

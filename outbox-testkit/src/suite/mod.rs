@@ -44,7 +44,8 @@ use outbox_core::{
     Publisher, Relay, RelayConfig, Retention, RetryPolicy, StoreCapabilities,
 };
 
-use crate::harness::{Features, Fixture, Harness};
+pub(crate) use crate::groups::require;
+use crate::harness::{Fixture, Harness};
 
 pub(crate) use crate::wait::{poll_for, wait_until, within, DEADLINE};
 /// A lease long enough never to lapse during a case.
@@ -77,15 +78,6 @@ pub(crate) fn keeping() -> StoreCapabilities {
             window: Duration::from_secs(3600),
         },
     )
-}
-
-/// Returns `false` and prints a skip line when the backend lacks a feature.
-pub(crate) fn supports(h: &dyn Harness, case: &str, need: impl Fn(Features) -> bool) -> bool {
-    let ok = need(h.features());
-    if !ok {
-        eprintln!("SKIPPED conformance case {case}: the backend does not declare the feature");
-    }
-    ok
 }
 
 pub(crate) fn msg(destination: &str, n: usize) -> NewMessage {

@@ -9,7 +9,8 @@ use std::time::{Duration, SystemTime};
 use outbox_core::{Headers, Message, MessageId, MessageParts, PublishOutcome, Publisher};
 use tokio::sync::Barrier;
 
-use crate::publisher_harness::{PublisherFeatures, PublisherHarness, PublisherNamespace, Received};
+use crate::groups::require;
+use crate::publisher_harness::{PublisherHarness, PublisherNamespace, Received};
 use crate::wait::{wait_until, within};
 
 /// How many tasks publish at once in the concurrency case, and how many publishers
@@ -74,21 +75,6 @@ fn assert_all_published(outcomes: &[PublishOutcome]) {
             "message {i} of the batch was not published"
         );
     }
-}
-
-/// Returns `false` and prints a skip line when the broker lacks a feature.
-fn supports(
-    h: &dyn PublisherHarness,
-    case: &str,
-    need: impl Fn(PublisherFeatures) -> bool,
-) -> bool {
-    let ok = need(h.features());
-    if !ok {
-        eprintln!(
-            "SKIPPED publisher conformance case {case}: the broker does not declare the feature"
-        );
-    }
-    ok
 }
 
 /// A claimed message as a relay hands it over.
@@ -274,13 +260,7 @@ pub async fn publisher_sends_the_message_id_as_the_dedup_id(h: &dyn PublisherHar
 pub async fn publisher_repeat_of_an_id_is_dropped_within_the_dedup_window(
     h: &dyn PublisherHarness,
 ) {
-    if !supports(
-        h,
-        "publisher_repeat_of_an_id_is_dropped_within_the_dedup_window",
-        |f| f.dedup_window,
-    ) {
-        return;
-    }
+    require(h.features().dedup_window, "dedup_window");
     let ns = namespace(h).await;
     let first = publisher(&*ns).await;
     let destination = ns.destination("repeats");
@@ -311,13 +291,10 @@ pub async fn publisher_repeat_of_an_id_is_dropped_within_the_dedup_window(
 /// A message to a destination nothing stores is `Permanent`, and the rest of its batch,
 /// before and after it, is published.
 pub async fn publisher_unroutable_is_permanent_and_spares_the_batch(h: &dyn PublisherHarness) {
-    if !supports(
-        h,
-        "publisher_unroutable_is_permanent_and_spares_the_batch",
-        |f| f.unroutable_is_permanent,
-    ) {
-        return;
-    }
+    require(
+        h.features().unroutable_is_permanent,
+        "unroutable_is_permanent",
+    );
     let ns = namespace(h).await;
     let publisher = publisher(&*ns).await;
     let routed = ns.destination("spared");
@@ -410,10 +387,7 @@ pub async fn publisher_large_batch(h: &dyn PublisherHarness) {
 pub async fn publisher_broker_restart_is_retryable_and_the_publisher_recovers(
     h: &dyn PublisherHarness,
 ) {
-    const CASE: &str = "publisher_broker_restart_is_retryable_and_the_publisher_recovers";
-    if !supports(h, CASE, |f| f.broker_restart) {
-        return;
-    }
+    require(h.features().broker_restart, "broker_restart");
     let ns = within("starting a private broker", h.restartable_namespace())
         .await
         .unwrap_or_else(|e| panic!("harness could not start a private broker: {}", e.report()));
@@ -482,7 +456,7 @@ pub async fn publisher_broker_restart_is_retryable_and_the_publisher_recovers(
         "the calls running when the broker stopped must leave something Retryable"
     );
     eprintln!(
-        "{CASE}: {} of {} messages published around the stop were retryable",
+        "broker restart: {} of {} messages published around the stop were retryable",
         pending.len(),
         in_flight.len()
     );

@@ -12,31 +12,41 @@ use super::*;
 use crate::harness::{Fixture, Harness};
 use crate::publishers::RecordingPublisher;
 
-/// A plain fixture, or `None` (after a skip line, or after checking the store refuses
-/// renewal as the contract asks) when the store does not declare renewal.
-async fn renewing(h: &dyn Harness, case: &str) -> Option<Box<dyn Fixture>> {
+/// A plain fixture of a store that declares renewal; the case fails if it does not
+/// (the suite macro runs these cases only without `lacks(lease_renewal)`).
+async fn renewing(h: &dyn Harness) -> Box<dyn Fixture> {
+    let f = plain(h).await;
+    require(f.store().capabilities().lease_renewal, "lease_renewal");
+    f
+}
+
+/// A store that does not declare [`lease_renewal`](outbox_core::StoreCapabilities)
+/// refuses renewal with `Unsupported`, changing nothing; one that declares it extends
+/// a held lease.
+pub async fn renewal_is_refused_unless_declared(h: &dyn Harness) {
     let f = plain(h).await;
     let store = f.store();
-    if store.capabilities().lease_renewal {
-        return Some(f);
-    }
     f.enqueue(msgs(1)).await.unwrap();
-    let held = claim(&*store, 1, LONG_LEASE).await;
-    let err = store
-        .renew(&[held[0].lease], LONG_LEASE)
-        .await
-        .expect_err("a store that does not declare lease renewal must refuse it");
-    assert_eq!(err.kind(), ErrorKind::Unsupported);
-    eprintln!("SKIPPED conformance case {case}: the store does not declare lease renewal");
-    None
+    let held = claim(&*store, 1, SHORT_LEASE).await.remove(0);
+    let renewed = store.renew(&[held.lease], LONG_LEASE).await;
+    if store.capabilities().lease_renewal {
+        let renewed = renewed.expect("a store that declares lease renewal renews");
+        assert_eq!(renewed.lost, Vec::<MessageId>::new());
+        assert_eq!(renewed.leases.len(), 1, "{renewed:?}");
+        assert!(renewed.leases[0].expires_at > held.lease.expires_at);
+    } else {
+        let err = renewed.expect_err("a store that does not declare lease renewal must refuse it");
+        assert_eq!(err.kind(), ErrorKind::Unsupported);
+        // The refused renewal changed nothing: the short lease lapses as it would have.
+        let again = claim_eventually(&*store, 1, LONG_LEASE).await.remove(0);
+        assert_eq!(again.message.id, held.message.id);
+    }
 }
 
 /// Renewing with a stale token is rejected and changes nothing: the new owner's lease
 /// keeps its own expiry.
 pub async fn renewal_with_a_stale_token_changes_nothing(h: &dyn Harness) {
-    let Some(f) = renewing(h, "renewal_with_a_stale_token_changes_nothing").await else {
-        return;
-    };
+    let f = renewing(h).await;
     let store = f.store();
     f.enqueue(msgs(1)).await.unwrap();
     let stale = claim(&*store, 1, SHORT_LEASE).await.remove(0);
@@ -71,9 +81,7 @@ pub async fn renewal_with_a_stale_token_changes_nothing(h: &dyn Harness) {
 /// A renewed lease is not claimable by others until its new expiry, while a lease
 /// taken at the same time and not renewed lapses.
 pub async fn renewed_lease_is_not_claimable_by_others(h: &dyn Harness) {
-    let Some(f) = renewing(h, "renewed_lease_is_not_claimable_by_others").await else {
-        return;
-    };
+    let f = renewing(h).await;
     let store = f.store();
     f.enqueue(msgs(2)).await.unwrap();
     let held = claim(&*store, 2, SHORT_LEASE).await;
@@ -104,9 +112,7 @@ pub async fn renewed_lease_is_not_claimable_by_others(h: &dyn Harness) {
 /// A holder that stops renewing loses the lease at its (renewed) expiry: the message
 /// is claimed anew and the old lease is fenced out.
 pub async fn unrenewed_lease_lapses_at_expiry(h: &dyn Harness) {
-    let Some(f) = renewing(h, "unrenewed_lease_lapses_at_expiry").await else {
-        return;
-    };
+    let f = renewing(h).await;
     let store = f.store();
     f.enqueue(msgs(1)).await.unwrap();
     let held = claim(&*store, 1, SHORT_LEASE).await.remove(0);
@@ -128,9 +134,7 @@ pub async fn unrenewed_lease_lapses_at_expiry(h: &dyn Harness) {
 /// releasing or publishing anything twice: it renews before each wave that would not
 /// fit in what is left.
 pub async fn relay_renews_leases_across_publish_waves(h: &dyn Harness) {
-    let Some(f) = renewing(h, "relay_renews_leases_across_publish_waves").await else {
-        return;
-    };
+    let f = renewing(h).await;
     let store = f.store();
     f.enqueue(msgs(4)).await.unwrap();
     // Four waves of one message, 500 ms each: 2 s against a 1.5 s lease. Without

@@ -10,11 +10,7 @@ use crate::harness::Harness;
 /// Purging deletes at most `limit` dispatched rows per call and never touches pending,
 /// in-flight or dead ones.
 pub async fn purge_is_bounded_and_spares_undelivered(h: &dyn Harness) {
-    if !supports(h, "purge_is_bounded_and_spares_undelivered", |f| {
-        f.keep_retention
-    }) {
-        return;
-    }
+    require(h.features().keep_retention, "keep_retention");
     let f = fixture(h, keeping()).await;
     let store = f.store();
     f.enqueue(msgs(12)).await.unwrap();

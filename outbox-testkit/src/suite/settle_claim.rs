@@ -168,9 +168,7 @@ pub async fn settle_and_claim_never_returns_what_it_settled(h: &dyn Harness) {
 /// The claim part skips rows another transaction holds locked, as a plain claim does,
 /// and never waits for them.
 pub async fn settle_and_claim_skips_locked_rows(h: &dyn Harness) {
-    if !supports(h, "settle_and_claim_skips_locked_rows", |f| f.row_locks) {
-        return;
-    }
+    require(h.features().row_locks, "row_locks");
     let f = plain(h).await;
     let store = f.store();
     f.enqueue(msgs(1)).await.unwrap();
