@@ -301,6 +301,25 @@ impl SqliteOutbox {
         [&sql.claim_select, &sql.claim_update, &sql.complete]
     }
 
+    /// The statements a relay's calls send, by name (`claim_select`,
+    /// `claim_ids_select`, `claim_update`, `dead_letter_claimed`, `complete`, `fail`,
+    /// `release`), for the plan suite (`tests/sqlite/plan_suite.rs`): SQLite keeps no
+    /// registry of prepared statements to read them back from. Not a stable API.
+    #[doc(hidden)]
+    pub fn relay_sql(&self, name: &str) -> Option<&str> {
+        let sql = &self.inner.sql;
+        Some(match name {
+            "claim_select" => &sql.claim_select,
+            "claim_ids_select" => &sql.claim_ids_select,
+            "claim_update" => &sql.claim_update,
+            "dead_letter_claimed" => &sql.dead_letter_claimed,
+            "complete" => &sql.complete,
+            "fail" => &sql.fail,
+            "release" => &sql.release,
+            _ => return None,
+        })
+    }
+
     pub(crate) fn statements(&self) -> &Statements {
         &self.inner.sql
     }

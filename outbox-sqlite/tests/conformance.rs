@@ -126,3 +126,141 @@ mod memory {
 
     outbox_testkit::conformance_suite!(harness; lacks(row_locks, lease_renewal));
 }
+
+/// The plan suite: the relay's statements on a table with history, read with
+/// `EXPLAIN QUERY PLAN` (SQLite gathers no statistics unless told to `ANALYZE`).
+mod plans {
+    use outbox_testkit::{Access, History, PlanFixture, PlanHarness, PlannedStatement, RelayOp};
+
+    use super::*;
+
+    #[async_trait]
+    impl PlanHarness for SqliteHarness {
+        async fn fixture(&self, capabilities: StoreCapabilities) -> Result<Box<dyn PlanFixture>> {
+            let db = common::TempDb::new().await;
+            let pool = db.pool().clone();
+            let config = SqliteOutboxConfig::default()
+                .with_ordering(capabilities.ordering)
+                .with_retention(capabilities.retention);
+            let outbox = SqliteOutbox::new(pool.clone(), config)?;
+            outbox.install().await?;
+            Ok(Box::new(SqliteFixture {
+                outbox,
+                pool,
+                _file: Some(db),
+            }))
+        }
+    }
+
+    /// The statements each operation sends (the store's own text, by name).
+    fn statements(op: RelayOp) -> &'static [&'static str] {
+        match op {
+            RelayOp::Claim => &["claim_select", "claim_update", "dead_letter_claimed"],
+            RelayOp::ClaimIds => &["claim_ids_select", "claim_update"],
+            // SQLite settles, then claims: the trait's default.
+            RelayOp::SettleAndClaim => &["complete", "claim_select", "claim_update"],
+            RelayOp::Complete => &["complete"],
+            RelayOp::Fail => &["fail"],
+            RelayOp::Release => &["release"],
+            other => panic!("SQLite sends no statement for {other:?}"),
+        }
+    }
+
+    /// How a line of `EXPLAIN QUERY PLAN` reaches the outbox table, if it does.
+    /// Statements name the table `m`, `c`, `e` or by its name; `json_each` is the
+    /// bound array and `SCAN` of a subquery reads its result, not the table.
+    fn access(detail: &str, table: &str) -> Option<Access> {
+        let mut words = detail.split_whitespace();
+        let (verb, object) = (words.next()?, words.next()?);
+        let ours = ["m", "c", "e", table].contains(&object.trim_matches('"'));
+        if !ours {
+            return None;
+        }
+        let rest = detail.split_once(object).map_or("", |(_, r)| r);
+        match verb {
+            "SCAN" => Some(Access::Scan(detail.to_owned())),
+            "SEARCH" if rest.contains("INTEGER PRIMARY KEY") => Some(Access::ByKey),
+            "SEARCH" if rest.contains("sqlite_autoindex") => Some(Access::ByKey),
+            "SEARCH" => {
+                let index = rest
+                    .split_whitespace()
+                    .skip_while(|w| *w != "INDEX")
+                    .nth(1)
+                    .unwrap_or(rest);
+                Some(Access::Index(index.to_owned()))
+            }
+            _ => None,
+        }
+    }
+
+    #[async_trait]
+    impl PlanFixture for SqliteFixture {
+        async fn add_history(&self, history: History) -> Result<()> {
+            let t = self.outbox.table_name();
+            let count = |n: usize| i64::try_from(n).expect("a small history");
+            let (settled, dead) = (count(history.dispatched), count(history.dead));
+            let due_end = settled + dead + count(history.due);
+            let rows = due_end + count(history.waiting);
+            let now = "CAST(strftime('%s', 'now') AS INTEGER) * 1000000";
+            // Rows over eight keys, the first ones then stamped settled or dead; the
+            // last ones due in an hour.
+            let insert = format!(
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1) \
+                 INSERT INTO {t} (id, destination, partition_key, payload, created_at, \
+                     available_at) \
+                 SELECT randomblob(16), 'plans', 'k' || (i % 8), x'00', {now}, \
+                     CASE WHEN i > ?2 THEN {now} + 3600000000 ELSE {now} - 60000000 END \
+                 FROM n"
+            );
+            let dispatched = format!("UPDATE {t} SET dispatched_at = {now} WHERE seq <= ?1");
+            let killed = format!("UPDATE {t} SET dead_at = {now} WHERE seq > ?1 AND seq <= ?2");
+            let steps = [
+                sqlx::query(&insert).bind(rows).bind(due_end),
+                sqlx::query(&dispatched).bind(settled),
+                sqlx::query(&killed).bind(settled).bind(settled + dead),
+            ];
+            for step in steps {
+                step.execute(&self.pool).await.map_err(common::storage)?;
+            }
+            Ok(())
+        }
+
+        async fn plans(&self, op: RelayOp) -> Result<Vec<PlannedStatement>> {
+            let table = self
+                .outbox
+                .table_name()
+                .to_string()
+                .trim_matches('"')
+                .to_owned();
+            let mut out = Vec::new();
+            for name in statements(op) {
+                let text = self
+                    .outbox
+                    .relay_sql(name)
+                    .unwrap_or_else(|| panic!("no statement {name}"));
+                let explain = format!("EXPLAIN QUERY PLAN {text}");
+                let mut query = sqlx::query_as::<_, (i64, i64, i64, String)>(&explain);
+                for _ in 0..text.matches("?").count().min(9) {
+                    query = query.bind("[]");
+                }
+                let rows = query.fetch_all(&self.pool).await.map_err(common::storage)?;
+                let details: Vec<String> = rows.into_iter().map(|(_, _, _, d)| d).collect();
+                out.push(PlannedStatement {
+                    text: text.to_owned(),
+                    variant: "query".to_owned(),
+                    accesses: details.iter().filter_map(|d| access(d, &table)).collect(),
+                    plan: details.join("\n"),
+                });
+            }
+            Ok(out)
+        }
+    }
+
+    async fn harness() -> Option<SqliteHarness> {
+        Some(SqliteHarness {
+            storage: Storage::File,
+        })
+    }
+
+    outbox_testkit::plan_suite!(harness);
+}

@@ -159,11 +159,19 @@
 //!    [`EntityStore`](outbox_core::consumer::EntityStore) runs [`consumer_suite!`] over
 //!    a [`ConsumerHarness`]. `outbox-sqlite/tests/consumer_conformance.rs` runs all
 //!    three from one harness type.
-//! 6. **Then what only your engine can get wrong**, in a test file of its own: the
+//! 6. **Plans, where the engine has a planner:** implement [`PlanHarness`] and
+//!    [`PlanFixture`] (bulk-load history without statistics, return the plans of what
+//!    each [`RelayOp`] sends as [`Access`] steps) and invoke [`plan_suite!`]. It fails
+//!    when a relay statement scans the outbox table on a table with history, or when a
+//!    settle reaches its rows other than by key: every other suite passes with such a
+//!    plan, because the rows are few. `outbox-sqlite/tests/conformance.rs` (SQLite's
+//!    `EXPLAIN QUERY PLAN`) and `outbox-postgres/tests/postgres/plan_suite.rs`
+//!    (captured prepared statements, custom and generic plans) implement it.
+//! 7. **Then what only your engine can get wrong**, in a test file of its own: the
 //!    caller's transaction (a refused batch leaves it usable), rows another tool wrote
 //!    (dead-lettered, not stuck), several processes at once, the engine's lock or busy
 //!    errors mapped to retryable kinds, installs at another layout version refused.
-//! 7. **Wire it in:** a feature of the `outbox` facade re-exporting the crate (and
+//! 8. **Wire it in:** a feature of the `outbox` facade re-exporting the crate (and
 //!    `scripts/check-features.sh` extended), the service started by
 //!    `scripts/services.sh` if it needs one, and a row in the README's backend matrix.
 //!
@@ -218,6 +226,8 @@ mod macros;
 mod memory;
 mod memory_harness;
 pub mod pg_cluster;
+mod plan_harness;
+mod plan_macros;
 mod publisher_harness;
 mod publisher_macros;
 mod publishers;
@@ -238,6 +248,7 @@ pub use groups::capabilities as __capabilities;
 pub use harness::{Features, Fixture, Harness, RowLock};
 pub use memory::{MemoryStore, MemoryTx};
 pub use memory_harness::MemoryHarness;
+pub use plan_harness::{Access, History, PlanFixture, PlanHarness, PlannedStatement, RelayOp};
 pub use publisher_harness::{
     MemoryPublisherHarness, PublisherFeatures, PublisherHarness, PublisherNamespace, Received,
     RestartableNamespace,

@@ -15,6 +15,7 @@ const SUITES: &[(&str, &str, &str)] = &[
     ("LockHarness", "lock_suite", "dedup_macros.rs"),
     ("ConsumerHarness", "consumer_suite", "dedup_macros.rs"),
     ("PublisherHarness", "publisher_suite", "publisher_macros.rs"),
+    ("PlanHarness", "plan_suite", "plan_macros.rs"),
 ];
 
 /// Helpers in `src/suite/` that take a harness but are not cases of their own.

@@ -18,6 +18,7 @@ mod input;
 mod lock;
 mod notify;
 mod ordering;
+mod plan_suite;
 mod plans;
 mod poison;
 mod relay;

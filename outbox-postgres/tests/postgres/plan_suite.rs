@@ -1,0 +1,255 @@
+//! The testkit's plan suite on PostgreSQL: the statements a store's relay calls
+//! prepared, captured from `pg_prepared_statements` of a twin's connections while the
+//! table was empty, then explained (custom and generic plans) on the relay's own
+//! connections after history was bulk-loaded with autovacuum off, so the planner has
+//! no statistics.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use outbox_core::{
+    ClaimIds, ClaimRequest, Disposition, Failure, Lease, LeaseToken, MessageId, NewMessage,
+    OutboxAdmin, OutboxStore, Result, Settlement, StoreCapabilities,
+};
+use outbox_postgres::{PgOutbox, PgOutboxConfig};
+use outbox_testkit::{
+    Access, Fixture, History, PlanFixture, PlanHarness, PlannedStatement, RelayOp,
+};
+use sqlx::PgPool;
+
+use crate::plans::{self, Plan, Statement};
+use crate::{common, table};
+
+const LONG: Duration = Duration::from_secs(300);
+
+struct PgPlanHarness {
+    pool: PgPool,
+}
+
+#[derive(Debug)]
+struct PgPlanFixture {
+    outbox: PgOutbox,
+    /// What each operation prepared, captured on the empty table.
+    statements: HashMap<&'static str, Vec<Statement>>,
+}
+
+/// The name an operation's statements are kept under.
+fn key(op: RelayOp) -> &'static str {
+    match op {
+        RelayOp::Claim => "claim",
+        RelayOp::ClaimIds => "claim ids",
+        RelayOp::SettleAndClaim => "settle and claim",
+        RelayOp::Complete => "complete",
+        RelayOp::Fail => "fail",
+        RelayOp::Release => "release",
+        RelayOp::Renew => "renew",
+        other => panic!("no capture for {other:?}"),
+    }
+}
+
+/// Run every relay operation once on a twin of `outbox` while its table is empty (so
+/// nothing changes), keeping the statements each prepared.
+async fn capture(outbox: &PgOutbox) -> HashMap<&'static str, Vec<Statement>> {
+    let twin = plans::twin(outbox).await;
+    let lease = Lease {
+        id: MessageId::new(),
+        token: LeaseToken::new(),
+        expires_at: SystemTime::now(),
+    };
+    let request = || ClaimRequest::new(10, LONG).unwrap();
+    let mut out = HashMap::new();
+    for op in RelayOp::ALL {
+        let statements = plans::prepared_by(&twin, || async {
+            match op {
+                RelayOp::Claim => drop(twin.claim(request()).await.unwrap()),
+                RelayOp::ClaimIds => {
+                    let ids = ClaimIds::new(&[MessageId::new()], LONG).unwrap();
+                    drop(twin.claim_ids(&ids).await.unwrap());
+                }
+                RelayOp::SettleAndClaim => {
+                    let settle = Settlement {
+                        complete: &[lease],
+                        fail: &[],
+                        release: &[],
+                    };
+                    drop(twin.settle_and_claim(settle, request()).await.unwrap());
+                }
+                RelayOp::Complete => drop(twin.complete(&[lease]).await.unwrap()),
+                RelayOp::Fail => {
+                    let failure = Failure::new(lease, "boom", Disposition::DeadLetter);
+                    drop(twin.fail(&[failure]).await.unwrap());
+                }
+                RelayOp::Release => drop(twin.release(&[lease]).await.unwrap()),
+                RelayOp::Renew => drop(twin.renew(&[lease], LONG).await.unwrap()),
+                _ => {}
+            }
+        })
+        .await;
+        out.insert(key(op), statements);
+    }
+    plans::close(&twin).await;
+    out
+}
+
+#[async_trait]
+impl PlanHarness for PgPlanHarness {
+    async fn fixture(&self, capabilities: StoreCapabilities) -> Result<Box<dyn PlanFixture>> {
+        let config = PgOutboxConfig::default()
+            .with_ordering(capabilities.ordering)
+            .with_retention(capabilities.retention);
+        let outbox = crate::outbox(&self.pool, config).await;
+        plans::no_autovacuum(&outbox).await;
+        let statements = capture(&outbox).await;
+        Ok(Box::new(PgPlanFixture { outbox, statements }))
+    }
+}
+
+#[async_trait]
+impl Fixture for PgPlanFixture {
+    fn store(&self) -> Arc<dyn OutboxStore> {
+        Arc::new(self.outbox.clone())
+    }
+
+    fn admin(&self) -> Arc<dyn OutboxAdmin> {
+        Arc::new(self.outbox.clone())
+    }
+
+    async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<()> {
+        let mut tx = self.outbox.pool().begin().await.map_err(common::storage)?;
+        self.outbox.enqueue(&mut tx, &messages).await?;
+        tx.commit().await.map_err(common::storage)
+    }
+
+    async fn mark_dispatched(&self, id: MessageId) -> Result<()> {
+        let sql = format!(
+            "UPDATE {} SET dispatched_at = now() WHERE id = $1",
+            table(&self.outbox)
+        );
+        sqlx::query(&sql)
+            .bind(id.as_uuid())
+            .execute(self.outbox.pool())
+            .await
+            .map(drop)
+            .map_err(common::storage)
+    }
+}
+
+/// How a line of `EXPLAIN (COSTS OFF)` reaches `name` (the unqualified table), if it
+/// does.
+fn access(line: &str, name: &str) -> Option<Access> {
+    let line = line.trim_start_matches([' ', '-', '>']);
+    let index = |rest: &str| {
+        let index = rest
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        if index == format!("{name}_pkey") {
+            Access::ByKey
+        } else {
+            Access::Index(index)
+        }
+    };
+    let on_table = |rest: &str| rest.split_whitespace().next() == Some(name);
+    if let Some(rest) = line.strip_prefix("Seq Scan on ") {
+        return on_table(rest).then(|| Access::Scan(line.to_owned()));
+    }
+    if let Some(rest) = line.strip_prefix("Tid Range Scan on ") {
+        return on_table(rest).then(|| Access::Scan(line.to_owned()));
+    }
+    if let Some(rest) = line.strip_prefix("Tid Scan on ") {
+        return on_table(rest).then_some(Access::ByKey);
+    }
+    for prefix in [
+        "Index Scan using ",
+        "Index Scan Backward using ",
+        "Index Only Scan using ",
+        "Index Only Scan Backward using ",
+        "Bitmap Index Scan on ",
+    ] {
+        if let Some(rest) = line.strip_prefix(prefix) {
+            return rest.starts_with(name).then(|| index(rest));
+        }
+    }
+    None
+}
+
+#[async_trait]
+impl PlanFixture for PgPlanFixture {
+    async fn add_history(&self, history: History) -> Result<()> {
+        let t = table(&self.outbox);
+        let count = |n: usize| i64::try_from(n).expect("a small history");
+        let (settled, dead) = (count(history.dispatched), count(history.dead));
+        let due_end = settled + dead + count(history.due);
+        let rows = due_end + count(history.waiting);
+        // Rows over eight keys; the first ones settled or dead, the last ones due in
+        // an hour. One statement: `seq` follows the series.
+        let sql = format!(
+            "INSERT INTO {t} (id, destination, partition_key, payload, available_at, \
+                 dispatched_at, dead_at) \
+             SELECT gen_random_uuid(), 'plans', 'k' || (i % 8), '\\x00', \
+                 CASE WHEN i > $2 THEN now() + interval '1 hour' \
+                     ELSE now() - interval '1 minute' END, \
+                 CASE WHEN i <= $3 THEN now() END, \
+                 CASE WHEN i > $3 AND i <= $4 THEN now() END \
+             FROM generate_series(1, $1) AS i ORDER BY i"
+        );
+        sqlx::query(&sql)
+            .bind(rows)
+            .bind(due_end)
+            .bind(settled)
+            .bind(settled + dead)
+            .execute(self.outbox.pool())
+            .await
+            .map(drop)
+            .map_err(common::storage)
+    }
+
+    async fn plans(&self, op: RelayOp) -> Result<Vec<PlannedStatement>> {
+        let (outbox, statements) = (self.outbox.clone(), self.statements[key(op)].clone());
+        // On a blocking thread of its own: the explain futures are not `Send` enough
+        // for `async_trait`'s boxed future.
+        let plans = tokio::task::spawn_blocking(move || {
+            tokio::runtime::Handle::current().block_on(explain_all(&outbox, &statements))
+        });
+        Ok(plans.await.expect("explaining panicked"))
+    }
+}
+
+/// The custom and generic plans of `statements` on `outbox`'s relay connections,
+/// with 100 of its ids (at random) as the ids bound.
+async fn explain_all(outbox: &PgOutbox, statements: &[Statement]) -> Vec<PlannedStatement> {
+    let ids: Vec<uuid::Uuid> = sqlx::query_scalar(&format!(
+        "SELECT id FROM (SELECT id FROM {} ORDER BY random() LIMIT 100) AS s ORDER BY id",
+        table(outbox)
+    ))
+    .fetch_all(outbox.pool())
+    .await
+    .unwrap();
+    let name = outbox.config().table();
+    let mut out = Vec::new();
+    for statement in statements {
+        for (variant, plan) in [("custom", Plan::Custom), ("generic", Plan::Generic)] {
+            let args = |types: &[String]| plans::settle_args(types, &ids);
+            let text = plans::explain(outbox.relay_pool(), statement, args, plan).await;
+            out.push(PlannedStatement {
+                text: statement.text.clone(),
+                variant: variant.to_owned(),
+                accesses: text.lines().filter_map(|l| access(l, name)).collect(),
+                plan: text,
+            });
+        }
+    }
+    out
+}
+
+async fn harness() -> Option<PgPlanHarness> {
+    let url = common::url("the plan suite")?;
+    Some(PgPlanHarness {
+        pool: common::pool(&url, 4).await,
+    })
+}
+
+outbox_testkit::plan_suite!(harness);
