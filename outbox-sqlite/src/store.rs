@@ -303,7 +303,7 @@ impl SqliteOutbox {
 
     /// The statements a relay's calls send, by name (`claim_select`,
     /// `claim_ids_select`, `claim_update`, `dead_letter_claimed`, `complete`, `fail`,
-    /// `release`), for the plan suite (`tests/sqlite/plan_suite.rs`): SQLite keeps no
+    /// `release`, `purge_dispatched`), for the plan suite (`tests/sqlite/plan_suite.rs`): SQLite keeps no
     /// registry of prepared statements to read them back from. Not a stable API.
     #[doc(hidden)]
     pub fn relay_sql(&self, name: &str) -> Option<&str> {
@@ -316,6 +316,7 @@ impl SqliteOutbox {
             "complete" => &sql.complete,
             "fail" => &sql.fail,
             "release" => &sql.release,
+            "purge_dispatched" => &sql.purge_dispatched,
             _ => return None,
         })
     }

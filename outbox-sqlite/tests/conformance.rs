@@ -162,6 +162,7 @@ mod plans {
             RelayOp::Complete => &["complete"],
             RelayOp::Fail => &["fail"],
             RelayOp::Release => &["release"],
+            RelayOp::Purge => &["purge_dispatched"],
             other => panic!("SQLite sends no statement for {other:?}"),
         }
     }

@@ -69,11 +69,15 @@ pub enum RelayOp {
     Renew,
     /// [`OutboxStore::settle_and_claim`](outbox_core::OutboxStore::settle_and_claim).
     SettleAndClaim,
+    /// [`OutboxAdmin::purge_dispatched`](outbox_core::OutboxAdmin::purge_dispatched),
+    /// what the [`Purger`](outbox_core::Purger) sends: it must find dispatched rows
+    /// through an index, not by reading the backlog and the history.
+    Purge,
 }
 
 impl RelayOp {
     /// Every operation, claims first.
-    pub const ALL: [RelayOp; 7] = [
+    pub const ALL: [RelayOp; 8] = [
         RelayOp::Claim,
         RelayOp::ClaimIds,
         RelayOp::SettleAndClaim,
@@ -81,6 +85,7 @@ impl RelayOp {
         RelayOp::Fail,
         RelayOp::Release,
         RelayOp::Renew,
+        RelayOp::Purge,
     ];
 
     /// Whether the operation acts only on rows it names by id, so that its first

@@ -45,6 +45,7 @@ fn key(op: RelayOp) -> &'static str {
         RelayOp::Fail => "fail",
         RelayOp::Release => "release",
         RelayOp::Renew => "renew",
+        RelayOp::Purge => "purge",
         other => panic!("no capture for {other:?}"),
     }
 }
@@ -83,6 +84,7 @@ async fn capture(outbox: &PgOutbox) -> HashMap<&'static str, Vec<Statement>> {
                 }
                 RelayOp::Release => drop(twin.release(&[lease]).await.unwrap()),
                 RelayOp::Renew => drop(twin.renew(&[lease], LONG).await.unwrap()),
+                RelayOp::Purge => drop(twin.purge_dispatched(LONG, 100).await.unwrap()),
                 _ => {}
             }
         })
@@ -212,15 +214,25 @@ impl PlanFixture for PgPlanFixture {
         // On a blocking thread of its own: the explain futures are not `Send` enough
         // for `async_trait`'s boxed future.
         let plans = tokio::task::spawn_blocking(move || {
-            tokio::runtime::Handle::current().block_on(explain_all(&outbox, &statements))
+            // The purger runs on the outbox's own pool, the rest on the relay's.
+            let pool = if op == RelayOp::Purge {
+                outbox.pool()
+            } else {
+                outbox.relay_pool()
+            };
+            tokio::runtime::Handle::current().block_on(explain_all(&outbox, pool, &statements))
         });
         Ok(plans.await.expect("explaining panicked"))
     }
 }
 
-/// The custom and generic plans of `statements` on `outbox`'s relay connections,
-/// with 100 of its ids (at random) as the ids bound.
-async fn explain_all(outbox: &PgOutbox, statements: &[Statement]) -> Vec<PlannedStatement> {
+/// The custom and generic plans of `statements` on `pool`'s sessions, with 100 of
+/// `outbox`'s ids (at random) as the ids bound.
+async fn explain_all(
+    outbox: &PgOutbox,
+    pool: &PgPool,
+    statements: &[Statement],
+) -> Vec<PlannedStatement> {
     let ids: Vec<uuid::Uuid> = sqlx::query_scalar(&format!(
         "SELECT id FROM (SELECT id FROM {} ORDER BY random() LIMIT 100) AS s ORDER BY id",
         table(outbox)
@@ -233,7 +245,7 @@ async fn explain_all(outbox: &PgOutbox, statements: &[Statement]) -> Vec<Planned
     for statement in statements {
         for (variant, plan) in [("custom", Plan::Custom), ("generic", Plan::Generic)] {
             let args = |types: &[String]| plans::settle_args(types, &ids);
-            let text = plans::explain(outbox.relay_pool(), statement, args, plan).await;
+            let text = plans::explain(pool, statement, args, plan).await;
             out.push(PlannedStatement {
                 text: statement.text.clone(),
                 variant: variant.to_owned(),
