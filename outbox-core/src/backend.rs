@@ -8,10 +8,18 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
+pub mod config;
+pub mod ident;
+
 pub use crate::message::MessageParts;
 pub use crate::names::validate_identifier;
 pub use crate::schema::Schema;
 pub use crate::store::{bounded_error, check_enqueue};
+pub use config::{
+    DedupTable, EntityTable, OutboxTable, SchemaRules, TableConfig, TableKind, TableOnlyRules,
+    TableRules,
+};
+pub use ident::{derived_identifier, QualifiedName, SqlDialect};
 
 /// A duration as whole microseconds, for binding as a 64-bit integer.
 ///

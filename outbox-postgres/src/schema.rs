@@ -106,7 +106,7 @@ pub(crate) struct Index {
 
 impl Index {
     fn new(table: &QualifiedName, suffix: &str, columns: &str, predicate: &str) -> Index {
-        let index = table.derived(suffix);
+        let index = table.quoted_derived(suffix);
         Index {
             name: format!("{}.{index}", table.quoted_schema()),
             ddl: format!(
@@ -178,7 +178,7 @@ pub(crate) fn inbox_objects(name: &QualifiedName) -> String {
 );
 CREATE INDEX IF NOT EXISTS {index} ON {name} (processed_at);
 "#,
-        index = name.derived("processed_at"),
+        index = name.quoted_derived("processed_at"),
     )
 }
 
@@ -313,10 +313,7 @@ outbox_core::schema_from_inherent!(
 );
 outbox_core::schema_from_inherent!(
     crate::PgDedupStore,
-    name = |s| s
-        .config()
-        .qualified_name()
-        .map_or_else(|_| s.config().table().to_owned(), |n| n.to_string()),
+    name = |s| s.config().display_name(),
     version = SCHEMA_VERSION.unsigned_abs()
 );
 

@@ -187,10 +187,7 @@ outbox_core::schema_from_inherent!(
 );
 outbox_core::schema_from_inherent!(
     crate::SqliteDedupStore,
-    name = |s| s
-        .config()
-        .table_name()
-        .map_or_else(|_| s.config().table().to_owned(), |n| n.to_string()),
+    name = |s| s.config().display_name(),
     version = u32::try_from(SCHEMA_VERSION).unwrap_or(u32::MAX)
 );
 
