@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 
 pub mod config;
+pub mod entity;
 pub mod ident;
 
 pub use crate::message::MessageParts;
@@ -19,6 +20,7 @@ pub use config::{
     DedupTable, EntityTable, OutboxTable, SchemaRules, TableConfig, TableKind, TableOnlyRules,
     TableRules,
 };
+pub use entity::{entity_version, loaded_entity, stored_entity_version};
 pub use ident::{derived_identifier, QualifiedName, SqlDialect};
 
 /// A duration as whole microseconds, for binding as a 64-bit integer.
