@@ -46,6 +46,25 @@ pub fn limit_param(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+/// The error of an install that finds `table` recorded at layout version `found` when
+/// the backend expects `expected`: [`ErrorKind::Schema`](crate::ErrorKind::Schema),
+/// never an attempt to change a table of another layout.
+pub fn layout_mismatch(table: &dyn std::fmt::Display, found: i64, expected: i64) -> Error {
+    Error::new(
+        crate::ErrorKind::Schema,
+        format!("table {table} is at layout version {found}, this crate expects {expected}"),
+    )
+}
+
+/// The statements of a checked-in DDL file (`sql/*.sql`): its lines without the `--`
+/// comment lines, each ending in a newline, to compare with what `ddl()` renders.
+pub fn ddl_file_statements(file: &str) -> String {
+    file.lines()
+        .filter(|l| !l.starts_with("--"))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -62,5 +81,12 @@ mod tests {
         assert_eq!(limit_param(0), 0);
         assert_eq!(limit_param(5), 5);
         assert_eq!(limit_param(usize::MAX), i64::MAX);
+        let err = layout_mismatch(&"t", 7, 1);
+        assert_eq!(err.kind(), ErrorKind::Schema);
+        assert_eq!(
+            err.message(),
+            "table t is at layout version 7, this crate expects 1"
+        );
+        assert_eq!(ddl_file_statements("-- c\nA;\n\nB;"), "A;\n\nB;\n");
     }
 }

@@ -73,7 +73,7 @@ impl PgEntityStore {
     /// A store on `pool` with `config`. Runs no SQL.
     ///
     /// # Errors
-    /// [`ErrorKind::Config`] for a bad schema or table name.
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad schema or table name.
     pub fn new(pool: PgPool, config: PgEntityConfig) -> Result<Self> {
         let name = config.qualified_name()?;
         Ok(PgEntityStore {
@@ -91,7 +91,8 @@ impl PgEntityStore {
     /// Create the schema and table if missing and record the layout version.
     ///
     /// # Errors
-    /// [`ErrorKind::Schema`] when the table exists at another layout version; mapped
+    /// [`ErrorKind::Schema`](outbox_core::ErrorKind::Schema) when the table exists at
+    /// another layout version; mapped
     /// driver errors otherwise.
     pub async fn install(&self) -> Result<()> {
         install(&self.pool, &self.name, &entity_objects(&self.name)).await

@@ -282,12 +282,10 @@ pub(crate) async fn install_with(
             }
         }
         Some(other) => {
-            return Err(Error::new(
-                ErrorKind::Schema,
-                format!(
-                    "table {name} is at layout version {other}, this crate expects \
-                     {SCHEMA_VERSION}"
-                ),
+            return Err(outbox_core::backend::layout_mismatch(
+                &name,
+                other.into(),
+                SCHEMA_VERSION.into(),
             ))
         }
         None => {
@@ -399,12 +397,7 @@ mod tests {
     #[test]
     fn checked_in_sql_files_match_the_rendered_ddl() {
         // The files open with `--` comments saying where they come from.
-        let statements = |file: &str| -> String {
-            file.lines()
-                .filter(|l| !l.starts_with("--"))
-                .map(|l| format!("{l}\n"))
-                .collect()
-        };
+        let statements = outbox_core::backend::ddl_file_statements;
         let outbox = name("outbox", "outbox_messages");
         assert_eq!(
             statements(include_str!("../sql/outbox.sql")),

@@ -484,12 +484,7 @@ mod tests {
     /// `MssqlOutbox::ddl()` and friends when the layout changes.
     #[test]
     fn checked_in_sql_files_match_the_rendered_ddl() {
-        let statements = |file: &str| -> String {
-            file.lines()
-                .filter(|l| !l.starts_with("--"))
-                .map(|l| format!("{l}\n"))
-                .collect()
-        };
+        let statements = outbox_core::backend::ddl_file_statements;
         let outbox = outbox_ddl(&name("outbox", "outbox_messages"));
         assert_eq!(statements(include_str!("../sql/outbox.sql")), outbox);
         let inbox = inbox_ddl(&name("outbox", "outbox_inbox"));
