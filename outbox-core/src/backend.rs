@@ -8,10 +8,20 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
+pub mod config;
+pub mod entity;
+pub mod ident;
+
 pub use crate::message::MessageParts;
 pub use crate::names::validate_identifier;
 pub use crate::schema::Schema;
 pub use crate::store::{bounded_error, check_enqueue};
+pub use config::{
+    DedupTable, EntityTable, OutboxTable, SchemaRules, TableConfig, TableKind, TableOnlyRules,
+    TableRules,
+};
+pub use entity::{entity_version, loaded_entity, stored_entity_version};
+pub use ident::{derived_identifier, QualifiedName, SqlDialect};
 
 /// A duration as whole microseconds, for binding as a 64-bit integer.
 ///
@@ -36,6 +46,25 @@ pub fn limit_param(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+/// The error of an install that finds `table` recorded at layout version `found` when
+/// the backend expects `expected`: [`ErrorKind::Schema`](crate::ErrorKind::Schema),
+/// never an attempt to change a table of another layout.
+pub fn layout_mismatch(table: &dyn std::fmt::Display, found: i64, expected: i64) -> Error {
+    Error::new(
+        crate::ErrorKind::Schema,
+        format!("table {table} is at layout version {found}, this crate expects {expected}"),
+    )
+}
+
+/// The statements of a checked-in DDL file (`sql/*.sql`): its lines without the `--`
+/// comment lines, each ending in a newline, to compare with what `ddl()` renders.
+pub fn ddl_file_statements(file: &str) -> String {
+    file.lines()
+        .filter(|l| !l.starts_with("--"))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -52,5 +81,12 @@ mod tests {
         assert_eq!(limit_param(0), 0);
         assert_eq!(limit_param(5), 5);
         assert_eq!(limit_param(usize::MAX), i64::MAX);
+        let err = layout_mismatch(&"t", 7, 1);
+        assert_eq!(err.kind(), ErrorKind::Schema);
+        assert_eq!(
+            err.message(),
+            "table t is at layout version 7, this crate expects 1"
+        );
+        assert_eq!(ddl_file_statements("-- c\nA;\n\nB;"), "A;\n\nB;\n");
     }
 }

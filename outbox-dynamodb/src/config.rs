@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use outbox_core::backend::{DedupTable, EntityTable, TableConfig, TableRules};
 use outbox_core::{Error, KeyOrder, MessageLimits, Result, Retention, StoreCapabilities};
 
 /// Most shard partitions a table may be spread over. Every claim queries every shard,
@@ -125,87 +126,19 @@ impl DynamoOutboxConfig {
     }
 }
 
-/// Settings of a [`DynamoDedupStore`](crate::DynamoDedupStore).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DynamoDedupConfig {
-    table: String,
-    retention: Duration,
-}
+/// DynamoDB's rules for the tables of this crate's stores: table names by the
+/// service's own rule ([`validate_table_name`]), no schema, default tables `outbox`,
+/// `outbox_dedup` and `outbox_entities`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DynamoRules;
 
-impl Default for DynamoDedupConfig {
-    /// Table `outbox_dedup`, seven days of retention.
-    fn default() -> Self {
-        DynamoDedupConfig {
-            table: "outbox_dedup".into(),
-            retention: Duration::from_secs(7 * 24 * 60 * 60),
-        }
-    }
-}
-
-impl DynamoDedupConfig {
-    /// Use table `name`.
-    pub fn with_table(mut self, name: impl Into<String>) -> Self {
-        self.table = name.into();
-        self
-    }
-    /// Remember ids for `retention` (above zero).
-    pub fn with_retention(mut self, retention: Duration) -> Self {
-        self.retention = retention;
-        self
-    }
-    /// The table name.
-    pub fn table(&self) -> &str {
-        &self.table
-    }
-    /// The retention period.
-    pub fn retention(&self) -> Duration {
-        self.retention
-    }
-    /// Check every setting.
-    ///
-    /// # Errors
-    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad table name or a
-    /// zero retention.
-    pub fn validate(&self) -> Result<()> {
-        validate_table_name("dedup", &self.table)?;
-        if self.retention.is_zero() {
-            return Err(Error::config("dedup retention must be above zero"));
-        }
-        Ok(())
-    }
-}
-
-/// Settings of a [`DynamoEntityStore`](crate::DynamoEntityStore).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DynamoEntityConfig {
-    table: String,
-}
-
-impl Default for DynamoEntityConfig {
-    /// Table `outbox_entities`.
-    fn default() -> Self {
-        DynamoEntityConfig {
-            table: "outbox_entities".into(),
-        }
-    }
-}
-
-impl DynamoEntityConfig {
-    /// Use table `name`.
-    pub fn with_table(mut self, name: impl Into<String>) -> Self {
-        self.table = name.into();
-        self
-    }
-    /// The table name.
-    pub fn table(&self) -> &str {
-        &self.table
-    }
-    /// Check every setting.
-    ///
-    /// # Errors
-    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad table name.
-    pub fn validate(&self) -> Result<()> {
-        validate_table_name("entity", &self.table)
+impl TableRules for DynamoRules {
+    type Name = String;
+    const OUTBOX_TABLE: &'static str = "outbox";
+    const DEDUP_TABLE: &'static str = "outbox_dedup";
+    fn name(store: &str, _schema: &str, table: &str) -> Result<String> {
+        validate_table_name(store, table)?;
+        Ok(table.to_owned())
     }
 }
 
@@ -284,6 +217,14 @@ impl DynamoLockConfig {
         Ok(())
     }
 }
+
+/// Settings of a [`DynamoDedupStore`](crate::DynamoDedupStore): table `outbox_dedup`
+/// and seven days of retention by default.
+pub type DynamoDedupConfig = TableConfig<DynamoRules, DedupTable>;
+
+/// Settings of a [`DynamoEntityStore`](crate::DynamoEntityStore): table
+/// `outbox_entities` by default.
+pub type DynamoEntityConfig = TableConfig<DynamoRules, EntityTable>;
 
 #[cfg(test)]
 mod tests {

@@ -183,7 +183,7 @@ mod store;
 
 pub use config::{
     validate_table_name, DynamoDedupConfig, DynamoEntityConfig, DynamoLockConfig,
-    DynamoOutboxConfig, DEFAULT_MAX_PAYLOAD_BYTES, MAX_SHARDS,
+    DynamoOutboxConfig, DynamoRules, DEFAULT_MAX_PAYLOAD_BYTES, MAX_SHARDS,
 };
 pub use dedup::DynamoDedupStore;
 pub use entity::DynamoEntityStore;

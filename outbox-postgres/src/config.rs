@@ -4,11 +4,10 @@
 //! Names are checked by [`validate`](PgOutboxConfig::validate) (called by the stores'
 //! constructors) and reach SQL only as a [`QualifiedName`].
 
-use std::time::Duration;
+use outbox_core::backend::{DedupTable, EntityTable, OutboxTable, TableConfig};
+use outbox_core::{KeyOrder, MessageLimits, Result, Retention};
 
-use outbox_core::{Error, KeyOrder, MessageLimits, Result, Retention};
-
-use crate::ident::{self, derived_identifier, QualifiedName};
+use crate::ident::{self, derived_identifier, PgRules, QualifiedName};
 
 /// Whether enqueueing sends a `NOTIFY`, for relays woken by
 /// [`spawn_listener`](crate::spawn_listener). Off by default.
@@ -75,11 +74,7 @@ pub const DEFAULT_RELAY_CONNECTIONS: u32 = 4;
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PgOutboxConfig {
-    schema: String,
-    table: String,
-    ordering: KeyOrder,
-    retention: Retention,
-    limits: MessageLimits,
+    table: TableConfig<PgRules, OutboxTable>,
     notify: Notify,
     relay_connections: u32,
 }
@@ -87,11 +82,7 @@ pub struct PgOutboxConfig {
 impl Default for PgOutboxConfig {
     fn default() -> Self {
         PgOutboxConfig {
-            schema: "outbox".to_owned(),
-            table: "outbox_messages".to_owned(),
-            ordering: KeyOrder::default(),
-            retention: Retention::default(),
-            limits: MessageLimits::default(),
+            table: TableConfig::default(),
             notify: Notify::Off,
             relay_connections: DEFAULT_RELAY_CONNECTIONS,
         }
@@ -101,34 +92,29 @@ impl Default for PgOutboxConfig {
 impl PgOutboxConfig {
     /// Set the schema (default `outbox`).
     #[must_use]
-    pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
-        self.schema = schema.into();
-        self
+    pub fn with_schema(self, schema: impl Into<String>) -> Self {
+        self.map_table(|t| t.with_schema(schema))
     }
     /// Set the table (default `outbox_messages`).
     #[must_use]
-    pub fn with_table(mut self, table: impl Into<String>) -> Self {
-        self.table = table.into();
-        self
+    pub fn with_table(self, table: impl Into<String>) -> Self {
+        self.map_table(|t| t.with_table(table))
     }
     /// Set the claim ordering (default [`KeyOrder::Unordered`]).
     #[must_use]
-    pub fn with_ordering(mut self, ordering: KeyOrder) -> Self {
-        self.ordering = ordering;
-        self
+    pub fn with_ordering(self, ordering: KeyOrder) -> Self {
+        self.map_table(|t| t.with_ordering(ordering))
     }
     /// Set what completing does (default [`Retention::Delete`]).
     #[must_use]
-    pub fn with_retention(mut self, retention: Retention) -> Self {
-        self.retention = retention;
-        self
+    pub fn with_retention(self, retention: Retention) -> Self {
+        self.map_table(|t| t.with_retention(retention))
     }
     /// Set the limits every enqueued message, and every claimed row, is checked
     /// against (default [`MessageLimits::default`]).
     #[must_use]
-    pub fn with_limits(mut self, limits: MessageLimits) -> Self {
-        self.limits = limits;
-        self
+    pub fn with_limits(self, limits: MessageLimits) -> Self {
+        self.map_table(|t| t.with_limits(limits))
     }
     /// Set whether enqueueing notifies (default [`Notify::Off`]; read [`Notify`] for
     /// the cost before turning it on).
@@ -151,25 +137,33 @@ impl PgOutboxConfig {
         self
     }
 
+    fn map_table(
+        mut self,
+        f: impl FnOnce(TableConfig<PgRules, OutboxTable>) -> TableConfig<PgRules, OutboxTable>,
+    ) -> Self {
+        self.table = f(self.table);
+        self
+    }
+
     /// The schema.
     pub fn schema(&self) -> &str {
-        &self.schema
+        self.table.schema()
     }
     /// The table.
     pub fn table(&self) -> &str {
-        &self.table
+        self.table.table()
     }
     /// The claim ordering.
     pub fn ordering(&self) -> KeyOrder {
-        self.ordering
+        self.table.ordering()
     }
     /// What completing does.
     pub fn retention(&self) -> Retention {
-        self.retention
+        self.table.retention()
     }
     /// The message limits.
     pub fn limits(&self) -> &MessageLimits {
-        &self.limits
+        self.table.limits()
     }
     /// The notification setting, as configured.
     pub fn notify(&self) -> &Notify {
@@ -187,7 +181,7 @@ impl PgOutboxConfig {
     pub fn notify_channel(&self) -> Option<String> {
         match &self.notify {
             Notify::Off => None,
-            Notify::OnCommit => Some(derived_identifier(&self.schema, &self.table)),
+            Notify::OnCommit => Some(derived_identifier(self.schema(), self.table())),
             Notify::Channel(channel) => Some(channel.clone()),
         }
     }
@@ -198,7 +192,7 @@ impl PgOutboxConfig {
     /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad schema or table
     /// name.
     pub fn qualified_name(&self) -> Result<QualifiedName> {
-        QualifiedName::new(self.schema.clone(), self.table.clone())
+        self.table.qualified_name()
     }
 
     /// Check every setting.
@@ -210,17 +204,12 @@ impl PgOutboxConfig {
         if let Notify::Channel(channel) = &self.notify {
             ident::validate("notify channel", channel)?;
         }
-        if let Retention::Keep { window } = self.retention {
-            if window.is_zero() {
-                return Err(Error::config("retention window must be above zero"));
-            }
-        }
-        Ok(())
+        self.table.validate()
     }
 }
 
 /// Where a [`PgDedupStore`](crate::PgDedupStore) keeps processed message ids, and for
-/// how long.
+/// how long (default `"outbox"."outbox_inbox"`, seven days).
 ///
 /// ```
 /// use std::time::Duration;
@@ -233,80 +222,10 @@ impl PgOutboxConfig {
 /// assert_eq!(config.table(), "orders_inbox");
 /// # Ok::<(), outbox_core::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PgDedupConfig {
-    schema: String,
-    table: String,
-    retention: Duration,
-}
-
-impl Default for PgDedupConfig {
-    fn default() -> Self {
-        PgDedupConfig {
-            schema: "outbox".to_owned(),
-            table: "outbox_inbox".to_owned(),
-            retention: Duration::from_secs(7 * 24 * 60 * 60),
-        }
-    }
-}
-
-impl PgDedupConfig {
-    /// Set the schema (default `outbox`).
-    #[must_use]
-    pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
-        self.schema = schema.into();
-        self
-    }
-    /// Set the table (default `outbox_inbox`).
-    #[must_use]
-    pub fn with_table(mut self, table: impl Into<String>) -> Self {
-        self.table = table.into();
-        self
-    }
-    /// Set how long ids are remembered (default 7 days).
-    #[must_use]
-    pub fn with_retention(mut self, retention: Duration) -> Self {
-        self.retention = retention;
-        self
-    }
-
-    /// The schema.
-    pub fn schema(&self) -> &str {
-        &self.schema
-    }
-    /// The table.
-    pub fn table(&self) -> &str {
-        &self.table
-    }
-    /// How long ids are remembered.
-    pub fn retention(&self) -> Duration {
-        self.retention
-    }
-
-    /// The validated `schema.table`.
-    ///
-    /// # Errors
-    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad schema or table
-    /// name.
-    pub fn qualified_name(&self) -> Result<QualifiedName> {
-        QualifiedName::new(self.schema.clone(), self.table.clone())
-    }
-
-    /// Check every setting.
-    ///
-    /// # Errors
-    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) naming the first bad one.
-    pub fn validate(&self) -> Result<()> {
-        self.qualified_name()?;
-        if self.retention.is_zero() {
-            return Err(Error::config("dedup retention must be above zero"));
-        }
-        Ok(())
-    }
-}
+pub type PgDedupConfig = TableConfig<PgRules, DedupTable>;
 
 /// Where a [`PgEntityStore`](crate::PgEntityStore) keeps the entities of a decoupled
-/// consumer.
+/// consumer (default `"outbox"."outbox_entities"`).
 ///
 /// ```
 /// use outbox_postgres::PgEntityConfig;
@@ -315,56 +234,13 @@ impl PgDedupConfig {
 /// assert_eq!(config.qualified_name()?.to_string(), "\"outbox\".\"accounts\"");
 /// # Ok::<(), outbox_core::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PgEntityConfig {
-    schema: String,
-    table: String,
-}
-
-impl Default for PgEntityConfig {
-    fn default() -> Self {
-        PgEntityConfig {
-            schema: "outbox".to_owned(),
-            table: "outbox_entities".to_owned(),
-        }
-    }
-}
-
-impl PgEntityConfig {
-    /// Set the schema (default `outbox`).
-    #[must_use]
-    pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
-        self.schema = schema.into();
-        self
-    }
-    /// Set the table (default `outbox_entities`).
-    #[must_use]
-    pub fn with_table(mut self, table: impl Into<String>) -> Self {
-        self.table = table.into();
-        self
-    }
-    /// The schema.
-    pub fn schema(&self) -> &str {
-        &self.schema
-    }
-    /// The table.
-    pub fn table(&self) -> &str {
-        &self.table
-    }
-    /// The validated `schema.table`.
-    ///
-    /// # Errors
-    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad schema or table
-    /// name.
-    pub fn qualified_name(&self) -> Result<QualifiedName> {
-        QualifiedName::new(self.schema.clone(), self.table.clone())
-    }
-}
+pub type PgEntityConfig = TableConfig<PgRules, EntityTable>;
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use outbox_core::ErrorKind;
+    use std::time::Duration;
 
     #[test]
     fn outbox_defaults_and_validation() {
@@ -429,17 +305,18 @@ mod tests {
     }
 
     #[test]
-    fn dedup_defaults_and_validation() {
-        let c = PgDedupConfig::default();
-        c.validate().unwrap();
+    fn dedup_and_entity_tables_default_to_the_outbox_schema() {
+        let names = [
+            PgDedupConfig::default().qualified_name().unwrap(),
+            PgEntityConfig::default().qualified_name().unwrap(),
+        ];
         assert_eq!(
-            c.qualified_name().unwrap().to_string(),
-            "\"outbox\".\"outbox_inbox\""
+            names.map(|n| n.to_string()),
+            [
+                "\"outbox\".\"outbox_inbox\"",
+                "\"outbox\".\"outbox_entities\""
+            ]
         );
-        let d = c.clone().with_schema("s").with_table("t");
-        assert_eq!((d.schema(), d.table()), ("s", "t"));
-        assert_eq!(c.retention(), Duration::from_secs(7 * 24 * 3600));
-        assert!(c.clone().with_table("").validate().is_err());
-        assert!(c.clone().with_retention(Duration::ZERO).validate().is_err());
+        assert!(PgDedupConfig::default().with_table("T").validate().is_err());
     }
 }

@@ -19,8 +19,9 @@
 use async_trait::async_trait;
 use sqlx::PgPool;
 
+use outbox_core::backend::{entity_version, loaded_entity, stored_entity_version};
 use outbox_core::consumer::{EntityRecord, EntityStore, Loaded, Persisted, Version};
-use outbox_core::{EntityKey, Error, ErrorKind, Result};
+use outbox_core::{EntityKey, Error, Result};
 
 use crate::config::PgEntityConfig;
 use crate::error::from_sqlx;
@@ -72,7 +73,7 @@ impl PgEntityStore {
     /// A store on `pool` with `config`. Runs no SQL.
     ///
     /// # Errors
-    /// [`ErrorKind::Config`] for a bad schema or table name.
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad schema or table name.
     pub fn new(pool: PgPool, config: PgEntityConfig) -> Result<Self> {
         let name = config.qualified_name()?;
         Ok(PgEntityStore {
@@ -90,7 +91,8 @@ impl PgEntityStore {
     /// Create the schema and table if missing and record the layout version.
     ///
     /// # Errors
-    /// [`ErrorKind::Schema`] when the table exists at another layout version; mapped
+    /// [`ErrorKind::Schema`](outbox_core::ErrorKind::Schema) when the table exists at
+    /// another layout version; mapped
     /// driver errors otherwise.
     pub async fn install(&self) -> Result<()> {
         install(&self.pool, &self.name, &entity_objects(&self.name)).await
@@ -103,19 +105,8 @@ fn is_serialization_failure(e: &sqlx::Error) -> bool {
         .is_some_and(|code| code == "40001")
 }
 
-fn version_of(stored: i64) -> Result<Version> {
-    u64::try_from(stored).map(Version::new).map_err(|_| {
-        Error::new(
-            ErrorKind::Decode,
-            format!("entity version {stored} is negative"),
-        )
-    })
-}
-
 fn stored_version(v: Version) -> Result<i64> {
-    i64::try_from(v.get()).map_err(|_| {
-        Error::invalid_input(format!("entity version {} does not fit a bigint", v.get()))
-    })
+    stored_entity_version(v, "a bigint")
 }
 
 #[async_trait]
@@ -130,17 +121,7 @@ impl EntityStore for PgEntityStore {
         let Some((state, outbox, version)) = row else {
             return Ok(None);
         };
-        let outbox = serde_json::from_value(outbox).map_err(|e| {
-            Error::new(
-                ErrorKind::Decode,
-                format!("the outbox state of entity {key} does not decode"),
-            )
-            .with_source(e)
-        })?;
-        Ok(Some(Loaded {
-            record: EntityRecord { state, outbox },
-            version: version_of(version)?,
-        }))
+        loaded_entity(key, state, outbox, version).map(Some)
     }
 
     async fn persist(
@@ -171,7 +152,7 @@ impl EntityStore for PgEntityStore {
             Err(e) => return Err(from_sqlx("persist entity", e)),
         };
         match stored {
-            Some(v) => Ok(Persisted::Stored(version_of(v)?)),
+            Some(v) => Ok(Persisted::Stored(entity_version(v)?)),
             None => Ok(Persisted::Conflict),
         }
     }
@@ -191,8 +172,8 @@ mod tests {
             .replace
             .contains("WHERE entity_key = $1 AND version = $4 RETURNING version"));
         assert!(sql.replace.contains("version = version + 1"));
-        assert!(version_of(-1).is_err());
-        assert_eq!(version_of(3).unwrap(), Version::new(3));
+        assert!(entity_version(-1).is_err());
+        assert_eq!(entity_version(3).unwrap(), Version::new(3));
         assert!(stored_version(Version::new(u64::MAX)).is_err());
     }
 }

@@ -19,7 +19,7 @@ pub use config::{
 };
 pub use dedup::PgDedupStore;
 pub use entity::PgEntityStore;
-pub use ident::QualifiedName;
+pub use ident::{PgRules, QualifiedName};
 pub use listener::{spawn_listener, ListenerHandle};
 pub use lock::PgDistributedLock;
 pub use schema::SCHEMA_VERSION;

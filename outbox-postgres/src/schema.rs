@@ -106,7 +106,7 @@ pub(crate) struct Index {
 
 impl Index {
     fn new(table: &QualifiedName, suffix: &str, columns: &str, predicate: &str) -> Index {
-        let index = table.derived(suffix);
+        let index = table.quoted_derived(suffix);
         Index {
             name: format!("{}.{index}", table.quoted_schema()),
             ddl: format!(
@@ -178,7 +178,7 @@ pub(crate) fn inbox_objects(name: &QualifiedName) -> String {
 );
 CREATE INDEX IF NOT EXISTS {index} ON {name} (processed_at);
 "#,
-        index = name.derived("processed_at"),
+        index = name.quoted_derived("processed_at"),
     )
 }
 
@@ -282,12 +282,10 @@ pub(crate) async fn install_with(
             }
         }
         Some(other) => {
-            return Err(Error::new(
-                ErrorKind::Schema,
-                format!(
-                    "table {name} is at layout version {other}, this crate expects \
-                     {SCHEMA_VERSION}"
-                ),
+            return Err(outbox_core::backend::layout_mismatch(
+                &name,
+                other.into(),
+                SCHEMA_VERSION.into(),
             ))
         }
         None => {
@@ -313,10 +311,7 @@ outbox_core::schema_from_inherent!(
 );
 outbox_core::schema_from_inherent!(
     crate::PgDedupStore,
-    name = |s| s
-        .config()
-        .qualified_name()
-        .map_or_else(|_| s.config().table().to_owned(), |n| n.to_string()),
+    name = |s| s.config().display_name(),
     version = SCHEMA_VERSION.unsigned_abs()
 );
 
@@ -402,12 +397,7 @@ mod tests {
     #[test]
     fn checked_in_sql_files_match_the_rendered_ddl() {
         // The files open with `--` comments saying where they come from.
-        let statements = |file: &str| -> String {
-            file.lines()
-                .filter(|l| !l.starts_with("--"))
-                .map(|l| format!("{l}\n"))
-                .collect()
-        };
+        let statements = outbox_core::backend::ddl_file_statements;
         let outbox = name("outbox", "outbox_messages");
         assert_eq!(
             statements(include_str!("../sql/outbox.sql")),

@@ -6,11 +6,30 @@
 
 use std::time::Duration;
 
-use outbox_core::{Error, KeyOrder, MessageLimits, Result, Retention};
+use outbox_core::backend::{
+    DedupTable, EntityTable, OutboxTable, TableConfig, TableOnlyRules, TableRules,
+};
+use outbox_core::{Error, Result};
 
 use crate::ident::TableName;
 
-/// Where a [`SqliteOutbox`](crate::SqliteOutbox) keeps its messages and how it behaves.
+/// SQLite's rules for the tables of this crate's stores: one quoted table name
+/// ([`TableName`], no schema), the default names `outbox_messages`, `outbox_inbox` and
+/// `outbox_entities`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SqliteRules;
+
+impl TableRules for SqliteRules {
+    type Name = TableName;
+    fn name(_store: &str, _schema: &str, table: &str) -> Result<TableName> {
+        TableName::new(table)
+    }
+}
+
+impl TableOnlyRules for SqliteRules {}
+
+/// Where a [`SqliteOutbox`](crate::SqliteOutbox) keeps its messages and how it behaves
+/// (default table `outbox_messages`).
 ///
 /// ```
 /// use std::time::Duration;
@@ -24,94 +43,10 @@ use crate::ident::TableName;
 /// config.validate()?;
 /// # Ok::<(), outbox_core::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SqliteOutboxConfig {
-    table: String,
-    ordering: KeyOrder,
-    retention: Retention,
-    limits: MessageLimits,
-}
-
-impl Default for SqliteOutboxConfig {
-    fn default() -> Self {
-        SqliteOutboxConfig {
-            table: "outbox_messages".to_owned(),
-            ordering: KeyOrder::default(),
-            retention: Retention::default(),
-            limits: MessageLimits::default(),
-        }
-    }
-}
-
-impl SqliteOutboxConfig {
-    /// Set the table (default `outbox_messages`).
-    #[must_use]
-    pub fn with_table(mut self, table: impl Into<String>) -> Self {
-        self.table = table.into();
-        self
-    }
-    /// Set the claim ordering (default [`KeyOrder::Unordered`]).
-    #[must_use]
-    pub fn with_ordering(mut self, ordering: KeyOrder) -> Self {
-        self.ordering = ordering;
-        self
-    }
-    /// Set what completing does (default [`Retention::Delete`]).
-    #[must_use]
-    pub fn with_retention(mut self, retention: Retention) -> Self {
-        self.retention = retention;
-        self
-    }
-    /// Set the limits every enqueued message, and every claimed row, is checked
-    /// against (default [`MessageLimits::default`]).
-    #[must_use]
-    pub fn with_limits(mut self, limits: MessageLimits) -> Self {
-        self.limits = limits;
-        self
-    }
-
-    /// The table.
-    pub fn table(&self) -> &str {
-        &self.table
-    }
-    /// The claim ordering.
-    pub fn ordering(&self) -> KeyOrder {
-        self.ordering
-    }
-    /// What completing does.
-    pub fn retention(&self) -> Retention {
-        self.retention
-    }
-    /// The message limits.
-    pub fn limits(&self) -> &MessageLimits {
-        &self.limits
-    }
-
-    /// The validated table name.
-    ///
-    /// # Errors
-    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad name.
-    pub fn table_name(&self) -> Result<TableName> {
-        TableName::new(self.table.clone())
-    }
-
-    /// Check every setting.
-    ///
-    /// # Errors
-    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) naming the first bad one.
-    pub fn validate(&self) -> Result<()> {
-        self.table_name()?;
-        if let Retention::Keep { window } = self.retention {
-            if window.is_zero() {
-                return Err(Error::config("retention window must be above zero"));
-            }
-        }
-        Ok(())
-    }
-}
+pub type SqliteOutboxConfig = TableConfig<SqliteRules, OutboxTable>;
 
 /// Where a [`SqliteDedupStore`](crate::SqliteDedupStore) keeps processed message ids,
-/// and for how long.
+/// and for how long (default table `outbox_inbox`, seven days).
 ///
 /// ```
 /// use std::time::Duration;
@@ -122,97 +57,11 @@ impl SqliteOutboxConfig {
 /// assert_eq!(config.table(), "outbox_inbox");
 /// # Ok::<(), outbox_core::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SqliteDedupConfig {
-    table: String,
-    retention: Duration,
-}
-
-impl Default for SqliteDedupConfig {
-    fn default() -> Self {
-        SqliteDedupConfig {
-            table: "outbox_inbox".to_owned(),
-            retention: Duration::from_secs(7 * 24 * 60 * 60),
-        }
-    }
-}
-
-impl SqliteDedupConfig {
-    /// Set the table (default `outbox_inbox`).
-    #[must_use]
-    pub fn with_table(mut self, table: impl Into<String>) -> Self {
-        self.table = table.into();
-        self
-    }
-    /// Set how long processed ids are remembered (default seven days). Make it longer
-    /// than the longest time a broker may redeliver a message.
-    #[must_use]
-    pub fn with_retention(mut self, retention: Duration) -> Self {
-        self.retention = retention;
-        self
-    }
-    /// The table.
-    pub fn table(&self) -> &str {
-        &self.table
-    }
-    /// How long processed ids are remembered.
-    pub fn retention(&self) -> Duration {
-        self.retention
-    }
-    /// The validated table name.
-    ///
-    /// # Errors
-    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad name.
-    pub fn table_name(&self) -> Result<TableName> {
-        TableName::new(self.table.clone())
-    }
-    /// Check every setting.
-    ///
-    /// # Errors
-    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) naming the first bad one.
-    pub fn validate(&self) -> Result<()> {
-        self.table_name()?;
-        if self.retention.is_zero() {
-            return Err(Error::config("dedup retention must be above zero"));
-        }
-        Ok(())
-    }
-}
+pub type SqliteDedupConfig = TableConfig<SqliteRules, DedupTable>;
 
 /// Where a [`SqliteEntityStore`](crate::SqliteEntityStore) keeps entities (default
 /// table `outbox_entities`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SqliteEntityConfig {
-    table: String,
-}
-
-impl Default for SqliteEntityConfig {
-    fn default() -> Self {
-        SqliteEntityConfig {
-            table: "outbox_entities".to_owned(),
-        }
-    }
-}
-
-impl SqliteEntityConfig {
-    /// Set the table (default `outbox_entities`).
-    #[must_use]
-    pub fn with_table(mut self, table: impl Into<String>) -> Self {
-        self.table = table.into();
-        self
-    }
-    /// The table.
-    pub fn table(&self) -> &str {
-        &self.table
-    }
-    /// The validated table name.
-    ///
-    /// # Errors
-    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad name.
-    pub fn table_name(&self) -> Result<TableName> {
-        TableName::new(self.table.clone())
-    }
-}
+pub type SqliteEntityConfig = TableConfig<SqliteRules, EntityTable>;
 
 /// How a [`SqliteLock`](crate::SqliteLock) keeps its locks: the table (default
 /// `outbox_locks`) and the lease a holder renews (default 30 s).
@@ -288,7 +137,7 @@ impl SqliteLockConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use outbox_core::ErrorKind;
+    use outbox_core::{ErrorKind, Retention};
 
     #[test]
     fn defaults_validate_and_bad_settings_are_refused() {
@@ -328,28 +177,17 @@ mod tests {
     }
 
     #[test]
-    fn getters_return_what_was_set() {
-        let keep = Retention::Keep {
-            window: Duration::from_secs(5),
-        };
-        let limits = MessageLimits::default().with_max_payload_bytes(7);
-        let c = SqliteOutboxConfig::default()
-            .with_table("t")
-            .with_ordering(KeyOrder::PerKey)
-            .with_retention(keep)
-            .with_limits(limits.clone());
-        assert_eq!(
-            (c.table(), c.ordering(), c.retention(), c.limits()),
-            ("t", KeyOrder::PerKey, keep, &limits)
-        );
-        let d = SqliteDedupConfig::default()
-            .with_table("d")
-            .with_retention(Duration::from_secs(9));
-        assert_eq!((d.table(), d.retention()), ("d", Duration::from_secs(9)));
+    fn lock_settings_are_kept() {
         let l = SqliteLockConfig::default()
             .with_table("l")
             .with_lease(Duration::from_secs(20));
         assert_eq!((l.table(), l.lease()), ("l", Duration::from_secs(20)));
-        assert_eq!(SqliteEntityConfig::default().with_table("e").table(), "e");
+        assert_eq!(
+            SqliteEntityConfig::default()
+                .table_name()
+                .unwrap()
+                .to_string(),
+            "\"outbox_entities\""
+        );
     }
 }

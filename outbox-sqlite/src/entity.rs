@@ -13,6 +13,7 @@
 use async_trait::async_trait;
 use sqlx::SqlitePool;
 
+use outbox_core::backend::{entity_version, loaded_entity, stored_entity_version};
 use outbox_core::consumer::{EntityRecord, EntityStore, Loaded, Persisted, Version};
 use outbox_core::{EntityKey, Error, ErrorKind, Result};
 
@@ -85,19 +86,8 @@ impl SqliteEntityStore {
     }
 }
 
-fn version_of(stored: i64) -> Result<Version> {
-    u64::try_from(stored).map(Version::new).map_err(|_| {
-        Error::new(
-            ErrorKind::Decode,
-            format!("entity version {stored} is negative"),
-        )
-    })
-}
-
 fn stored_version(v: Version) -> Result<i64> {
-    i64::try_from(v.get()).map_err(|_| {
-        Error::invalid_input(format!("entity version {} does not fit 64 bits", v.get()))
-    })
+    stored_entity_version(v, "64 bits")
 }
 
 fn decode_json<T: serde::de::DeserializeOwned>(
@@ -125,13 +115,9 @@ impl EntityStore for SqliteEntityStore {
         let Some((state, outbox, version)) = row else {
             return Ok(None);
         };
-        Ok(Some(Loaded {
-            record: EntityRecord {
-                state: decode_json(key, "state", &state)?,
-                outbox: decode_json(key, "outbox state", &outbox)?,
-            },
-            version: version_of(version)?,
-        }))
+        let state = decode_json(key, "state", &state)?;
+        let outbox = decode_json(key, "outbox state", &outbox)?;
+        loaded_entity(key, state, outbox, version).map(Some)
     }
 
     async fn persist(
@@ -164,7 +150,7 @@ impl EntityStore for SqliteEntityStore {
             .await
             .map_err(|e| from_sqlx("persist entity", e))?;
         match stored {
-            Some(v) => Ok(Persisted::Stored(version_of(v)?)),
+            Some(v) => Ok(Persisted::Stored(entity_version(v)?)),
             None => Ok(Persisted::Conflict),
         }
     }
@@ -184,8 +170,8 @@ mod tests {
             .replace
             .contains("WHERE entity_key = ?1 AND version = ?5 RETURNING version"));
         assert!(sql.replace.contains("version = version + 1"));
-        assert!(version_of(-1).is_err());
-        assert_eq!(version_of(3).unwrap(), Version::new(3));
+        assert!(entity_version(-1).is_err());
+        assert_eq!(entity_version(3).unwrap(), Version::new(3));
         assert!(stored_version(Version::new(u64::MAX)).is_err());
     }
 }

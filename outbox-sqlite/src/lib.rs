@@ -14,7 +14,9 @@ mod sql;
 mod store;
 mod time;
 
-pub use config::{SqliteDedupConfig, SqliteEntityConfig, SqliteLockConfig, SqliteOutboxConfig};
+pub use config::{
+    SqliteDedupConfig, SqliteEntityConfig, SqliteLockConfig, SqliteOutboxConfig, SqliteRules,
+};
 pub use connect::{connect_options, open, open_in_memory, BUSY_TIMEOUT};
 pub use dedup::SqliteDedupStore;
 pub use entity::SqliteEntityStore;

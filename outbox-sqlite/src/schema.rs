@@ -14,7 +14,7 @@
 
 use sqlx::{Executor, SqlitePool};
 
-use outbox_core::{Error, ErrorKind, Result};
+use outbox_core::Result;
 
 use crate::error::from_sqlx;
 use crate::ident::TableName;
@@ -154,12 +154,10 @@ pub(crate) async fn install(pool: &SqlitePool, name: &TableName, objects: &str) 
     match installed {
         Some(SCHEMA_VERSION) => {}
         Some(other) => {
-            return Err(Error::new(
-                ErrorKind::Schema,
-                format!(
-                    "table {name} is at layout version {other}, this crate expects \
-                     {SCHEMA_VERSION}"
-                ),
+            return Err(outbox_core::backend::layout_mismatch(
+                &name,
+                other,
+                SCHEMA_VERSION,
             ))
         }
         None => {
@@ -187,10 +185,7 @@ outbox_core::schema_from_inherent!(
 );
 outbox_core::schema_from_inherent!(
     crate::SqliteDedupStore,
-    name = |s| s
-        .config()
-        .table_name()
-        .map_or_else(|_| s.config().table().to_owned(), |n| n.to_string()),
+    name = |s| s.config().display_name(),
     version = u32::try_from(SCHEMA_VERSION).unwrap_or(u32::MAX)
 );
 
@@ -226,12 +221,7 @@ mod tests {
     /// the stores' `ddl()` when the layout changes.
     #[test]
     fn checked_in_sql_files_match_the_rendered_ddl() {
-        let statements = |file: &str| -> String {
-            file.lines()
-                .filter(|l| !l.starts_with("--"))
-                .map(|l| format!("{l}\n"))
-                .collect()
-        };
+        let statements = outbox_core::backend::ddl_file_statements;
         let cases = [
             (
                 include_str!("../sql/outbox.sql"),

@@ -19,6 +19,7 @@
 
 use async_trait::async_trait;
 
+use outbox_core::backend::{entity_version, loaded_entity, stored_entity_version};
 use outbox_core::consumer::{EntityRecord, EntityStore, Loaded, Persisted, Version};
 use outbox_core::{EntityKey, Error, ErrorKind, Result};
 
@@ -105,19 +106,8 @@ impl MssqlEntityStore {
     }
 }
 
-fn version_of(stored: i64) -> Result<Version> {
-    u64::try_from(stored).map(Version::new).map_err(|_| {
-        Error::new(
-            ErrorKind::Decode,
-            format!("entity version {stored} is negative"),
-        )
-    })
-}
-
 fn stored_version(v: Version) -> Result<i64> {
-    i64::try_from(v.get()).map_err(|_| {
-        Error::invalid_input(format!("entity version {} does not fit a bigint", v.get()))
-    })
+    stored_entity_version(v, "a bigint")
 }
 
 fn json(what: &str, text: &str) -> Result<serde_json::Value> {
@@ -142,18 +132,8 @@ impl EntityStore for MssqlEntityStore {
             return Ok(None);
         };
         let state = json("state", &row_str(row, "state")?)?;
-        let outbox = serde_json::from_value(json("outbox state", &row_str(row, "outbox")?)?)
-            .map_err(|e| {
-                Error::new(
-                    ErrorKind::Decode,
-                    format!("the outbox state of entity {key} does not decode"),
-                )
-                .with_source(e)
-            })?;
-        Ok(Some(Loaded {
-            record: EntityRecord { state, outbox },
-            version: version_of(row_i64(row, "version")?)?,
-        }))
+        let outbox = json("outbox state", &row_str(row, "outbox")?)?;
+        loaded_entity(key, state, outbox, row_i64(row, "version")?).map(Some)
     }
 
     async fn persist(
@@ -179,7 +159,7 @@ impl EntityStore for MssqlEntityStore {
             Err(e) => return Err(from_tiberius(what, e)),
         };
         match rows.first() {
-            Some(row) => Ok(Persisted::Stored(version_of(row_i64(row, "version")?)?)),
+            Some(row) => Ok(Persisted::Stored(entity_version(row_i64(row, "version")?)?)),
             None => Ok(Persisted::Conflict),
         }
     }
@@ -191,8 +171,8 @@ mod tests {
 
     #[test]
     fn versions_convert_or_fail_typed() {
-        assert!(version_of(-1).is_err());
-        assert_eq!(version_of(3).unwrap(), Version::new(3));
+        assert!(entity_version(-1).is_err());
+        assert_eq!(entity_version(3).unwrap(), Version::new(3));
         assert!(stored_version(Version::new(u64::MAX)).is_err());
     }
 }

@@ -26,7 +26,7 @@ pub use config::{MssqlDedupConfig, MssqlEntityConfig, MssqlOutboxConfig, MAX_PAR
 pub use connect::MssqlConnection;
 pub use dedup::MssqlDedupStore;
 pub use entity::MssqlEntityStore;
-pub use ident::QualifiedName;
+pub use ident::{MssqlRules, QualifiedName};
 pub use lock::MssqlDistributedLock;
 pub use schema::SCHEMA_VERSION;
 pub use session::{

@@ -176,7 +176,7 @@ fn index(name: &QualifiedName, suffix: &str, create: &str) -> String {
     format!(
         "IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID({table}) \
          AND name = {index_literal})\n    {create_kw} {quoted} ON {name} {create};\n",
-        table = name.literal(),
+        table = literal(&name.to_string()),
         index_literal = literal(&index),
         quoted = quote(&index),
         create_kw = if suffix == index::CLUSTERED {
@@ -191,7 +191,7 @@ fn index(name: &QualifiedName, suffix: &str, create: &str) -> String {
 fn table(name: &QualifiedName, columns: &str) -> String {
     format!(
         "IF OBJECT_ID({literal}, N'U') IS NULL\nCREATE TABLE {name} (\n{columns}\n);\n",
-        literal = name.literal(),
+        literal = literal(&name.to_string()),
     )
 }
 
@@ -215,7 +215,7 @@ fn sequential_keys(name: &QualifiedName, suffixes: &[&str]) -> String {
                 "IF EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID({table}) \
                  AND name = {index_literal} AND optimize_for_sequential_key = 0) \
                  ALTER INDEX {quoted} ON {name} SET (OPTIMIZE_FOR_SEQUENTIAL_KEY = ON); ",
-                table = name.literal(),
+                table = literal(&name.to_string()),
                 index_literal = literal(&index),
                 quoted = quote(&index),
             )
@@ -232,7 +232,7 @@ fn no_lock_escalation(name: &QualifiedName) -> String {
     format!(
         "IF EXISTS (SELECT 1 FROM sys.tables WHERE object_id = OBJECT_ID({table}) \
          AND lock_escalation <> 1)\n    ALTER TABLE {name} SET (LOCK_ESCALATION = DISABLE);\n",
-        table = name.literal(),
+        table = literal(&name.to_string()),
     )
 }
 
@@ -355,10 +355,7 @@ outbox_core::schema_from_inherent!(
 );
 outbox_core::schema_from_inherent!(
     crate::MssqlDedupStore,
-    name = |s| s
-        .config()
-        .qualified_name()
-        .map_or_else(|_| s.config().table().to_owned(), |n| n.to_string()),
+    name = |s| s.config().display_name(),
     version = INBOX_VERSION.unsigned_abs()
 );
 
@@ -487,12 +484,7 @@ mod tests {
     /// `MssqlOutbox::ddl()` and friends when the layout changes.
     #[test]
     fn checked_in_sql_files_match_the_rendered_ddl() {
-        let statements = |file: &str| -> String {
-            file.lines()
-                .filter(|l| !l.starts_with("--"))
-                .map(|l| format!("{l}\n"))
-                .collect()
-        };
+        let statements = outbox_core::backend::ddl_file_statements;
         let outbox = outbox_ddl(&name("outbox", "outbox_messages"));
         assert_eq!(statements(include_str!("../sql/outbox.sql")), outbox);
         let inbox = inbox_ddl(&name("outbox", "outbox_inbox"));
