@@ -27,6 +27,11 @@
 //!    tuples and autovacuums sampled every 5 s: table defaults against the recommended
 //!    storage parameters (full mode adds 2 drain loops and `autovacuum_naptime = 10s`).
 //!    About 20 minutes in full mode; skipped (`null`) without the server binaries.
+//! 8. **Claim shapes** (`shapes`): the server's CPU and WAL per message of one claim +
+//!    settle round by statement shape, driven by `pgbench` with no client library:
+//!    pgmq's read + delete, the library's claim + complete, and a held-lock prototype
+//!    (the claim's selection `FOR UPDATE SKIP LOCKED` in a transaction held until the
+//!    delete commits).
 //!
 //! `OUTBOX_BENCH_ONLY` runs the scenarios named (`enqueue`, `drain`, `latency`,
 //! `history`, `cold_drain`, `enqueue_cost`, `soak`), comma-separated; the others are
@@ -62,6 +67,8 @@ mod latency;
 mod pgbench;
 #[path = "pg_bench/pgmq_peer.rs"]
 mod pgmq_peer;
+#[path = "pg_bench/shapes.rs"]
+mod shapes;
 #[path = "pg_bench/soak.rs"]
 mod soak;
 
@@ -152,6 +159,7 @@ async fn run(mode: Mode) -> Res<()> {
         "drain_unanalyzed": results[4],
         "enqueue_cost": results[5],
         "soak": results[6],
+        "claim_shapes": results[7],
     });
     let path = env.out_dir.join("results.json");
     std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
@@ -164,7 +172,7 @@ async fn run(mode: Mode) -> Res<()> {
     Ok(())
 }
 
-async fn scenarios(env: &Env) -> Res<[serde_json::Value; 7]> {
+async fn scenarios(env: &Env) -> Res<[serde_json::Value; 8]> {
     let only = std::env::var("OUTBOX_BENCH_ONLY").unwrap_or_default();
     let wanted = |name: &str| only.trim().is_empty() || only.split(',').any(|n| n.trim() == name);
     let skip = || serde_json::Value::Null;
@@ -201,6 +209,11 @@ async fn scenarios(env: &Env) -> Res<[serde_json::Value; 7]> {
         },
         if wanted("soak") {
             soak::run(env).await?
+        } else {
+            skip()
+        },
+        if wanted("shapes") {
+            shapes::run(env).await?
         } else {
             skip()
         },

@@ -54,12 +54,13 @@ impl Peer {
         })
     }
 
-    fn table() -> String {
+    /// The queue's table, `pgmq.q_<name>`.
+    pub(crate) fn table() -> String {
         format!("{PGMQ_SCHEMA}.q_{QUEUE}")
     }
 
     /// Empty the queue, send `n` messages with `send_batch` (1,000 per call), vacuum.
-    async fn reset(&self, n: u64) -> Res<()> {
+    pub(crate) async fn reset(&self, n: u64) -> Res<()> {
         sqlx::query(&format!("TRUNCATE {}", Self::table()))
             .execute(&self.admin)
             .await?;
