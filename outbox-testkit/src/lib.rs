@@ -222,6 +222,7 @@ pub mod env;
 mod faults;
 mod groups;
 pub mod harness;
+pub mod isolation;
 mod macros;
 mod memory;
 mod memory_harness;

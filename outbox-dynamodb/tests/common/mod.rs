@@ -14,13 +14,11 @@ use outbox_dynamodb::{
     DynamoDedupConfig, DynamoDedupStore, DynamoEntityConfig, DynamoEntityStore, DynamoOutbox,
     DynamoOutboxConfig,
 };
-use outbox_testkit::{Features, Fixture, Harness};
+use outbox_testkit::{isolation, Features, Fixture, Harness};
 use tokio::sync::OnceCell;
 
 /// The variable naming the DynamoDB endpoint (DynamoDB Local in tests).
 pub const URL_VAR: &str = "OUTBOX_DYNAMODB_URL";
-/// How long test tables are kept before a later run deletes them.
-const TABLE_TTL_SECS: u64 = 3600;
 /// Shards of the test tables: few, so a case's claims stay cheap, but more than one so
 /// merging across shards is exercised.
 pub const SHARDS: u16 = 4;
@@ -54,22 +52,12 @@ pub async fn client(what: &str) -> Option<Client> {
 /// A fresh table name, `obx_<unix seconds>_<random>_<what>`, so stale ones can be
 /// deleted.
 pub fn table_name(what: &str) -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_secs();
-    let rand = uuid::Uuid::new_v4().simple().to_string();
-    format!("obx_{secs}_{}_{what}", &rand[..12])
+    format!("{}_{what}", isolation::unique_name())
 }
 
 async fn drop_stale_tables(client: &Client) {
     static ONCE: OnceCell<()> = OnceCell::const_new();
     ONCE.get_or_init(|| async {
-        let cutoff = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_secs()
-            .saturating_sub(TABLE_TTL_SECS);
         let mut start = None;
         loop {
             let Ok(out) = client
@@ -81,11 +69,7 @@ async fn drop_stale_tables(client: &Client) {
                 return;
             };
             for name in out.table_names() {
-                let secs = name
-                    .strip_prefix("obx_")
-                    .and_then(|rest| rest.split('_').next())
-                    .and_then(|s| s.parse::<u64>().ok());
-                if secs.is_some_and(|s| s < cutoff) {
+                if isolation::is_stale(name) {
                     let _ = client.delete_table().table_name(name).send().await;
                 }
             }
@@ -248,5 +232,5 @@ impl Fixture for DynamoFixture {
 
 /// A driver error as the storage error a test harness reports.
 fn storage(e: impl std::error::Error + Send + Sync + 'static) -> outbox_core::Error {
-    outbox_core::Error::new(ErrorKind::Storage, "test harness").with_source(e)
+    isolation::plumbing_error(e)
 }

@@ -2,9 +2,10 @@
 
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use outbox_core::{Error, ErrorKind};
+use outbox_core::Error;
+use outbox_testkit::isolation;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::OnceCell;
@@ -13,8 +14,6 @@ use tokio::sync::OnceCell;
 pub const URL_VAR: &str = "OUTBOX_PG_URL";
 /// Deadline for anything a test waits on.
 pub use outbox_testkit::wait::DEADLINE;
-/// How long test schemas are kept before a later run drops them.
-const SCHEMA_TTL_SECS: u64 = 3600;
 
 /// The database URL, or `None` (after a visible skip line) when it is not set.
 pub fn url(what: &str) -> Option<String> {
@@ -40,35 +39,22 @@ pub async fn pool_named(url: &str, max: u32, application_name: &str) -> PgPool {
     pool
 }
 
-/// A fresh schema name, `obx_<unix seconds>_<random>`, so stale ones can be dropped.
+/// A fresh schema name ([`isolation::unique_name`]), so stale ones can be dropped.
 pub fn schema_name() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_secs();
-    let rand = uuid::Uuid::new_v4().simple().to_string();
-    format!("obx_{secs}_{}", &rand[..12])
+    isolation::unique_name()
 }
 
-/// Drop test schemas older than an hour, once per test binary.
+/// Drop the test schemas [`isolation::is_stale`] names, once per test binary.
 async fn drop_stale_schemas(pool: &PgPool) {
     static ONCE: OnceCell<()> = OnceCell::const_new();
     ONCE.get_or_init(|| async {
-        let cutoff = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_secs()
-            .saturating_sub(SCHEMA_TTL_SECS);
-        let stale: Vec<String> = sqlx::query_scalar(
-            "SELECT nspname::text FROM pg_namespace \
-             WHERE nspname ~ '^obx_[0-9]+_[0-9a-f]+$' \
-             AND split_part(nspname, '_', 2)::bigint < $1",
+        let names: Vec<String> = sqlx::query_scalar(
+            "SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'obx\\_%'",
         )
-        .bind(i64::try_from(cutoff).expect("seconds fit i64"))
         .fetch_all(pool)
         .await
         .unwrap_or_default();
-        for schema in stale {
+        for schema in names.into_iter().filter(|n| isolation::is_stale(n)) {
             // Names matched the pattern above, so they are plain identifiers.
             let _ = sqlx::raw_sql(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
                 .execute(pool)
@@ -80,7 +66,7 @@ async fn drop_stale_schemas(pool: &PgPool) {
 
 /// A sqlx error from test plumbing, as a core error.
 pub fn storage(e: sqlx::Error) -> Error {
-    Error::new(ErrorKind::Storage, "test plumbing failed").with_source(e)
+    isolation::plumbing_error(e)
 }
 
 pub use outbox_testkit::{poll_for, wait_until};

@@ -7,16 +7,15 @@
 
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use outbox_core::{Error, ErrorKind};
+use outbox_core::Error;
 use outbox_sqlserver::{MssqlConnection, MssqlPool};
+use outbox_testkit::isolation;
 use tokio::sync::OnceCell;
 
 /// The variable naming the test server.
 pub const URL_VAR: &str = "OUTBOX_TEST_MSSQL_URL";
-/// How long test schemas are kept before a later run drops them.
-const SCHEMA_TTL_SECS: u64 = 3600;
 
 /// The connection string, or `None` after a visible skip line when it is not set.
 /// Deliberately not `outbox_testkit::service_url`: that panics under
@@ -50,38 +49,16 @@ pub async fn pool(connection: &MssqlConnection, max: u32) -> MssqlPool {
     pool
 }
 
-/// A fresh schema name, `obx_<unix seconds>_<random>`, so stale ones can be dropped.
+/// A fresh schema name ([`isolation::unique_name`]), so stale ones can be dropped.
 pub fn schema_name() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_secs();
-    let rand = uuid::Uuid::new_v4().simple().to_string();
-    format!("obx_{secs}_{}", &rand[..12])
+    isolation::unique_name()
 }
 
-/// Whether `name` is a test schema older than the TTL.
-fn stale(name: &str, cutoff: u64) -> bool {
-    let mut parts = name.split('_');
-    parts.next() == Some("obx")
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-        && parts
-            .next()
-            .and_then(|secs| secs.parse::<u64>().ok())
-            .is_some_and(|secs| secs < cutoff)
-}
-
-/// Drop test schemas (tables first) older than an hour, once per test binary.
+/// Drop the test schemas (tables first) [`isolation::is_stale`] names, once per test
+/// binary.
 async fn drop_stale_schemas(pool: &MssqlPool) {
     static ONCE: OnceCell<()> = OnceCell::const_new();
     ONCE.get_or_init(|| async {
-        let cutoff = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_secs()
-            .saturating_sub(SCHEMA_TTL_SECS);
         let Ok(mut client) = pool.get().await else {
             return;
         };
@@ -104,7 +81,7 @@ async fn drop_stale_schemas(pool: &MssqlPool) {
             let Some(schema) = row.get::<&str, _>("schema_name") else {
                 continue;
             };
-            if !stale(schema, cutoff) {
+            if !isolation::is_stale(schema) {
                 continue;
             }
             schemas.insert(schema.to_owned());
@@ -132,7 +109,7 @@ async fn drop_stale_schemas(pool: &MssqlPool) {
 
 /// A driver error from test plumbing, as a core error.
 pub fn storage(e: impl std::error::Error + Send + Sync + 'static) -> Error {
-    Error::new(ErrorKind::Storage, "test plumbing failed").with_source(e)
+    isolation::plumbing_error(e)
 }
 
 /// Run `sql` (no parameters) on `client`, reading every result.
