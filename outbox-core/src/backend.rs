@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 pub mod config;
 pub mod entity;
 pub mod ident;
+mod send_checks;
 
 pub use crate::message::MessageParts;
 pub use crate::names::validate_identifier;
