@@ -8,14 +8,17 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
+pub mod claim;
 pub mod config;
 pub mod entity;
 pub mod ident;
+mod send_checks;
 
 pub use crate::message::MessageParts;
 pub use crate::names::validate_identifier;
 pub use crate::schema::Schema;
 pub use crate::store::{bounded_error, check_enqueue};
+pub use claim::{finish_claim, ClaimDecoder, DecodedClaim};
 pub use config::{
     DedupTable, EntityTable, OutboxTable, SchemaRules, TableConfig, TableKind, TableOnlyRules,
     TableRules,

@@ -8,9 +8,9 @@
 //!
 //! 1. Begin a transaction.
 //! 2. [`PgDedupStore::record_in`] the message id on that transaction. A
-//!    [`Dedup::Duplicate`] means the message was already processed: commit (or roll
+//!    [`Dedup::Duplicate`](outbox_core::Dedup::Duplicate) means the message was already processed: commit (or roll
 //!    back) and acknowledge it.
-//! 3. On [`Dedup::New`], apply the handler's writes on the same transaction.
+//! 3. On [`Dedup::New`](outbox_core::Dedup::New), apply the handler's writes on the same transaction.
 //! 4. Commit: the writes and the id become visible together. A crash or rollback before
 //!    the commit leaves neither, so the redelivered message is processed again.
 //!
@@ -20,15 +20,15 @@
 //!
 //! ## Limitations
 //!
-//! - [`Consistency::Strong`] holds when the pool reaches the primary: a hot standby
+//! - [`Consistency::Strong`](outbox_core::Consistency::Strong) holds when the pool reaches the primary: a hot standby
 //!   (read replica) can miss a record committed a moment ago, which the decoupled
 //!   algorithm cannot tolerate.
 //! - Ids are remembered for the configured retention period; a redelivery after
-//!   [`purge_expired`](DedupStore::purge_expired) removed the id (or after the period
+//!   [`purge_expired`](outbox_core::DedupStore::purge_expired) removed the id (or after the period
 //!   ended) is treated as new.
 //! - `record_in` holds a row lock on the id until the transaction ends; keep consumer
 //!   transactions short.
-//! - Consumer names arrive validated ([`ConsumerName`]) and are stored as given in a
+//! - Consumer names arrive validated ([`ConsumerName`](outbox_core::ConsumerName)) and are stored as given in a
 //!   `text` column, compared exactly (the column takes the database's default collation,
 //!   which is always deterministic). On a database whose encoding is not UTF-8, a name
 //!   with characters that encoding lacks fails with the driver's error.
@@ -36,17 +36,15 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use futures::future::BoxFuture;
-use sqlx::{PgConnection, PgPool};
+use outbox_sqlx::SqlxInbox;
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
-use outbox_core::consumer::Processed;
-use outbox_core::{Consistency, ConsumerName, Dedup, DedupStore, Error, MessageId, Result};
+use outbox_core::{ConsumerName, Error, MessageId, Result};
 
 use crate::config::PgDedupConfig;
 use crate::error::from_sqlx;
 use crate::ident::QualifiedName;
 use crate::schema::{inbox_ddl, inbox_objects, install};
-use crate::sql::limit_param;
 
 /// Processed message ids per consumer in a PostgreSQL table; strongly consistent.
 ///
@@ -145,37 +143,65 @@ impl PgDedupStore {
     pub async fn install(&self) -> Result<()> {
         install(&self.pool, &self.name, &inbox_objects(&self.name)).await
     }
+}
 
-    /// Record `id` for `consumer` on `conn`, normally inside the transaction that
-    /// applies the message's effects (pass `&mut *tx`), so both commit together.
-    ///
-    /// # Errors
-    /// Mapped driver errors.
-    pub async fn record_in(
+#[async_trait]
+impl SqlxInbox for PgDedupStore {
+    type Db = Postgres;
+
+    fn map_error(what: &str, err: sqlx::Error) -> Error {
+        from_sqlx(what, err)
+    }
+
+    fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    async fn begin_consumer(&self) -> sqlx::Result<Transaction<'static, Postgres>> {
+        self.pool.begin().await
+    }
+
+    async fn record_on(
         &self,
         conn: &mut PgConnection,
         consumer: &ConsumerName,
         id: MessageId,
-    ) -> Result<Dedup> {
+    ) -> sqlx::Result<u64> {
         let done = sqlx::query(&self.sql.record)
             .bind(consumer.as_str())
             .bind(id.as_uuid())
             .bind(self.retention_us)
             .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn contains_on_pool(&self, consumer: &ConsumerName, id: MessageId) -> sqlx::Result<bool> {
+        sqlx::query_scalar(&self.sql.contains)
+            .bind(consumer.as_str())
+            .bind(id.as_uuid())
+            .bind(self.retention_us)
+            .fetch_one(&self.pool)
             .await
-            .map_err(|e| from_sqlx("record message id", e))?;
-        Ok(if done.rows_affected() == 1 {
-            Dedup::New
-        } else {
-            Dedup::Duplicate
-        })
+    }
+
+    async fn purge_on_pool(&self, limit: i64) -> sqlx::Result<u64> {
+        let done = sqlx::query(&self.sql.purge)
+            .bind(self.retention_us)
+            .bind(limit)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
     }
 }
 
-impl PgDedupStore {
+outbox_sqlx::sqlx_dedup_store! {
+    store: PgDedupStore,
+    conn: PgConnection,
     /// Process message `id` for `consumer` exactly once in its own transaction: begin,
     /// record the id, run `handler` on the transaction, commit. A duplicate runs
-    /// nothing and returns [`Processed::Duplicate`]; a handler error rolls back
+    /// nothing and returns
+    /// [`Processed::Duplicate`](outbox_core::consumer::Processed::Duplicate); a handler error rolls back
     /// everything, the id included, so the redelivered message runs again.
     ///
     /// ```no_run
@@ -209,73 +235,7 @@ impl PgDedupStore {
     /// connection may have dropped after the server committed); the redelivered message
     /// then reports a duplicate or runs again. A concurrent delivery of the same id
     /// waits for this transaction (the inbox row lock) and then reports a duplicate.
-    pub async fn process<T, F>(
-        &self,
-        consumer: &ConsumerName,
-        id: MessageId,
-        handler: F,
-    ) -> Result<Processed<T>>
-    where
-        T: Send,
-        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<T>> + Send,
-    {
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(|e| from_sqlx("begin the consumer transaction", e))?;
-        if self.record_in(&mut tx, consumer, id).await? == Dedup::Duplicate {
-            tx.rollback()
-                .await
-                .map_err(|e| from_sqlx("end the consumer transaction", e))?;
-            return Ok(Processed::Duplicate);
-        }
-        // On an error the transaction is dropped, which rolls it back.
-        let value = handler(&mut tx).await?;
-        tx.commit()
-            .await
-            .map_err(|e| from_sqlx("commit the consumer transaction", e))?;
-        Ok(Processed::Applied(value))
-    }
-}
-
-#[async_trait]
-impl DedupStore for PgDedupStore {
-    fn consistency(&self) -> Consistency {
-        Consistency::Strong
-    }
-
-    async fn contains(&self, consumer: &ConsumerName, id: MessageId) -> Result<bool> {
-        sqlx::query_scalar(&self.sql.contains)
-            .bind(consumer.as_str())
-            .bind(id.as_uuid())
-            .bind(self.retention_us)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| from_sqlx("look up message id", e))
-    }
-
-    async fn record(&self, consumer: &ConsumerName, id: MessageId) -> Result<Dedup> {
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| from_sqlx("record message id", e))?;
-        self.record_in(&mut conn, consumer, id).await
-    }
-
-    async fn purge_expired(&self, limit: usize) -> Result<u64> {
-        if limit == 0 {
-            return Ok(0);
-        }
-        let done = sqlx::query(&self.sql.purge)
-            .bind(self.retention_us)
-            .bind(limit_param(limit))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| from_sqlx("purge message ids", e))?;
-        Ok(done.rows_affected())
-    }
+    process
 }
 
 #[cfg(test)]

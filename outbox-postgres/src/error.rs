@@ -4,7 +4,9 @@
 //! "PostgreSQL Error Codes"); driver errors by their sqlx variant. The cause stays
 //! reachable through [`std::error::Error::source`].
 
-use outbox_core::{Error, ErrorKind, ErrorStatus};
+use outbox_core::{Error, ErrorKind};
+use outbox_sqlx::ErrorCodes;
+use sqlx::error::DatabaseError;
 
 /// The kind for a PostgreSQL SQLSTATE code; its retryable status is the kind's
 /// [`default_status`](ErrorKind::default_status).
@@ -36,48 +38,28 @@ pub(crate) fn kind_for_sqlstate(code: &str) -> ErrorKind {
     }
 }
 
+/// The PostgreSQL side of [`outbox_sqlx::from_sqlx`]: codes are SQLSTATEs.
+pub(crate) struct Pg;
+
+impl ErrorCodes for Pg {
+    const CODE_LABEL: &'static str = "SQLSTATE";
+
+    fn database_kind(err: &dyn DatabaseError) -> ErrorKind {
+        err.code()
+            .map_or(ErrorKind::Storage, |code| kind_for_sqlstate(&code))
+    }
+}
+
 /// Map a sqlx error met while doing `what` (for example `"claim"`) to the workspace
 /// error, keeping the sqlx error as the source.
 pub(crate) fn from_sqlx(what: &str, err: sqlx::Error) -> Error {
-    let (kind, status) = classify(&err);
-    let message = match &err {
-        sqlx::Error::Database(db) => match db.code() {
-            Some(code) => format!("{what} failed (SQLSTATE {code})"),
-            None => format!("{what} failed"),
-        },
-        _ => format!("{what} failed"),
-    };
-    Error::new(kind, message)
-        .with_status(status)
-        .with_source(err)
-}
-
-fn classify(err: &sqlx::Error) -> (ErrorKind, ErrorStatus) {
-    use sqlx::Error as E;
-    let kind = match err {
-        E::Database(db) => db
-            .code()
-            .map_or(ErrorKind::Storage, |code| kind_for_sqlstate(&code)),
-        E::Io(_) | E::Tls(_) | E::Protocol(_) | E::WorkerCrashed => ErrorKind::Unavailable,
-        E::PoolTimedOut => ErrorKind::Timeout,
-        // A closed pool never reopens: unavailable, and retrying will not help.
-        E::PoolClosed => return (ErrorKind::Unavailable, ErrorStatus::Permanent),
-        E::Decode(_)
-        | E::ColumnDecode { .. }
-        | E::ColumnNotFound(_)
-        | E::ColumnIndexOutOfBounds { .. }
-        | E::TypeNotFound { .. } => ErrorKind::Decode,
-        E::Encode(_) | E::InvalidArgument(_) => ErrorKind::InvalidInput,
-        E::Configuration(_) => ErrorKind::Config,
-        _ => ErrorKind::Storage,
-    };
-    (kind, kind.default_status())
+    outbox_sqlx::from_sqlx::<Pg>(what, err)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::error::Error as _;
+    use outbox_core::ErrorStatus;
 
     #[test]
     fn sqlstate_table() {
@@ -133,36 +115,6 @@ mod tests {
                 ErrorStatus::Permanent,
                 "SQLSTATE {code}"
             );
-        }
-    }
-
-    #[test]
-    fn driver_errors() {
-        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
-        let cases = [
-            (sqlx::Error::Io(io), ErrorKind::Unavailable, true),
-            (
-                sqlx::Error::Protocol("eof".into()),
-                ErrorKind::Unavailable,
-                true,
-            ),
-            (sqlx::Error::PoolTimedOut, ErrorKind::Timeout, true),
-            (sqlx::Error::PoolClosed, ErrorKind::Unavailable, false),
-            (sqlx::Error::Decode("bad".into()), ErrorKind::Decode, false),
-            (
-                sqlx::Error::ColumnNotFound("x".into()),
-                ErrorKind::Decode,
-                false,
-            ),
-            (sqlx::Error::RowNotFound, ErrorKind::Storage, false),
-        ];
-        for (err, kind, retryable) in cases {
-            let text = err.to_string();
-            let mapped = from_sqlx("claim", err);
-            assert_eq!(mapped.kind(), kind, "{text}");
-            assert_eq!(mapped.is_retryable(), retryable, "{text}");
-            assert_eq!(mapped.message(), "claim failed");
-            assert!(mapped.source().is_some());
         }
     }
 }

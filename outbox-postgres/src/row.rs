@@ -11,9 +11,10 @@
 use std::time::SystemTime;
 
 use chrono::{DateTime, Utc};
+use outbox_core::backend::{ClaimDecoder, DecodedClaim};
 use outbox_core::{
-    ClaimedMessage, DeadLetter, Error, ErrorKind, Headers, Lease, LeaseToken, Message, MessageId,
-    MessageLimits, MessageParts, Result,
+    DeadLetter, Error, ErrorKind, Headers, LeaseToken, Message, MessageId, MessageLimits,
+    MessageParts, Result,
 };
 use sqlx::postgres::PgRow;
 use sqlx::Row;
@@ -36,24 +37,14 @@ pub(crate) fn decode_error(message: String) -> Error {
     Error::new(ErrorKind::Decode, message)
 }
 
-/// A claim's rows, decoded.
-#[derive(Debug)]
-pub(crate) struct DecodedClaim {
-    /// Ordered by due time, then `seq`.
-    pub(crate) claimed: Vec<ClaimedMessage>,
-    /// Rows that cannot be delivered, with the reason: to dead-letter.
-    pub(crate) poison: Vec<(Uuid, String)>,
-}
-
 /// Decode a claim's rows, checking each against `limits`. An error is a schema problem
 /// that affects the whole claim.
 pub(crate) fn decode_claimed(
     rows: &[PgRow],
     token: LeaseToken,
     limits: &MessageLimits,
-) -> Result<DecodedClaim> {
-    let mut claimed = Vec::with_capacity(rows.len());
-    let mut poison = Vec::new();
+) -> Result<DecodedClaim<Uuid>> {
+    let mut decoded = ClaimDecoder::new(token, rows.len());
     for row in rows {
         let id: Uuid = get(row, "id")?;
         let order: (DateTime<Utc>, i64) = (get(row, "due_at")?, get(row, "seq")?);
@@ -65,24 +56,12 @@ pub(crate) fn decode_claimed(
             message.check_stored(limits)?;
             Ok(message)
         });
-        match checked {
-            Ok(message) => {
-                let expires: DateTime<Utc> = get(row, "lease_expires_at")?;
-                let lease = Lease {
-                    id: message.id,
-                    token,
-                    expires_at: SystemTime::from(expires),
-                };
-                claimed.push((order, ClaimedMessage { message, lease }));
-            }
-            Err(reason) => poison.push((id, reason)),
-        }
+        decoded.push(order, id, checked, || {
+            let expires: DateTime<Utc> = get(row, "lease_expires_at")?;
+            Ok(SystemTime::from(expires))
+        })?;
     }
-    claimed.sort_by_key(|(order, _)| *order);
-    Ok(DecodedClaim {
-        claimed: claimed.into_iter().map(|(_, c)| c).collect(),
-        poison,
-    })
+    Ok(decoded.finish())
 }
 
 /// The message of a claimed row, or why its content does not make one.

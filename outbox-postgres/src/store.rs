@@ -11,6 +11,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use outbox_core::backend::finish_claim;
 use outbox_core::message::MAX_DELAY;
 use outbox_core::store::{bounded_error, check_enqueue, in_id_order, validate_lease};
 use outbox_core::{
@@ -24,7 +25,7 @@ use crate::config::PgOutboxConfig;
 use crate::connect;
 use crate::error::from_sqlx;
 use crate::ident::QualifiedName;
-use crate::row::{decode_claimed, get, DecodedClaim};
+use crate::row::{decode_claimed, get};
 use crate::schema;
 use crate::sql::{limit_param, micros, Statements};
 
@@ -356,21 +357,15 @@ impl PgOutbox {
     /// The messages of a committed claim's rows: poison rows dead-lettered, and every
     /// row released if they cannot be read at all.
     async fn claimed(&self, token: LeaseToken, rows: Vec<PgRow>) -> Result<Claimed> {
-        // The claim has committed: from here on, an error must give its rows back.
-        match decode_claimed(&rows, token, self.inner.config.limits()) {
-            Ok(DecodedClaim { claimed, poison }) => {
-                let dead_lettered = if poison.is_empty() {
-                    0
-                } else {
-                    self.dead_letter_claimed(token, poison).await
-                };
-                Ok(Claimed::new(claimed).with_dead_lettered(dead_lettered))
-            }
-            Err(err) => {
+        finish_claim(
+            decode_claimed(&rows, token, self.inner.config.limits()),
+            |poison| self.dead_letter_claimed(token, poison),
+            |err| async {
                 self.release_claim(token, &rows, &err).await;
-                Err(err)
-            }
-        }
+                err
+            },
+        )
+        .await
     }
 
     /// Undo a claim whose rows could not be returned (a column of the wrong type, say):

@@ -9,9 +9,9 @@
 //!
 //! 1. Begin an immediate transaction (it takes SQLite's write lock at once).
 //! 2. [`record_in`](SqliteDedupStore::record_in) the message id on that transaction. A
-//!    [`Dedup::Duplicate`] means the message was already processed: end the
+//!    [`Dedup::Duplicate`](outbox_core::Dedup::Duplicate) means the message was already processed: end the
 //!    transaction and acknowledge the message.
-//! 3. On [`Dedup::New`], apply the handler's writes on the same transaction.
+//! 3. On [`Dedup::New`](outbox_core::Dedup::New), apply the handler's writes on the same transaction.
 //! 4. Commit: the writes and the id become visible together. A crash or rollback before
 //!    the commit leaves neither, so the redelivered message is processed again.
 //!
@@ -22,7 +22,7 @@
 //! ## Limitations
 //!
 //! - Ids are remembered for the configured retention; a redelivery after
-//!   [`purge_expired`](DedupStore::purge_expired) removed the id (or after the period
+//!   [`purge_expired`](outbox_core::DedupStore::purge_expired) removed the id (or after the period
 //!   ended) is treated as new.
 //! - The write lock is held for the whole consumer transaction, and every other writer
 //!   of the database waits for it: keep consumer transactions short.
@@ -30,17 +30,16 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use futures::future::BoxFuture;
-use sqlx::{SqliteConnection, SqlitePool};
+use outbox_sqlx::SqlxInbox;
+use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 
-use outbox_core::consumer::Processed;
-use outbox_core::{Consistency, ConsumerName, Dedup, DedupStore, Error, MessageId, Result};
+use outbox_core::{ConsumerName, Error, MessageId, Result};
 
 use crate::config::SqliteDedupConfig;
 use crate::error::from_sqlx;
 use crate::ident::TableName;
 use crate::schema::{ddl, inbox_objects, install};
-use crate::time::{limit_param, now_us};
+use crate::time::now_us;
 
 /// Processed message ids per consumer in an SQLite table; strongly consistent (one
 /// database, read after write).
@@ -139,36 +138,69 @@ impl SqliteDedupStore {
     pub async fn install(&self) -> Result<()> {
         install(&self.pool, &self.name, &inbox_objects(&self.name)).await
     }
+}
 
-    /// Record `id` for `consumer` on `conn`, normally inside the transaction that
-    /// applies the message's effects (pass `&mut *tx`), so both commit together.
-    ///
-    /// # Errors
-    /// Mapped driver errors.
-    pub async fn record_in(
+#[async_trait]
+impl SqlxInbox for SqliteDedupStore {
+    type Db = Sqlite;
+
+    fn map_error(what: &str, err: sqlx::Error) -> Error {
+        from_sqlx(what, err)
+    }
+
+    fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// An immediate transaction: it takes SQLite's write lock at once.
+    async fn begin_consumer(&self) -> sqlx::Result<Transaction<'static, Sqlite>> {
+        self.pool.begin_with("BEGIN IMMEDIATE").await
+    }
+
+    async fn record_on(
         &self,
         conn: &mut SqliteConnection,
         consumer: &ConsumerName,
         id: MessageId,
-    ) -> Result<Dedup> {
+    ) -> sqlx::Result<u64> {
         let done = sqlx::query(&self.sql.record)
             .bind(consumer.as_str())
             .bind(id.as_uuid().as_bytes().to_vec())
             .bind(now_us())
             .bind(self.retention_us)
             .execute(conn)
-            .await
-            .map_err(|e| from_sqlx("record message id", e))?;
-        Ok(if done.rows_affected() == 1 {
-            Dedup::New
-        } else {
-            Dedup::Duplicate
-        })
+            .await?;
+        Ok(done.rows_affected())
     }
 
+    async fn contains_on_pool(&self, consumer: &ConsumerName, id: MessageId) -> sqlx::Result<bool> {
+        sqlx::query_scalar(&self.sql.contains)
+            .bind(consumer.as_str())
+            .bind(id.as_uuid().as_bytes().to_vec())
+            .bind(now_us())
+            .bind(self.retention_us)
+            .fetch_one(&self.pool)
+            .await
+    }
+
+    async fn purge_on_pool(&self, limit: i64) -> sqlx::Result<u64> {
+        let done = sqlx::query(&self.sql.purge)
+            .bind(now_us())
+            .bind(self.retention_us)
+            .bind(limit)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+}
+
+outbox_sqlx::sqlx_dedup_store! {
+    store: SqliteDedupStore,
+    conn: SqliteConnection,
     /// Process message `id` for `consumer` exactly once in its own immediate
     /// transaction: begin, record the id, run `handler` on the transaction, commit. A
-    /// duplicate runs nothing and returns [`Processed::Duplicate`]; a handler error
+    /// duplicate runs nothing and returns
+    /// [`Processed::Duplicate`](outbox_core::consumer::Processed::Duplicate); a handler error
     /// rolls back everything, the id included, so the redelivered message runs again.
     ///
     /// ```no_run
@@ -199,75 +231,7 @@ impl SqliteDedupStore {
     /// The handler's error, or mapped driver errors of begin and record: nothing was
     /// committed. An error of the commit itself (disk full, say) leaves nothing
     /// committed either, so the redelivered message runs again.
-    pub async fn process<T, F>(
-        &self,
-        consumer: &ConsumerName,
-        id: MessageId,
-        handler: F,
-    ) -> Result<Processed<T>>
-    where
-        T: Send,
-        F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T>> + Send,
-    {
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(|e| from_sqlx("begin the consumer transaction", e))?;
-        if self.record_in(&mut tx, consumer, id).await? == Dedup::Duplicate {
-            tx.rollback()
-                .await
-                .map_err(|e| from_sqlx("end the consumer transaction", e))?;
-            return Ok(Processed::Duplicate);
-        }
-        // On an error the transaction is dropped, which rolls it back.
-        let value = handler(&mut tx).await?;
-        tx.commit()
-            .await
-            .map_err(|e| from_sqlx("commit the consumer transaction", e))?;
-        Ok(Processed::Applied(value))
-    }
-}
-
-#[async_trait]
-impl DedupStore for SqliteDedupStore {
-    fn consistency(&self) -> Consistency {
-        Consistency::Strong
-    }
-
-    async fn contains(&self, consumer: &ConsumerName, id: MessageId) -> Result<bool> {
-        sqlx::query_scalar(&self.sql.contains)
-            .bind(consumer.as_str())
-            .bind(id.as_uuid().as_bytes().to_vec())
-            .bind(now_us())
-            .bind(self.retention_us)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| from_sqlx("look up message id", e))
-    }
-
-    async fn record(&self, consumer: &ConsumerName, id: MessageId) -> Result<Dedup> {
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| from_sqlx("record message id", e))?;
-        self.record_in(&mut conn, consumer, id).await
-    }
-
-    async fn purge_expired(&self, limit: usize) -> Result<u64> {
-        if limit == 0 {
-            return Ok(0);
-        }
-        let done = sqlx::query(&self.sql.purge)
-            .bind(now_us())
-            .bind(self.retention_us)
-            .bind(limit_param(limit))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| from_sqlx("purge message ids", e))?;
-        Ok(done.rows_affected())
-    }
+    process
 }
 
 #[cfg(test)]

@@ -5,7 +5,9 @@
 //! errors by their sqlx variant. The cause stays reachable through
 //! [`std::error::Error::source`].
 
-use outbox_core::{Error, ErrorKind, ErrorStatus};
+use outbox_core::{Error, ErrorKind};
+use outbox_sqlx::ErrorCodes;
+use sqlx::error::DatabaseError;
 
 /// `SQLITE_BUSY`: another connection holds the lock (after the busy timeout).
 const BUSY: i32 = 5;
@@ -40,7 +42,7 @@ const CONSTRAINT_UNIQUE: i32 = 2067;
 /// | `SQLITE_IOERR*`, `SQLITE_FULL`, `SQLITE_CANTOPEN*` | Unavailable |
 /// | `SQLITE_CONSTRAINT_UNIQUE`, `SQLITE_CONSTRAINT_PRIMARYKEY` | Conflict |
 /// | other `SQLITE_CONSTRAINT*`, `SQLITE_TOOBIG`, `SQLITE_MISMATCH` | InvalidInput |
-/// | anything else | Storage (or Schema, see [`from_sqlx`]) |
+/// | anything else | Storage (or Schema, see [`Sqlite`]) |
 pub(crate) fn kind_for_code(code: i32) -> ErrorKind {
     match code {
         CONSTRAINT_UNIQUE | CONSTRAINT_PRIMARYKEY => return ErrorKind::Conflict,
@@ -55,52 +57,29 @@ pub(crate) fn kind_for_code(code: i32) -> ErrorKind {
     }
 }
 
-/// Map a sqlx error met while doing `what` (for example `"claim"`) to the workspace
-/// error, keeping the sqlx error as the source. A generic `SQLITE_ERROR` naming a
-/// missing table or column is a [`ErrorKind::Schema`] problem (not installed, or
-/// installed by another version).
-pub(crate) fn from_sqlx(what: &str, err: sqlx::Error) -> Error {
-    let (kind, status) = classify(&err);
-    // The driver's own text is the source's, printed by `Error::report` once.
-    let message = match &err {
-        sqlx::Error::Database(db) => match db.code() {
-            Some(code) => format!("{what} failed (SQLite code {code})"),
-            None => format!("{what} failed"),
-        },
-        _ => format!("{what} failed"),
-    };
-    Error::new(kind, message)
-        .with_status(status)
-        .with_source(err)
+/// The SQLite side of [`outbox_sqlx::from_sqlx`]: codes are result codes, and a
+/// generic `SQLITE_ERROR` naming a missing table or column is a [`ErrorKind::Schema`]
+/// problem (not installed, or installed by another version).
+pub(crate) struct Sqlite;
+
+impl ErrorCodes for Sqlite {
+    const CODE_LABEL: &'static str = "SQLite code";
+
+    fn database_kind(db: &dyn DatabaseError) -> ErrorKind {
+        match db.code().and_then(|c| c.parse::<i32>().ok()) {
+            Some(code) => match kind_for_code(code) {
+                ErrorKind::Storage if is_schema_message(db.message()) => ErrorKind::Schema,
+                kind => kind,
+            },
+            None => ErrorKind::Storage,
+        }
+    }
 }
 
-fn classify(err: &sqlx::Error) -> (ErrorKind, ErrorStatus) {
-    use sqlx::Error as E;
-    let kind = match err {
-        E::Database(db) => {
-            let code = db.code().and_then(|c| c.parse::<i32>().ok());
-            match code {
-                Some(code) => match kind_for_code(code) {
-                    ErrorKind::Storage if is_schema_message(db.message()) => ErrorKind::Schema,
-                    kind => kind,
-                },
-                None => ErrorKind::Storage,
-            }
-        }
-        E::Io(_) | E::Protocol(_) | E::WorkerCrashed => ErrorKind::Unavailable,
-        E::PoolTimedOut => ErrorKind::Timeout,
-        // A closed pool never reopens: unavailable, and retrying will not help.
-        E::PoolClosed => return (ErrorKind::Unavailable, ErrorStatus::Permanent),
-        E::Decode(_)
-        | E::ColumnDecode { .. }
-        | E::ColumnNotFound(_)
-        | E::ColumnIndexOutOfBounds { .. }
-        | E::TypeNotFound { .. } => ErrorKind::Decode,
-        E::Encode(_) | E::InvalidArgument(_) => ErrorKind::InvalidInput,
-        E::Configuration(_) => ErrorKind::Config,
-        _ => ErrorKind::Storage,
-    };
-    (kind, kind.default_status())
+/// Map a sqlx error met while doing `what` (for example `"claim"`) to the workspace
+/// error, keeping the sqlx error as the source (see [`Sqlite`]).
+pub(crate) fn from_sqlx(what: &str, err: sqlx::Error) -> Error {
+    outbox_sqlx::from_sqlx::<Sqlite>(what, err)
 }
 
 /// SQLite reports a missing table or column as a plain `SQLITE_ERROR` whose message
@@ -112,6 +91,7 @@ fn is_schema_message(message: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use outbox_core::ErrorStatus;
 
     #[test]
     fn result_codes_map_to_kinds() {

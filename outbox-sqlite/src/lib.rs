@@ -29,28 +29,6 @@ pub use store::SqliteOutbox;
 /// to `enqueue` with it, so both sides use one driver version.
 pub use sqlx;
 
-/// Compile-time checks that the public futures can be spawned on a multi-threaded
-/// runtime.
-#[cfg(test)]
-#[allow(dead_code)]
-mod send_checks {
-    use super::*;
-    use outbox_core::{ClaimRequest, DeadLetterPage, OutboxAdmin, OutboxStore};
-
-    fn assert_send<T: Send>(_: T) {}
-
-    fn public_futures_are_send(
-        outbox: &SqliteOutbox,
-        dedup: &SqliteDedupStore,
-        conn: &mut sqlx::SqliteConnection,
-        messages: &[outbox_core::NewMessage],
-        request: ClaimRequest,
-        page: &DeadLetterPage,
-    ) {
-        assert_send(outbox.install());
-        assert_send(dedup.install());
-        assert_send(outbox.enqueue(conn, messages));
-        assert_send(outbox.claim(request));
-        assert_send(outbox.dead_letters(page));
-    }
-}
+// Compile-time checks (tests only) that the public futures can be spawned on a
+// multi-threaded runtime.
+outbox_core::backend_send_checks!(outbox: SqliteOutbox, dedup: SqliteDedupStore, conn: &mut sqlx::SqliteConnection);

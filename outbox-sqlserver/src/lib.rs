@@ -37,34 +37,10 @@ pub use store::MssqlOutbox;
 /// The tiberius this crate was built with: run your transactions on its `Client`.
 pub use tiberius;
 
-/// Compile-time checks that the public futures can be spawned on a multi-threaded
-/// runtime.
-#[cfg(test)]
-#[allow(dead_code)]
-mod send_checks {
-    use super::*;
-    use outbox_core::{
-        ClaimRequest, DeadLetterPage, DeadLetterSelection, OutboxAdmin, OutboxStore,
-    };
-
-    fn assert_send<T: Send>(_: T) {}
-
-    fn public_futures_are_send(
-        outbox: &MssqlOutbox,
-        dedup: &MssqlDedupStore,
-        client: &mut MssqlClient,
-        messages: &[outbox_core::NewMessage],
-        request: ClaimRequest,
-        page: &DeadLetterPage,
-        selection: &DeadLetterSelection,
-    ) {
-        assert_send(outbox.install());
-        assert_send(dedup.install());
-        assert_send(outbox.enqueue(client, messages));
-        assert_send(outbox.claim(request));
-        assert_send(outbox.dead_letters(page));
-        assert_send(outbox.requeue_dead(selection));
-    }
+// Compile-time checks (tests only) that the public futures can be spawned on a
+// multi-threaded runtime.
+outbox_core::backend_send_checks! {
+    outbox: MssqlOutbox, dedup: MssqlDedupStore, conn: &mut MssqlClient;
 
     fn transactions_are_send(session: &mut MssqlSession, tx: MssqlTransaction<'_>) {
         assert_send(session.begin());

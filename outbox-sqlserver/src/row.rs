@@ -12,9 +12,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tiberius::Row;
 
+use outbox_core::backend::{ClaimDecoder, DecodedClaim};
 use outbox_core::{
-    ClaimedMessage, DeadLetter, Headers, Lease, LeaseToken, Message, MessageId, MessageLimits,
-    MessageParts, Result,
+    DeadLetter, Headers, LeaseToken, Message, MessageId, MessageLimits, MessageParts, Result,
 };
 use uuid::Uuid;
 
@@ -30,24 +30,14 @@ pub(crate) fn system_time(us: i64) -> SystemTime {
     }
 }
 
-/// A claim's rows, decoded.
-#[derive(Debug)]
-pub(crate) struct DecodedClaim {
-    /// Ordered by due time, then `seq`.
-    pub(crate) claimed: Vec<ClaimedMessage>,
-    /// Rows that cannot be delivered, with the reason: to dead-letter.
-    pub(crate) poison: Vec<([u8; 16], String)>,
-}
-
 /// Decode a claim's rows, checking each against `limits`. An error is a schema problem
 /// that affects the whole claim.
 pub(crate) fn decode_claimed(
     rows: &[Row],
     token: LeaseToken,
     limits: &MessageLimits,
-) -> Result<DecodedClaim> {
-    let mut claimed = Vec::with_capacity(rows.len());
-    let mut poison = Vec::new();
+) -> Result<DecodedClaim<[u8; 16]>> {
+    let mut decoded = ClaimDecoder::new(token, rows.len());
     for row in rows {
         let id = row_id(row, "id")?;
         let order = (row_i64(row, "due_us")?, row_i64(row, "seq")?);
@@ -61,23 +51,11 @@ pub(crate) fn decode_claimed(
             }
             (Err(reason), _) | (_, Err(reason)) => Err(format!("undecodable row: {reason}")),
         };
-        match checked {
-            Ok(message) => {
-                let lease = Lease {
-                    id: message.id,
-                    token,
-                    expires_at: system_time(row_i64(row, "lease_us")?),
-                };
-                claimed.push((order, ClaimedMessage { message, lease }));
-            }
-            Err(reason) => poison.push((id, reason)),
-        }
+        decoded.push(order, id, checked, || {
+            Ok(system_time(row_i64(row, "lease_us")?))
+        })?;
     }
-    claimed.sort_by_key(|(order, _)| *order);
-    Ok(DecodedClaim {
-        claimed: claimed.into_iter().map(|(_, c)| c).collect(),
-        poison,
-    })
+    Ok(decoded.finish())
 }
 
 /// Dead letters are listed even when their content does not decode: with the headers

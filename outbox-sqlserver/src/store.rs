@@ -10,6 +10,7 @@ use futures::io::{AsyncRead, AsyncWrite};
 use tiberius::{Client, Row};
 use uuid::Uuid;
 
+use outbox_core::backend::finish_claim;
 use outbox_core::message::MAX_DELAY;
 use outbox_core::store::{bounded_error, check_enqueue, in_id_order};
 use outbox_core::{
@@ -22,7 +23,7 @@ use crate::config::MssqlOutboxConfig;
 use crate::error::{from_pool, from_tiberius};
 use crate::exec::{execute, query_rows, row_id};
 use crate::ident::QualifiedName;
-use crate::row::{decode_claimed, DecodedClaim};
+use crate::row::decode_claimed;
 use crate::schema;
 use crate::session::{dedicated, MssqlManager, MssqlPool};
 use crate::sql::{self, chunk_rows, micros, FailRow, NewRow, Settle, Stmt, CLAIM_BATCH};
@@ -392,21 +393,15 @@ impl MssqlOutbox {
                 stmts.push((step, ask(step, None)));
             }
         }
-        // The claim has committed: from here on, an error must give its rows back.
-        match decode_claimed(&rows, token, self.inner.config.limits()) {
-            Ok(DecodedClaim { claimed, poison }) => {
-                let dead_lettered = if poison.is_empty() {
-                    0
-                } else {
-                    self.dead_letter_claimed(token, poison).await
-                };
-                Ok(Claimed::new(claimed).with_dead_lettered(dead_lettered))
-            }
-            Err(err) => {
+        finish_claim(
+            decode_claimed(&rows, token, self.inner.config.limits()),
+            |poison| self.dead_letter_claimed(token, poison),
+            |err| async {
                 self.release_claim(token, &rows, &err).await;
-                Err(err)
-            }
-        }
+                err
+            },
+        )
+        .await
     }
 
     /// Undo a claim whose rows could not be returned; failures are logged (the leases

@@ -1,0 +1,14 @@
+#![doc = include_str!("../README.md")]
+
+mod error;
+mod inbox;
+
+pub use error::{from_sqlx, ErrorCodes};
+pub use inbox::{contains, process, purge_expired, record, record_in, SqlxInbox};
+
+/// What [`sqlx_dedup_store!`]'s expansion names, reachable from the backend crate.
+#[doc(hidden)]
+pub mod __private {
+    pub use async_trait::async_trait;
+    pub use futures::future::BoxFuture;
+}
