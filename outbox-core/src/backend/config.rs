@@ -395,4 +395,35 @@ mod tests {
         let bad = TableConfig::<Tables, EntityTable>::default().with_table("A");
         assert_eq!(bad.display_name(), "A", "shown as configured");
     }
+
+    #[test]
+    fn settings_are_kept_and_compared() {
+        assert_eq!(DEFAULT_DEDUP_RETENTION, Duration::from_secs(604_800));
+        let limits = MessageLimits {
+            max_partition_key_len: 7,
+            ..MessageLimits::default()
+        };
+        let keep = Retention::Keep {
+            window: Duration::from_secs(5),
+        };
+        let outbox = TableConfig::<Schemas, OutboxTable>::default()
+            .with_schema("s2")
+            .with_table("t2")
+            .with_ordering(KeyOrder::PerKey)
+            .with_retention(keep)
+            .with_limits(limits.clone());
+        assert_eq!((outbox.schema(), outbox.table()), ("s2", "t2"));
+        assert_eq!(outbox.ordering(), KeyOrder::PerKey);
+        assert_eq!(outbox.retention(), keep);
+        assert_eq!(outbox.limits(), &limits);
+        assert_eq!(outbox.qualified_name().unwrap(), "s2.t2");
+        assert_eq!(outbox, outbox.clone());
+        assert_ne!(outbox, TableConfig::default());
+        assert_ne!(outbox, outbox.clone().with_table("t3"));
+        assert_ne!(outbox, outbox.clone().with_schema("s3"));
+        let dedup =
+            TableConfig::<Tables, DedupTable>::default().with_retention(Duration::from_secs(9));
+        assert_eq!(dedup.retention(), Duration::from_secs(9));
+        assert_ne!(dedup, TableConfig::default());
+    }
 }

@@ -205,6 +205,35 @@ mod tests {
         const MAX_IDENTIFIER_LEN: usize = 63;
     }
 
+    /// A dialect whose tables hold short partition keys only.
+    #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+    struct ShortKeys;
+    impl SqlDialect for ShortKeys {
+        const MAX_IDENTIFIER_LEN: usize = 63;
+        fn check_limits(limits: &MessageLimits) -> Result<()> {
+            if limits.max_partition_key_len > 10 {
+                return Err(crate::Error::config("keys over 10 bytes"));
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_dialect_checks_limits_through_the_table_rules() {
+        let wide = MessageLimits {
+            max_partition_key_len: 11,
+            ..MessageLimits::default()
+        };
+        let err = <ShortKeys as TableRules>::check_limits(&wide).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(<Standard as TableRules>::check_limits(&wide).is_ok());
+        <ShortKeys as TableRules>::check_limits(&MessageLimits {
+            max_partition_key_len: 10,
+            ..MessageLimits::default()
+        })
+        .unwrap();
+    }
+
     #[test]
     fn the_default_quoting_is_standard_sql() {
         assert_eq!(Standard::quote("a\"b"), "\"a\"\"b\"");
@@ -227,5 +256,20 @@ mod tests {
         assert!(a.ends_with("_due"));
         validate_identifier("index", &a, 63).unwrap();
         assert_eq!(a, derived_identifier(&long_a, "due", 63), "stable");
+        // The exact shape: as much of the base as fits, the hash, the suffix; and the
+        // hash is FNV-1a, which other processes (and older releases) also derive.
+        assert_eq!(a.len(), 63);
+        assert_eq!(&a[..50], &long_a[..50]);
+        assert_eq!(
+            a,
+            format!(
+                "{}_{:08x}_due",
+                &long_a[..50],
+                fnv1a32(format!("{long_a}_due").as_bytes())
+            )
+        );
+        assert_eq!(fnv1a32(b""), 0x811c_9dc5);
+        assert_eq!(fnv1a32(b"a"), 0xe40c_292c);
+        assert_eq!(fnv1a32(b"foobar"), 0xbf9c_f968);
     }
 }
