@@ -9,6 +9,7 @@ mod common;
 
 mod cancel;
 mod enqueue;
+mod inbox;
 mod lock;
 mod plans;
 mod poison;
