@@ -12,12 +12,12 @@ pub mod claim;
 pub mod config;
 pub mod entity;
 pub mod ident;
+mod rules;
 mod send_checks;
 
+pub use crate::backoff::Backoff;
 pub use crate::message::MessageParts;
-pub use crate::names::validate_identifier;
 pub use crate::schema::Schema;
-pub use crate::store::{bounded_error, check_enqueue};
 pub use claim::{finish_claim, ClaimDecoder, DecodedClaim};
 pub use config::{
     DedupTable, EntityTable, OutboxTable, SchemaRules, TableConfig, TableKind, TableOnlyRules,
@@ -25,6 +25,7 @@ pub use config::{
 };
 pub use entity::{entity_version, loaded_entity, stored_entity_version};
 pub use ident::{derived_identifier, QualifiedName, SqlDialect};
+pub use rules::{bounded_error, check_enqueue, in_id_order, validate_identifier, validate_lease};
 
 /// A duration as whole microseconds, for binding as a 64-bit integer.
 ///

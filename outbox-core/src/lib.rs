@@ -48,9 +48,10 @@
 //!
 //! The repository's `CONTRIBUTING.md` gives the data model and each method as
 //! engine-neutral SQL, and names the helpers here to call instead of copying: validated
-//! names ([`ConsumerName`], [`LockName`], [`names::validate_identifier`]), headers as
-//! JSON ([`Headers::to_json`]), [`MessageParts`], [`Message::check_stored`],
-//! [`Failure::new`], [`store::in_id_order`].
+//! names ([`ConsumerName`], [`LockName`], [`backend::validate_identifier`]), headers as
+//! JSON ([`Headers::to_json`]), [`backend::MessageParts`], [`Message::check_stored`],
+//! [`Failure::new`], [`backend::in_id_order`]. Everything a backend author needs and a
+//! user does not lives in [`backend`].
 //!
 //! ## Guarantees and limits
 //!
@@ -80,7 +81,7 @@
 
 pub mod admin;
 pub mod backend;
-pub mod backoff;
+mod backoff;
 pub mod consumer;
 pub mod dedup;
 pub mod error;
@@ -103,13 +104,10 @@ pub use admin::{
     DeadLetter, DeadLetterFilter, DeadLetterOrder, DeadLetterPage, DeadLetterSelection,
     OutboxAdmin, OutboxStats,
 };
-pub use backoff::Backoff;
 pub use dedup::{Consistency, Dedup, DedupStore};
 pub use error::{Error, ErrorKind, ErrorStatus, Report, Result};
 pub use lock::{DistributedLock, LockGuard};
-pub use message::{
-    Headers, Message, MessageId, MessageLimits, MessageParts, NewMessage, NewMessageBuilder,
-};
+pub use message::{Headers, Message, MessageId, MessageLimits, NewMessage, NewMessageBuilder};
 pub use monitor::StatsReporter;
 pub use names::{ConsumerName, EntityKey, LockName};
 pub use publisher::{PublishOutcome, Publisher};

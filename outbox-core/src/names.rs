@@ -6,6 +6,8 @@
 
 use std::fmt;
 
+pub(crate) use crate::backend::validate_identifier;
+
 use crate::error::{Error, Result};
 
 /// Longest [`ConsumerName`], [`LockName`] or [`EntityKey`], in bytes.
@@ -110,30 +112,6 @@ name_type!(
     EntityKey,
     "entity key"
 );
-
-/// Check a SQL identifier (schema, table, channel) against the portable rule
-/// `^[a-z_][a-z0-9_]*$`, at most `max_len` bytes (63 on PostgreSQL, 128 on SQL Server).
-///
-/// Backends still quote identifiers; this rule makes quoting a formality, since no
-/// accepted name contains a quote, a dot or a space.
-///
-/// # Errors
-/// [`ErrorKind::Config`](crate::ErrorKind::Config) naming `what` when `name` breaks it.
-pub fn validate_identifier(what: &str, name: &str, max_len: usize) -> Result<()> {
-    let mut bytes = name.bytes();
-    let first_ok = bytes
-        .next()
-        .is_some_and(|b| b.is_ascii_lowercase() || b == b'_');
-    let rest_ok = bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-    if first_ok && rest_ok && name.len() <= max_len {
-        Ok(())
-    } else {
-        Err(Error::config(format!(
-            "{what} name {name:?} must be 1 to {max_len} bytes of a-z, 0-9 and _, not \
-             starting with a digit"
-        )))
-    }
-}
 
 #[cfg(test)]
 mod tests {

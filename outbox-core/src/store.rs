@@ -6,9 +6,9 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use uuid::Uuid;
 
+use crate::backend::{bounded_error, in_id_order, validate_lease};
 use crate::error::{Error, Result};
-use crate::limits::MessageLimits;
-use crate::message::{Message, MessageId, NewMessage};
+use crate::message::{Message, MessageId};
 
 /// Longest lease a claim may ask for.
 pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
@@ -226,55 +226,6 @@ impl ClaimIds {
     }
 }
 
-/// Check a lease duration is within [`MIN_LEASE`]`..=`[`MAX_LEASE`].
-///
-/// # Errors
-/// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) when out of bounds.
-pub fn validate_lease(lease: Duration) -> Result<()> {
-    if lease < MIN_LEASE || lease > MAX_LEASE {
-        return Err(Error::invalid_input(format!(
-            "lease of {lease:?} is outside {MIN_LEASE:?}..={MAX_LEASE:?}"
-        )));
-    }
-    Ok(())
-}
-
-/// `items` sorted by message id: the order in which every batch statement should lock
-/// the rows it touches, so two concurrent batches sharing rows (a complete and a
-/// release of the same leases, say) wait for each other instead of deadlocking.
-pub fn in_id_order<T>(items: &[T], id: impl Fn(&T) -> MessageId) -> Vec<&T> {
-    let mut sorted: Vec<&T> = items.iter().collect();
-    sorted.sort_by_key(|item| id(item));
-    sorted
-}
-
-/// Check a batch before enqueueing it, as every backend's `enqueue` must: each message
-/// against `limits` (a message built under other limits may break them), and no id
-/// given twice. Call it before sending anything, so a refused batch writes nothing.
-///
-/// # Errors
-/// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for the first message
-/// over the limits; [`Error::repeated_in_batch`] naming ids given more than once.
-pub fn check_enqueue(messages: &[NewMessage], limits: &MessageLimits) -> Result<()> {
-    for message in messages {
-        limits.check(message)?;
-    }
-    if messages.len() > 1 {
-        let mut seen = std::collections::HashSet::with_capacity(messages.len());
-        let mut repeated: Vec<MessageId> = messages
-            .iter()
-            .map(NewMessage::id)
-            .filter(|id| !seen.insert(*id))
-            .collect();
-        if !repeated.is_empty() {
-            repeated.sort();
-            repeated.dedup();
-            return Err(Error::repeated_in_batch(repeated));
-        }
-    }
-    Ok(())
-}
-
 /// What a failed attempt leads to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Disposition {
@@ -323,20 +274,6 @@ impl Failure {
     pub fn disposition(&self) -> Disposition {
         self.disposition
     }
-}
-
-/// `text` cut to at most [`MAX_ERROR_LEN`] bytes on a character boundary: the bound
-/// every [`Failure`] applies, for backends that record reasons of their own (a
-/// dead-lettered poison row's, say).
-pub fn bounded_error(mut text: String) -> String {
-    if text.len() > MAX_ERROR_LEN {
-        let mut cut = MAX_ERROR_LEN;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
-    }
-    text
 }
 
 /// The result of settling (completing, failing, releasing) a batch of leases.
@@ -550,7 +487,7 @@ pub struct Renewed {
 ///   not renewed lapses at its expiry as usual.
 /// - **No row stops a claim.** A claimed row that does not make a valid message (its
 ///   content does not decode, a timestamp is out of range, it breaks the
-///   [`MessageLimits`] rules because another tool wrote it, its
+///   [`MessageLimits`](crate::MessageLimits) rules because another tool wrote it, its
 ///   attempts reached [`MAX_ATTEMPTS`]) is dead-lettered by the claim that meets it,
 ///   with a `last_error` saying why, and the others are returned. Use
 ///   [`Message::check_stored`] for the rules.

@@ -368,7 +368,7 @@ impl DynamoOutbox {
                 Ok(Taken::Claimed(Box::new(ClaimedMessage { message, lease })))
             }
             Err(reason) => {
-                let reason = outbox_core::store::bounded_error(format!(
+                let reason = outbox_core::backend::bounded_error(format!(
                     "dead-lettered by the claim: {reason}"
                 ));
                 let written = match self.dead_letter(&lease, &reason).await {

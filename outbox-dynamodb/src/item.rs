@@ -6,7 +6,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
-use outbox_core::{Error, ErrorKind, Headers, Message, MessageId, MessageParts, Result};
+use outbox_core::backend::MessageParts;
+use outbox_core::{Error, ErrorKind, Headers, Message, MessageId, Result};
 use uuid::Uuid;
 
 /// An item as the SDK carries it.

@@ -11,7 +11,8 @@ use aws_sdk_dynamodb::types::{
     ProjectionType, ScalarAttributeType, TableStatus, TimeToLiveSpecification, TimeToLiveStatus,
 };
 use aws_sdk_dynamodb::Client;
-use outbox_core::{Backoff, Error, ErrorKind, Result};
+use outbox_core::backend::Backoff;
+use outbox_core::{Error, ErrorKind, Result};
 
 use crate::error::{build_error, from_sdk};
 use crate::item::{

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use aws_sdk_dynamodb::types::{
     BatchStatementErrorCodeEnum, BatchStatementRequest, ReturnConsumedCapacity, ReturnValue,
 };
-use outbox_core::store::in_id_order;
+use outbox_core::backend::in_id_order;
 use outbox_core::{Disposition, Failure, Lease, MessageId, Result, Retention, Settled};
 
 use crate::error::{build_error, from_sdk, is_condition_failed};

@@ -12,7 +12,7 @@ use aws_sdk_dynamodb::types::{
 };
 use aws_sdk_dynamodb::Client;
 use futures::stream::{self, StreamExt, TryStreamExt};
-use outbox_core::store::{check_enqueue, in_id_order};
+use outbox_core::backend::{check_enqueue, in_id_order};
 use outbox_core::{
     ClaimIds, ClaimRequest, Claimed, Error, Failure, KeyOrder, Lease, MessageId, NewMessage,
     OutboxStore, Result, Retention, Settled, StoreCapabilities,

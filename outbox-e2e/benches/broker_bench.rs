@@ -37,9 +37,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use futures::{stream, StreamExt};
+use outbox_core::backend::MessageParts;
 use outbox_core::{
-    Message, MessageId, MessageParts, NewMessage, OutboxStore, PublishOutcome, Publisher, Relay,
-    RelayConfig, DEFAULT_PIPELINE_DEPTH,
+    Message, MessageId, NewMessage, OutboxStore, PublishOutcome, Publisher, Relay, RelayConfig,
+    DEFAULT_PIPELINE_DEPTH,
 };
 use outbox_nats::async_nats::jetstream::{
     self, context::PublishAckFuture, message::PublishMessage, stream::StorageType,

@@ -262,7 +262,8 @@ impl Publisher for NatsPublisher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use outbox_core::{Headers, MessageId, MessageParts};
+    use outbox_core::backend::MessageParts;
+    use outbox_core::{Headers, MessageId};
     use std::time::SystemTime;
 
     fn message(headers: Headers) -> Message {

@@ -6,8 +6,8 @@
 //! a name can never change a statement's meaning. Values are always bound parameters.
 //! The type itself is `outbox-core`'s, under [`PgRules`].
 
+use outbox_core::backend::validate_identifier;
 use outbox_core::backend::{self, SqlDialect};
-use outbox_core::names::validate_identifier;
 use outbox_core::Result;
 
 /// PostgreSQL's identifier rules (63 bytes, double-quoted), and so the rules of this

@@ -13,7 +13,8 @@ use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use outbox_core::{Backoff, Error, Result, Wakeup};
+use outbox_core::backend::Backoff;
+use outbox_core::{Error, Result, Wakeup};
 
 use crate::ident;
 

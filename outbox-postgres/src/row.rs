@@ -11,10 +11,10 @@
 use std::time::SystemTime;
 
 use chrono::{DateTime, Utc};
+use outbox_core::backend::MessageParts;
 use outbox_core::backend::{ClaimDecoder, DecodedClaim};
 use outbox_core::{
-    DeadLetter, Error, ErrorKind, Headers, LeaseToken, Message, MessageId, MessageLimits,
-    MessageParts, Result,
+    DeadLetter, Error, ErrorKind, Headers, LeaseToken, Message, MessageId, MessageLimits, Result,
 };
 use sqlx::postgres::PgRow;
 use sqlx::Row;

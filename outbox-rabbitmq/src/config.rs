@@ -350,7 +350,8 @@ pub(crate) fn redact_url(url: &str) -> String {
 mod tests {
     use std::time::SystemTime;
 
-    use outbox_core::{Headers, MessageId, MessageParts};
+    use outbox_core::backend::MessageParts;
+    use outbox_core::{Headers, MessageId};
 
     use super::*;
 

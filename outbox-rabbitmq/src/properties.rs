@@ -54,7 +54,8 @@ pub(crate) fn properties(message: &Message) -> std::result::Result<BasicProperti
 mod tests {
     use std::time::{Duration, SystemTime};
 
-    use outbox_core::{Headers, MessageId, MessageParts};
+    use outbox_core::backend::MessageParts;
+    use outbox_core::{Headers, MessageId};
 
     use super::*;
 

@@ -192,8 +192,10 @@ impl RestartableNamespace for RabbitNamespace {
         // the publisher must report Permanent. "Back" is when it routes: probe with a
         // key of its own, which no read-back of a case's destinations returns.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        let mut pause =
-            outbox_core::Backoff::new(Duration::from_millis(20), Duration::from_millis(200));
+        let mut pause = outbox_core::backend::Backoff::new(
+            Duration::from_millis(20),
+            Duration::from_millis(200),
+        );
         loop {
             if self.routes("routed.probe").await {
                 return Ok(());

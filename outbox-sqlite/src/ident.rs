@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use outbox_core::names::validate_identifier;
+use outbox_core::backend::validate_identifier;
 use outbox_core::Result;
 
 /// The longest table name accepted: SQLite has no limit of its own, this one keeps

@@ -7,9 +7,10 @@
 //! others. A column of another type (a table altered by hand) is a schema problem:
 //! [`ErrorKind::Decode`](outbox_core::ErrorKind::Decode), and the claim is rolled back.
 
+use outbox_core::backend::MessageParts;
 use outbox_core::{
     ClaimedMessage, DeadLetter, Error, ErrorKind, Headers, Lease, LeaseToken, Message, MessageId,
-    MessageLimits, MessageParts, Result,
+    MessageLimits, Result,
 };
 use sqlx::sqlite::SqliteRow;
 use sqlx::Row;

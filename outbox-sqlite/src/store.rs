@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use serde_json::json;
 use sqlx::{SqliteConnection, SqlitePool};
 
+use outbox_core::backend::{bounded_error, check_enqueue};
 use outbox_core::message::MAX_DELAY;
-use outbox_core::store::{bounded_error, check_enqueue};
 use outbox_core::{
     ClaimIds, ClaimRequest, Claimed, Disposition, Error, ErrorKind, Failure, Lease, LeaseToken,
     MessageId, NewMessage, OutboxStore, Result, Settled, StoreCapabilities,

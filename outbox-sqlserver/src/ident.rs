@@ -12,7 +12,7 @@ use outbox_core::backend::{self, SqlDialect};
 use outbox_core::{Error, MessageLimits};
 
 #[cfg(test)]
-use outbox_core::names::validate_identifier;
+use outbox_core::backend::validate_identifier;
 
 use crate::config::MAX_PARTITION_KEY_LEN;
 

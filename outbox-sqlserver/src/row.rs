@@ -12,10 +12,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tiberius::Row;
 
+use outbox_core::backend::MessageParts;
 use outbox_core::backend::{ClaimDecoder, DecodedClaim};
-use outbox_core::{
-    DeadLetter, Headers, LeaseToken, Message, MessageId, MessageLimits, MessageParts, Result,
-};
+use outbox_core::{DeadLetter, Headers, LeaseToken, Message, MessageId, MessageLimits, Result};
 use uuid::Uuid;
 
 use crate::exec::{row_bytes, row_i32, row_i64, row_id, row_opt_str, row_str};

@@ -11,8 +11,8 @@ use tiberius::{Client, Row};
 use uuid::Uuid;
 
 use outbox_core::backend::finish_claim;
+use outbox_core::backend::{bounded_error, check_enqueue, in_id_order};
 use outbox_core::message::MAX_DELAY;
-use outbox_core::store::{bounded_error, check_enqueue, in_id_order};
 use outbox_core::{
     ClaimIds, ClaimRequest, Claimed, Disposition, Error, Failure, Lease, LeaseToken, MessageId,
     NewMessage, OutboxStore, Result, Retention, Settled, StoreCapabilities,

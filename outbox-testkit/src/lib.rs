@@ -37,7 +37,7 @@
 //! 1. **Depend on `outbox-core` and the driver, nothing else.** Name the crate
 //!    `outbox-<engine>` and use the same file names as the other backends: `config.rs`
 //!    (settings with `with_*` setters and a `validate`), `ident.rs` (table names,
-//!    checked with [`validate_identifier`](outbox_core::names::validate_identifier)
+//!    checked with [`validate_identifier`](outbox_core::backend::validate_identifier)
 //!    and always quoted), `schema.rs` (DDL and a versioned, idempotent `install`),
 //!    `sql.rs` (statements built once per store), `row.rs` (rows into messages),
 //!    `error.rs` (the one place driver errors become [`outbox_core::Error`]s, with
@@ -58,7 +58,7 @@
 //! 3. **Offer `enqueue` on the driver's own transaction** (`&mut SqliteConnection`
 //!    there, `&mut PgConnection` for PostgreSQL): enqueueing is not part of the traits
 //!    because it must share the caller's transaction. Check the batch with
-//!    [`store::check_enqueue`](outbox_core::store::check_enqueue) first, and report
+//!    [`store::check_enqueue`](outbox_core::backend::check_enqueue) first, and report
 //!    stored ids with [`Error::already_stored`](outbox_core::Error::already_stored); a
 //!    refused batch writes nothing and, where the engine allows, leaves the caller's
 //!    transaction usable (SQLite uses a savepoint).

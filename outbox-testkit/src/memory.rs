@@ -6,12 +6,13 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use outbox_core::admin::MAX_ADMIN_BATCH;
+use outbox_core::backend::MessageParts;
 use outbox_core::store::MAX_ATTEMPTS;
 use outbox_core::{
     ClaimIds, ClaimRequest, Claimed, ClaimedMessage, DeadLetter, DeadLetterFilter, DeadLetterOrder,
     DeadLetterPage, DeadLetterSelection, Disposition, Error, ErrorKind, Failure, KeyOrder, Lease,
-    LeaseToken, Message, MessageId, MessageLimits, MessageParts, NewMessage, OutboxAdmin,
-    OutboxStats, OutboxStore, Renewed, Result, Retention, Settled, StoreCapabilities,
+    LeaseToken, Message, MessageId, MessageLimits, NewMessage, OutboxAdmin, OutboxStats,
+    OutboxStore, Renewed, Result, Retention, Settled, StoreCapabilities,
 };
 
 #[derive(Debug)]
@@ -516,7 +517,7 @@ impl OutboxStore for MemoryStore {
     }
 
     async fn renew(&self, leases: &[Lease], lease: Duration) -> Result<Renewed> {
-        outbox_core::store::validate_lease(lease)?;
+        outbox_core::backend::validate_lease(lease)?;
         let expires_at = later(SystemTime::now(), lease)?;
         let settled = self.settle(leases, |state, i| state.move_due(leases[i].id, expires_at));
         let lost: HashSet<MessageId> = settled.lost.iter().copied().collect();

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 pub const DEADLINE: Duration = Duration::from_secs(30);
 
 /// Poll `attempt` until it returns `Some`, and return that value. Polls back off from
-/// 5 ms to 100 ms (with jitter, [`outbox_core::Backoff`]).
+/// 5 ms to 100 ms (with jitter, [`outbox_core::backend::Backoff`]).
 ///
 /// # Panics
 /// After [`DEADLINE`], naming `what` was awaited.
@@ -17,7 +17,8 @@ where
     Fut: Future<Output = Option<T>>,
 {
     let start = Instant::now();
-    let mut pause = outbox_core::Backoff::new(Duration::from_millis(5), Duration::from_millis(100));
+    let mut pause =
+        outbox_core::backend::Backoff::new(Duration::from_millis(5), Duration::from_millis(100));
     loop {
         if let Some(found) = attempt().await {
             return found;

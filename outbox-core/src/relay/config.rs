@@ -2,9 +2,10 @@
 
 use std::time::Duration;
 
+use crate::backend::validate_lease;
 use crate::error::{Error, Result};
 use crate::retry::RetryPolicy;
-use crate::store::{validate_lease, MAX_CLAIM_BATCH};
+use crate::store::MAX_CLAIM_BATCH;
 
 /// How a [`Relay`](super::Relay) claims, publishes and waits.
 ///

@@ -9,9 +9,8 @@ mod common;
 use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
-use outbox_core::{
-    ErrorKind, Headers, Message, MessageId, MessageParts, PublishOutcome, Publisher,
-};
+use outbox_core::backend::MessageParts;
+use outbox_core::{ErrorKind, Headers, Message, MessageId, PublishOutcome, Publisher};
 use outbox_nats::{NatsPublisher, NatsPublisherConfig};
 use outbox_testkit::within;
 

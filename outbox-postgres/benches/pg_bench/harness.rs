@@ -141,7 +141,7 @@ async fn create_database_if_missing(options: &PgConnectOptions) -> Res<()> {
         .fetch_optional(&mut conn)
         .await?;
     if exists.is_none() {
-        outbox_core::names::validate_identifier("database", &name, 63)?;
+        outbox_core::backend::validate_identifier("database", &name, 63)?;
         println!("creating database {name}");
         sqlx::query(&format!("CREATE DATABASE \"{name}\""))
             .execute(&mut conn)

@@ -9,7 +9,8 @@ pub mod proxy;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
-use outbox_core::{Headers, Message, MessageId, MessageParts, PublishOutcome};
+use outbox_core::backend::MessageParts;
+use outbox_core::{Headers, Message, MessageId, PublishOutcome};
 use outbox_rabbitmq::lapin::message::Delivery;
 use outbox_rabbitmq::lapin::options::{
     BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,

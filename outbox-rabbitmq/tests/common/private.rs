@@ -130,8 +130,10 @@ impl PrivateRabbit {
         // Plain TCP, so a probe racing the node's boot cannot wedge a client library;
         // on a timeout the error carries the end of the node's own log.
         let deadline = Instant::now() + BOOT;
-        let mut pause =
-            outbox_core::Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
+        let mut pause = outbox_core::backend::Backoff::new(
+            Duration::from_millis(50),
+            Duration::from_millis(500),
+        );
         loop {
             let port = self.port;
             let ready = tokio::task::spawn_blocking(move || answers_amqp(port))

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use outbox_core::{Headers, Message, MessageId, MessageParts, PublishOutcome, Publisher};
+use outbox_core::backend::MessageParts;
+use outbox_core::{Headers, Message, MessageId, PublishOutcome, Publisher};
 use tokio::sync::Barrier;
 
 use crate::groups::require;
@@ -477,8 +478,10 @@ pub async fn publisher_broker_restart_is_retryable_and_the_publisher_recovers(
     within(
         "the same publisher publishing what the restart left",
         async {
-            let mut pause =
-                outbox_core::Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
+            let mut pause = outbox_core::backend::Backoff::new(
+                Duration::from_millis(10),
+                Duration::from_millis(500),
+            );
             while !pending.is_empty() {
                 let outcomes = publish(&*publisher, &pending).await;
                 let mut still = Vec::new();
