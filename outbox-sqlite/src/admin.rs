@@ -58,7 +58,7 @@ impl SqlxAdmin for SqliteOutbox {
         Error::new(ErrorKind::Decode, format!("negative {what} count"))
     }
 
-    /// `?1`: the ids as a JSON array of hex strings ([`hex_ids`]).
+    /// `?1`: the ids as a JSON array of hex strings.
     fn bind_ids<'q>(query: Query<'q>, ids: &[MessageId]) -> Query<'q> {
         query.bind(hex_ids(ids))
     }
@@ -82,7 +82,7 @@ impl SqlxAdmin for SqliteOutbox {
         query.bind(now_us())
     }
 
-    /// The completion-time cutoff: now minus the age ([`cutoff`]).
+    /// The completion-time cutoff: now minus the age, stopping at the smallest time.
     fn bind_age(query: Query<'_>, older_than: Duration) -> Query<'_> {
         query.bind(cutoff(now_us(), older_than))
     }
