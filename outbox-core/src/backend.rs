@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
+pub mod admin;
 pub mod claim;
 pub mod config;
 pub mod entity;
@@ -18,6 +19,7 @@ mod send_checks;
 pub use crate::backoff::Backoff;
 pub use crate::message::MessageParts;
 pub use crate::schema::Schema;
+pub use admin::{dead_target, purge_limit, DeadChange, DeadTarget};
 pub use claim::{finish_claim, ClaimDecoder, DecodedClaim};
 pub use config::{
     DedupTable, EntityTable, OutboxTable, SchemaRules, TableConfig, TableKind, TableOnlyRules,

@@ -14,7 +14,7 @@ use std::time::Duration;
 ///
 /// ```
 /// use std::time::Duration;
-/// use outbox_core::Backoff;
+/// use outbox_core::backend::Backoff;
 ///
 /// let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(35))
 ///     .with_jitter(0.0);

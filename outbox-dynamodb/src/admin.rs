@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::{Put, ReturnConsumedCapacity, Select, TransactWriteItem, Update};
+use outbox_core::backend::{dead_target, purge_limit, DeadTarget};
 use outbox_core::{
     DeadLetter, DeadLetterFilter, DeadLetterOrder, DeadLetterPage, DeadLetterSelection, MessageId,
     OutboxAdmin, OutboxStats, Result, Retention,
@@ -138,16 +139,11 @@ impl DynamoOutbox {
     }
 
     async fn selected(&self, selection: &DeadLetterSelection) -> Result<Vec<MessageId>> {
-        selection.validate()?;
-        Ok(match selection {
-            DeadLetterSelection::Ids(ids) => {
-                let mut ids = ids.clone();
-                ids.sort();
-                ids.dedup();
-                ids
-            }
-            DeadLetterSelection::Matching { filter, limit } => self
-                .matching_dead(filter, None, DeadLetterOrder::Ascending, *limit)
+        Ok(match dead_target(selection)? {
+            None => Vec::new(),
+            Some(DeadTarget::Ids(ids)) => ids,
+            Some(DeadTarget::Matching { filter, limit }) => self
+                .matching_dead(filter, None, DeadLetterOrder::Ascending, limit)
                 .await?
                 .into_iter()
                 .map(|l| l.message.id)
@@ -374,10 +370,9 @@ impl OutboxAdmin for DynamoOutbox {
     }
 
     async fn purge_dispatched(&self, older_than: Duration, limit: usize) -> Result<u64> {
-        if limit == 0 || !self.keeps_history() {
+        let Some(limit) = purge_limit(limit, self.inner.config.capabilities().retention) else {
             return Ok(0);
-        }
-        let limit = limit.min(outbox_core::admin::MAX_ADMIN_BATCH);
+        };
         let q = self.dispatched_query(older_than, false);
         let per_shard: Vec<Vec<(u64, MessageId)>> = bounded(
             (0..self.shards())

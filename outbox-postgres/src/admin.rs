@@ -1,90 +1,69 @@
-//! The [`OutboxAdmin`] side of [`PgOutbox`]: stats, dead letters, purges.
+//! The [`OutboxAdmin`](outbox_core::OutboxAdmin) side of [`PgOutbox`]: its statements
+//! and binds ([`SqlxAdmin`]); the dispatch and the purge bound are `outbox-sqlx`'s.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use outbox_core::admin::MAX_ADMIN_BATCH;
 use outbox_core::{
-    DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterSelection, MessageId, OutboxAdmin,
-    OutboxStats, Result, Retention,
+    DeadLetter, DeadLetterFilter, DeadLetterPage, Error, MessageId, OutboxStats, Result,
 };
+use outbox_sqlx::{AdminStatements, SqlxAdmin};
+use sqlx::postgres::PgQueryResult;
+use sqlx::Pool;
+use sqlx::Postgres;
 
 use crate::error::from_sqlx;
 use crate::row::{decode_dead_letter, decode_error, get};
 use crate::sql::{age_micros, limit_param};
 use crate::store::PgOutbox;
 
-/// How a dead-letter statement changes its rows.
-#[derive(Debug, Clone, Copy)]
-enum Change {
-    Requeue,
-    Discard,
-}
-
-impl PgOutbox {
-    /// Requeue or discard the selected dead letters; returns how many changed.
-    async fn change_dead(&self, change: Change, selection: &DeadLetterSelection) -> Result<u64> {
-        selection.validate()?;
-        let sql = self.statements();
-        let (what, by_ids, matching) = match change {
-            Change::Requeue => (
-                "requeue dead letters",
-                &sql.requeue_ids,
-                &sql.requeue_matching,
-            ),
-            Change::Discard => (
-                "discard dead letters",
-                &sql.discard_ids,
-                &sql.discard_matching,
-            ),
-        };
-        let query = match selection {
-            DeadLetterSelection::Ids(ids) if ids.is_empty() => return Ok(0),
-            DeadLetterSelection::Ids(ids) => {
-                // In id order, like the settle statements, so overlapping calls lock
-                // their rows in one order.
-                let mut ids: Vec<Uuid> = ids.iter().map(MessageId::as_uuid).collect();
-                ids.sort_unstable();
-                ids.dedup();
-                sqlx::query(by_ids).bind(ids)
-            }
-            DeadLetterSelection::Matching { filter, limit } => {
-                bind_filter(sqlx::query(matching), filter).bind(limit_param(*limit))
-            }
-        };
-        let done = query
-            .execute(self.pool())
-            .await
-            .map_err(|e| from_sqlx(what, e))?;
-        Ok(done.rows_affected())
-    }
-}
-
-type Query<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
-
-/// Bind a filter as `$1` (destination or NULL), `$2` (least age in µs or NULL) and `$3`
-/// (ids or NULL).
-fn bind_filter<'q>(query: Query<'q>, filter: &'q DeadLetterFilter) -> Query<'q> {
-    let ids: Option<Vec<Uuid>> = filter
-        .ids()
-        .map(|ids| ids.iter().map(MessageId::as_uuid).collect());
-    query
-        .bind(filter.destination())
-        .bind(filter.dead_for().map(age_micros))
-        .bind(ids)
-}
-
-/// The `count` column of a `SELECT count(*)`, as `u64`.
-fn count(row: &sqlx::postgres::PgRow) -> Result<u64> {
-    let n: i64 = get(row, "count")?;
-    u64::try_from(n).map_err(|_| decode_error("negative count".to_owned()))
-}
+type Query<'q> = outbox_sqlx::Query<'q, Postgres>;
 
 #[async_trait]
-impl OutboxAdmin for PgOutbox {
-    async fn stats(&self) -> Result<OutboxStats> {
+impl SqlxAdmin for PgOutbox {
+    type Db = Postgres;
+
+    fn map_error(what: &str, err: sqlx::Error) -> Error {
+        from_sqlx(what, err)
+    }
+
+    fn negative_count(_: &str) -> Error {
+        decode_error("negative count".to_owned())
+    }
+
+    /// `$1`: the ids as a `uuid[]`.
+    fn bind_ids<'q>(query: Query<'q>, ids: &[MessageId]) -> Query<'q> {
+        query.bind(ids.iter().map(MessageId::as_uuid).collect::<Vec<Uuid>>())
+    }
+
+    fn rows_affected(done: &PgQueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    /// `$1` (destination or NULL), `$2` (least age in µs or NULL) and `$3` (ids or
+    /// NULL).
+    fn bind_filter<'q>(query: Query<'q>, filter: &'q DeadLetterFilter) -> Query<'q> {
+        let ids: Option<Vec<Uuid>> = filter
+            .ids()
+            .map(|ids| ids.iter().map(MessageId::as_uuid).collect());
+        query
+            .bind(filter.destination())
+            .bind(filter.dead_for().map(age_micros))
+            .bind(ids)
+    }
+
+    fn admin(&self) -> (&Pool<Postgres>, &AdminStatements) {
+        (self.pool(), &self.statements().admin)
+    }
+
+    /// The age in µs: the server's clock takes it from `now()`.
+    fn bind_age(query: Query<'_>, older_than: Duration) -> Query<'_> {
+        query.bind(age_micros(older_than))
+    }
+
+    async fn read_stats(&self) -> Result<OutboxStats> {
         let row = sqlx::query(&self.statements().stats)
             .fetch_one(self.pool())
             .await
@@ -104,12 +83,12 @@ impl OutboxAdmin for PgOutbox {
         ))
     }
 
-    async fn dead_letters(&self, page: &DeadLetterPage) -> Result<Vec<DeadLetter>> {
+    async fn list_dead_letters(&self, page: &DeadLetterPage) -> Result<Vec<DeadLetter>> {
         let sql = self
             .statements()
             .dead_letters(page.order(), page.after_id().is_some());
         let mut query =
-            bind_filter(sqlx::query(sql), page.filter()).bind(limit_param(page.limit()));
+            Self::bind_filter(sqlx::query(sql), page.filter()).bind(limit_param(page.limit()));
         if let Some(after) = page.after_id() {
             query = query.bind(after.as_uuid());
         }
@@ -119,47 +98,6 @@ impl OutboxAdmin for PgOutbox {
             .map_err(|e| from_sqlx("list dead letters", e))?;
         rows.iter().map(decode_dead_letter).collect()
     }
-
-    async fn count_dead(&self, filter: &DeadLetterFilter) -> Result<u64> {
-        let row = bind_filter(sqlx::query(&self.statements().count_dead), filter)
-            .fetch_one(self.pool())
-            .await
-            .map_err(|e| from_sqlx("count dead letters", e))?;
-        count(&row)
-    }
-
-    async fn requeue_dead(&self, selection: &DeadLetterSelection) -> Result<u64> {
-        self.change_dead(Change::Requeue, selection).await
-    }
-
-    async fn discard_dead(&self, selection: &DeadLetterSelection) -> Result<u64> {
-        self.change_dead(Change::Discard, selection).await
-    }
-
-    /// As the trait says; a `limit` above [`MAX_ADMIN_BATCH`] is taken as that, so one
-    /// statement never deletes more.
-    async fn purge_dispatched(&self, older_than: Duration, limit: usize) -> Result<u64> {
-        if limit == 0 || self.config().retention() == Retention::Delete {
-            return Ok(0);
-        }
-        let done = sqlx::query(&self.statements().purge_dispatched)
-            .bind(age_micros(older_than))
-            .bind(limit_param(limit.min(MAX_ADMIN_BATCH)))
-            .execute(self.pool())
-            .await
-            .map_err(|e| from_sqlx("purge dispatched", e))?;
-        Ok(done.rows_affected())
-    }
-
-    async fn count_dispatched(&self, older_than: Duration) -> Result<u64> {
-        if self.config().retention() == Retention::Delete {
-            return Ok(0);
-        }
-        let row = sqlx::query(&self.statements().count_dispatched)
-            .bind(age_micros(older_than))
-            .fetch_one(self.pool())
-            .await
-            .map_err(|e| from_sqlx("count dispatched", e))?;
-        count(&row)
-    }
 }
+
+outbox_sqlx::sqlx_outbox_admin!(PgOutbox);

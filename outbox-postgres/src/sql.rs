@@ -47,6 +47,7 @@
 
 use outbox_core::store::MAX_ATTEMPTS;
 use outbox_core::{DeadLetterOrder, KeyOrder, Retention};
+use outbox_sqlx::AdminStatements;
 
 use crate::config::PgOutboxConfig;
 use crate::ident::QualifiedName;
@@ -95,20 +96,9 @@ pub(crate) struct Statements {
     pub(crate) renew: String,
     /// Pages of dead letters, by order and cursor: see [`Statements::dead_letters`].
     dead_letter_pages: [String; 4],
-    /// `$1..$3` the filter ([`dead_filter`]).
-    pub(crate) count_dead: String,
-    /// `$1` ids.
-    pub(crate) requeue_ids: String,
-    /// `$1..$3` the filter, `$4` limit.
-    pub(crate) requeue_matching: String,
-    /// `$1` ids.
-    pub(crate) discard_ids: String,
-    /// `$1..$3` the filter, `$4` limit.
-    pub(crate) discard_matching: String,
-    /// `$1` age µs, `$2` limit.
-    pub(crate) purge_dispatched: String,
-    /// `$1` age µs: how many rows `purge_dispatched` would delete in all.
-    pub(crate) count_dispatched: String,
+    /// Count, requeue, discard and purge: [`AdminStatements`] gives their parameters,
+    /// bound as the outbox's [`SqlxAdmin`](outbox_sqlx::SqlxAdmin) impl binds them.
+    pub(crate) admin: AdminStatements,
     /// No parameters.
     pub(crate) stats: String,
 }
@@ -180,31 +170,34 @@ impl Statements {
                 dead_letters(t, DeadLetterOrder::Descending, false),
                 dead_letters(t, DeadLetterOrder::Descending, true),
             ],
-            count_dead: format!(
-                "SELECT count(*) FROM {t} WHERE dead_at IS NOT NULL AND {filter}",
-                filter = dead_filter(),
-            ),
-            requeue_ids: format!(
-                "UPDATE {t} SET {requeue} WHERE id = ANY($1::uuid[]) AND dead_at IS NOT NULL"
-            ),
-            requeue_matching: format!(
-                "UPDATE {t} SET {requeue} WHERE id IN ({})",
-                matching_dead(t)
-            ),
-            discard_ids: format!(
-                "DELETE FROM {t} WHERE id = ANY($1::uuid[]) AND dead_at IS NOT NULL"
-            ),
-            discard_matching: format!("DELETE FROM {t} WHERE id IN ({})", matching_dead(t)),
-            purge_dispatched: format!(
-                "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} \
-                 WHERE {purgeable} \
-                 ORDER BY dispatched_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
-                purgeable = purgeable("$1"),
-            ),
-            count_dispatched: format!(
-                "SELECT count(*) FROM {t} WHERE {purgeable}",
-                purgeable = purgeable("$1"),
-            ),
+            admin: AdminStatements {
+                retention: config.retention(),
+                count_dead: format!(
+                    "SELECT count(*) FROM {t} WHERE dead_at IS NOT NULL AND {filter}",
+                    filter = dead_filter(),
+                ),
+                requeue_ids: format!(
+                    "UPDATE {t} SET {requeue} WHERE id = ANY($1::uuid[]) AND dead_at IS NOT NULL"
+                ),
+                requeue_matching: format!(
+                    "UPDATE {t} SET {requeue} WHERE id IN ({})",
+                    matching_dead(t)
+                ),
+                discard_ids: format!(
+                    "DELETE FROM {t} WHERE id = ANY($1::uuid[]) AND dead_at IS NOT NULL"
+                ),
+                discard_matching: format!("DELETE FROM {t} WHERE id IN ({})", matching_dead(t)),
+                purge_dispatched: format!(
+                    "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} \
+                     WHERE {purgeable} \
+                     ORDER BY dispatched_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
+                    purgeable = purgeable("$1"),
+                ),
+                count_dispatched: format!(
+                    "SELECT count(*) FROM {t} WHERE {purgeable}",
+                    purgeable = purgeable("$1"),
+                ),
+            },
             stats: format!(
                 "SELECT \
                  count(*) FILTER (WHERE lease_token IS NULL OR available_at <= now()) AS pending, \
@@ -608,32 +601,36 @@ mod tests {
     fn admin_statements_are_bounded_and_skip_locked_rows() {
         let s = statements(&config());
         assert!(s
+            .admin
             .purge_dispatched
             .contains("LIMIT $2 FOR UPDATE SKIP LOCKED"));
         assert!(
-            s.purge_dispatched
+            s.admin
+                .purge_dispatched
                 .contains("least($1, (extract(epoch FROM now()) * 1000000)::bigint)"),
             "a huge age saturates instead of overflowing the timestamp"
         );
-        for sql in [&s.requeue_matching, &s.discard_matching] {
+        for sql in [&s.admin.requeue_matching, &s.admin.discard_matching] {
             assert!(
                 sql.contains("ORDER BY id LIMIT $4 FOR UPDATE SKIP LOCKED"),
                 "{sql}"
             );
             assert!(sql.contains("dead_at IS NOT NULL"), "{sql}");
         }
-        for sql in [&s.requeue_ids, &s.discard_ids] {
+        for sql in [&s.admin.requeue_ids, &s.admin.discard_ids] {
             assert!(
                 sql.ends_with("WHERE id = ANY($1::uuid[]) AND dead_at IS NOT NULL"),
                 "ids touch dead letters only: {sql}"
             );
         }
         let purgeable = purgeable("$1");
-        assert!(s.purge_dispatched.contains(&purgeable));
+        assert!(s.admin.purge_dispatched.contains(&purgeable));
         assert!(
-            s.count_dispatched.ends_with(&format!("WHERE {purgeable}")),
+            s.admin
+                .count_dispatched
+                .ends_with(&format!("WHERE {purgeable}")),
             "the dry run counts what the purge deletes: {}",
-            s.count_dispatched
+            s.admin.count_dispatched
         );
     }
 
@@ -650,8 +647,8 @@ mod tests {
         assert!(page(Descending, true).contains("AND id < $5"));
         for sql in [
             page(Ascending, true),
-            s.count_dead.clone(),
-            s.requeue_matching.clone(),
+            s.admin.count_dead.clone(),
+            s.admin.requeue_matching.clone(),
         ] {
             assert!(
                 sql.contains("AND ($3::uuid[] IS NULL OR id = ANY($3::uuid[]))"),

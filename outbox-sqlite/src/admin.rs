@@ -1,38 +1,27 @@
-//! The [`OutboxAdmin`] side of [`SqliteOutbox`]: stats, dead letters, purges.
+//! The [`OutboxAdmin`](outbox_core::OutboxAdmin) side of [`SqliteOutbox`]: its
+//! statements and binds ([`SqlxAdmin`]); the dispatch and the purge bound are
+//! `outbox-sqlx`'s.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::json;
 
-use outbox_core::admin::MAX_ADMIN_BATCH;
 use outbox_core::{
-    DeadLetter, DeadLetterFilter, DeadLetterOrder, DeadLetterPage, DeadLetterSelection, Error,
-    ErrorKind, MessageId, OutboxAdmin, OutboxStats, Result, Retention,
+    DeadLetter, DeadLetterFilter, DeadLetterOrder, DeadLetterPage, Error, ErrorKind, MessageId,
+    OutboxStats, Result,
 };
+use outbox_sqlx::{AdminStatements, SqlxAdmin};
+use sqlx::sqlite::SqliteQueryResult;
+use sqlx::Pool;
+use sqlx::Sqlite;
 
 use crate::error::from_sqlx;
 use crate::row::{decode_dead_letter, get};
 use crate::store::SqliteOutbox;
 use crate::time::{age_micros, limit_param, now_us};
 
-/// How a dead-letter statement changes its rows.
-#[derive(Debug, Clone, Copy)]
-enum Change {
-    Requeue,
-    Discard,
-}
-
-type Query<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>;
-
-/// Bind a filter as `?1` (destination or NULL), `?2` (dead-at cutoff or NULL) and `?3`
-/// (ids as a JSON array of hex strings, or NULL).
-fn bind_filter<'q>(query: Query<'q>, filter: &'q DeadLetterFilter, now: i64) -> Query<'q> {
-    query
-        .bind(filter.destination())
-        .bind(filter.dead_for().map(|age| cutoff(now, age)))
-        .bind(filter.ids().map(hex_ids))
-}
+type Query<'q> = outbox_sqlx::Query<'q, Sqlite>;
 
 /// Ids as the JSON array of hex strings the statements read with `json_each`.
 fn hex_ids(ids: &[MessageId]) -> String {
@@ -43,10 +32,13 @@ fn hex_ids(ids: &[MessageId]) -> String {
     json!(hex).to_string()
 }
 
-/// The only column of a `SELECT count(*)`, as `u64`.
-fn count(row: &sqlx::sqlite::SqliteRow, what: &str) -> Result<u64> {
-    let n: i64 = get(row, 0)?;
-    u64::try_from(n).map_err(|_| Error::new(ErrorKind::Decode, format!("negative {what} count")))
+/// Bind a filter as `?1` (destination or NULL), `?2` (dead-at cutoff or NULL) and `?3`
+/// (ids as a JSON array of hex strings, or NULL).
+fn bind_filter<'q>(query: Query<'q>, filter: &'q DeadLetterFilter, now: i64) -> Query<'q> {
+    query
+        .bind(filter.destination())
+        .bind(filter.dead_for().map(|age| cutoff(now, age)))
+        .bind(filter.ids().map(hex_ids))
 }
 
 /// `now` minus `age`, stopping at the smallest time rather than overflowing.
@@ -54,53 +46,48 @@ fn cutoff(now: i64, age: Duration) -> i64 {
     now.saturating_sub(age_micros(age))
 }
 
-impl SqliteOutbox {
-    /// Requeue or discard the selected dead letters; returns how many changed.
-    async fn change_dead(&self, change: Change, selection: &DeadLetterSelection) -> Result<u64> {
-        selection.validate()?;
-        let sql = self.statements();
-        let now = now_us();
-        let (what, by_ids, matching) = match change {
-            Change::Requeue => (
-                "requeue dead letters",
-                &sql.requeue_ids,
-                &sql.requeue_matching,
-            ),
-            Change::Discard => (
-                "discard dead letters",
-                &sql.discard_ids,
-                &sql.discard_matching,
-            ),
-        };
-        let query = match selection {
-            DeadLetterSelection::Ids(ids) if ids.is_empty() => return Ok(0),
-            DeadLetterSelection::Ids(ids) => {
-                let query = sqlx::query(by_ids).bind(hex_ids(ids));
-                match change {
-                    Change::Requeue => query.bind(now),
-                    Change::Discard => query,
-                }
-            }
-            DeadLetterSelection::Matching { filter, limit } => {
-                let query =
-                    bind_filter(sqlx::query(matching), filter, now).bind(limit_param(*limit));
-                match change {
-                    Change::Requeue => query.bind(now),
-                    Change::Discard => query,
-                }
-            }
-        };
-        let done = query
-            .execute(self.pool())
-            .await
-            .map_err(|e| from_sqlx(what, e))?;
-        Ok(done.rows_affected())
-    }
-}
-
 #[async_trait]
-impl OutboxAdmin for SqliteOutbox {
-    async fn stats(&self) -> Result<OutboxStats> {
+impl SqlxAdmin for SqliteOutbox {
+    type Db = Sqlite;
+
+    fn map_error(what: &str, err: sqlx::Error) -> Error {
+        from_sqlx(what, err)
+    }
+
+    fn negative_count(what: &str) -> Error {
+        Error::new(ErrorKind::Decode, format!("negative {what} count"))
+    }
+
+    /// `?1`: the ids as a JSON array of hex strings.
+    fn bind_ids<'q>(query: Query<'q>, ids: &[MessageId]) -> Query<'q> {
+        query.bind(hex_ids(ids))
+    }
+
+    fn rows_affected(done: &SqliteQueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    /// `?1` (destination or NULL), `?2` (dead-at cutoff from now, or NULL) and `?3`
+    /// (ids as a JSON array of hex strings, or NULL).
+    fn bind_filter<'q>(query: Query<'q>, filter: &'q DeadLetterFilter) -> Query<'q> {
+        bind_filter(query, filter, now_us())
+    }
+
+    fn admin(&self) -> (&Pool<Sqlite>, &AdminStatements) {
+        (self.pool(), &self.statements().admin)
+    }
+
+    /// Now: the time the requeued rows become due.
+    fn bind_requeue(query: Query<'_>) -> Query<'_> {
+        query.bind(now_us())
+    }
+
+    /// The completion-time cutoff: now minus the age, stopping at the smallest time.
+    fn bind_age(query: Query<'_>, older_than: Duration) -> Query<'_> {
+        query.bind(cutoff(now_us(), older_than))
+    }
+
+    async fn read_stats(&self) -> Result<OutboxStats> {
         let now = now_us();
         let row = sqlx::query(&self.statements().stats)
             .bind(now)
@@ -125,7 +112,7 @@ impl OutboxAdmin for SqliteOutbox {
         ))
     }
 
-    async fn dead_letters(&self, page: &DeadLetterPage) -> Result<Vec<DeadLetter>> {
+    async fn list_dead_letters(&self, page: &DeadLetterPage) -> Result<Vec<DeadLetter>> {
         let sql = self.statements();
         let sql = match page.order() {
             DeadLetterOrder::Ascending => &sql.dead_letters,
@@ -139,51 +126,9 @@ impl OutboxAdmin for SqliteOutbox {
             .map_err(|e| from_sqlx("list dead letters", e))?;
         rows.iter().map(decode_dead_letter).collect()
     }
-
-    async fn count_dead(&self, filter: &DeadLetterFilter) -> Result<u64> {
-        let query = sqlx::query(&self.statements().count_dead);
-        let row = bind_filter(query, filter, now_us())
-            .fetch_one(self.pool())
-            .await
-            .map_err(|e| from_sqlx("count dead letters", e))?;
-        count(&row, "dead letter")
-    }
-
-    async fn requeue_dead(&self, selection: &DeadLetterSelection) -> Result<u64> {
-        self.change_dead(Change::Requeue, selection).await
-    }
-
-    async fn discard_dead(&self, selection: &DeadLetterSelection) -> Result<u64> {
-        self.change_dead(Change::Discard, selection).await
-    }
-
-    /// As the trait says; a `limit` above [`MAX_ADMIN_BATCH`] is taken as that, so one
-    /// statement never deletes more.
-    async fn purge_dispatched(&self, older_than: Duration, limit: usize) -> Result<u64> {
-        if limit == 0 || self.config().retention() == Retention::Delete {
-            return Ok(0);
-        }
-        let done = sqlx::query(&self.statements().purge_dispatched)
-            .bind(cutoff(now_us(), older_than))
-            .bind(limit_param(limit.min(MAX_ADMIN_BATCH)))
-            .execute(self.pool())
-            .await
-            .map_err(|e| from_sqlx("purge dispatched", e))?;
-        Ok(done.rows_affected())
-    }
-
-    async fn count_dispatched(&self, older_than: Duration) -> Result<u64> {
-        if self.config().retention() == Retention::Delete {
-            return Ok(0);
-        }
-        let row = sqlx::query(&self.statements().count_dispatched)
-            .bind(cutoff(now_us(), older_than))
-            .fetch_one(self.pool())
-            .await
-            .map_err(|e| from_sqlx("count dispatched", e))?;
-        count(&row, "dispatched")
-    }
 }
+
+outbox_sqlx::sqlx_outbox_admin!(SqliteOutbox);
 
 #[cfg(test)]
 mod tests {

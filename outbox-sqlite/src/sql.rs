@@ -17,6 +17,7 @@
 
 use outbox_core::store::MAX_ATTEMPTS;
 use outbox_core::{DeadLetterOrder, KeyOrder, Retention};
+use outbox_sqlx::AdminStatements;
 
 use crate::config::SqliteOutboxConfig;
 use crate::ident::TableName;
@@ -52,20 +53,9 @@ pub(crate) struct Statements {
     pub(crate) dead_letters: String,
     /// As `dead_letters`, highest id first.
     pub(crate) dead_letters_desc: String,
-    /// `?1..?3` the filter.
-    pub(crate) count_dead: String,
-    /// `?1` JSON array of hex ids, `?2` now.
-    pub(crate) requeue_ids: String,
-    /// `?1..?3` the filter, `?4` limit, `?5` now.
-    pub(crate) requeue_matching: String,
-    /// `?1` JSON array of hex ids.
-    pub(crate) discard_ids: String,
-    /// `?1..?3` the filter, `?4` limit.
-    pub(crate) discard_matching: String,
-    /// `?1` cutoff, `?2` limit.
-    pub(crate) purge_dispatched: String,
-    /// `?1` cutoff: how many rows `purge_dispatched` would delete in all.
-    pub(crate) count_dispatched: String,
+    /// Count, requeue, discard and purge: [`AdminStatements`] gives their parameters,
+    /// bound as the outbox's [`SqlxAdmin`](outbox_sqlx::SqlxAdmin) impl binds them.
+    pub(crate) admin: AdminStatements,
     /// `?1` now.
     pub(crate) stats: String,
 }
@@ -129,29 +119,32 @@ impl Statements {
             ),
             dead_letters: dead_letters(t, DeadLetterOrder::Ascending),
             dead_letters_desc: dead_letters(t, DeadLetterOrder::Descending),
-            count_dead: format!(
-                "SELECT count(*) FROM {t} WHERE dead_at IS NOT NULL AND {DEAD_FILTER}"
-            ),
-            requeue_ids: format!(
-                "UPDATE {t} SET {set} WHERE dead_at IS NOT NULL \
-                 AND id IN (SELECT unhex(value) FROM json_each(?1))",
-                set = requeue("?2"),
-            ),
-            requeue_matching: format!(
-                "UPDATE {t} SET {set} WHERE seq IN ({matching})",
-                set = requeue("?5"),
-                matching = matching_dead(t),
-            ),
-            discard_ids: format!(
-                "DELETE FROM {t} WHERE dead_at IS NOT NULL \
-                 AND id IN (SELECT unhex(value) FROM json_each(?1))"
-            ),
-            discard_matching: format!("DELETE FROM {t} WHERE seq IN ({})", matching_dead(t)),
-            purge_dispatched: format!(
-                "DELETE FROM {t} WHERE seq IN (SELECT seq FROM {t} WHERE {PURGEABLE} \
-                 ORDER BY dispatched_at LIMIT ?2)"
-            ),
-            count_dispatched: format!("SELECT count(*) FROM {t} WHERE {PURGEABLE}"),
+            admin: AdminStatements {
+                retention: config.retention(),
+                count_dead: format!(
+                    "SELECT count(*) FROM {t} WHERE dead_at IS NOT NULL AND {DEAD_FILTER}"
+                ),
+                requeue_ids: format!(
+                    "UPDATE {t} SET {set} WHERE dead_at IS NOT NULL \
+                     AND id IN (SELECT unhex(value) FROM json_each(?1))",
+                    set = requeue("?2"),
+                ),
+                requeue_matching: format!(
+                    "UPDATE {t} SET {set} WHERE seq IN ({matching})",
+                    set = requeue("?5"),
+                    matching = matching_dead(t),
+                ),
+                discard_ids: format!(
+                    "DELETE FROM {t} WHERE dead_at IS NOT NULL \
+                     AND id IN (SELECT unhex(value) FROM json_each(?1))"
+                ),
+                discard_matching: format!("DELETE FROM {t} WHERE seq IN ({})", matching_dead(t)),
+                purge_dispatched: format!(
+                    "DELETE FROM {t} WHERE seq IN (SELECT seq FROM {t} WHERE {PURGEABLE} \
+                     ORDER BY dispatched_at LIMIT ?2)"
+                ),
+                count_dispatched: format!("SELECT count(*) FROM {t} WHERE {PURGEABLE}"),
+            },
             stats: format!(
                 "SELECT \
                  count(*) FILTER (WHERE lease_token IS NULL OR available_at <= ?1), \
@@ -294,21 +287,23 @@ mod tests {
     fn admin_statements_touch_dead_letters_only_and_are_bounded() {
         let s = statements(&SqliteOutboxConfig::default().with_table("t"));
         for sql in [
-            &s.requeue_ids,
-            &s.requeue_matching,
-            &s.discard_ids,
-            &s.discard_matching,
+            &s.admin.requeue_ids,
+            &s.admin.requeue_matching,
+            &s.admin.discard_ids,
+            &s.admin.discard_matching,
         ] {
             assert!(sql.contains("dead_at IS NOT NULL"), "{sql}");
         }
-        for sql in [&s.requeue_matching, &s.discard_matching] {
+        for sql in [&s.admin.requeue_matching, &s.admin.discard_matching] {
             assert!(sql.contains("ORDER BY id LIMIT ?4"), "{sql}");
         }
-        assert!(s.requeue_matching.contains("available_at = ?5"));
-        assert!(s.purge_dispatched.contains("LIMIT ?2"));
-        assert!(s.purge_dispatched.contains(PURGEABLE));
+        assert!(s.admin.requeue_matching.contains("available_at = ?5"));
+        assert!(s.admin.purge_dispatched.contains("LIMIT ?2"));
+        assert!(s.admin.purge_dispatched.contains(PURGEABLE));
         assert!(
-            s.count_dispatched.ends_with(&format!("WHERE {PURGEABLE}")),
+            s.admin
+                .count_dispatched
+                .ends_with(&format!("WHERE {PURGEABLE}")),
             "the dry run counts what the purge deletes"
         );
         assert!(s
@@ -320,9 +315,9 @@ mod tests {
         for sql in [
             &s.dead_letters,
             &s.dead_letters_desc,
-            &s.count_dead,
-            &s.requeue_matching,
-            &s.discard_matching,
+            &s.admin.count_dead,
+            &s.admin.requeue_matching,
+            &s.admin.discard_matching,
         ] {
             assert!(
                 sql.contains(DEAD_FILTER),

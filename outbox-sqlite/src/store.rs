@@ -316,7 +316,7 @@ impl SqliteOutbox {
             "complete" => &sql.complete,
             "fail" => &sql.fail,
             "release" => &sql.release,
-            "purge_dispatched" => &sql.purge_dispatched,
+            "purge_dispatched" => &sql.admin.purge_dispatched,
             _ => return None,
         })
     }

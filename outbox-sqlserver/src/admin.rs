@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use outbox_core::admin::MAX_ADMIN_BATCH;
+use outbox_core::backend::{dead_target, purge_limit, DeadTarget};
 use outbox_core::{
     DeadLetter, DeadLetterFilter, DeadLetterOrder, DeadLetterPage, DeadLetterSelection,
     OutboxAdmin, OutboxStats, Result, Retention,
@@ -27,6 +27,9 @@ use crate::sql::{
     DELETE_BATCH, NOW, PURGE_HINTS, UNDELIVERED,
 };
 use crate::store::MssqlOutbox;
+
+/// Requeue or discard: the core's, named here for the statement builders.
+pub(crate) use outbox_core::backend::DeadChange;
 
 // ---- Statements ----------------------------------------------------------------
 
@@ -97,15 +100,6 @@ pub(crate) fn count_dead(t: &QualifiedName, filter: &DeadLetterFilter) -> Stmt {
     b.finish(format!(
         "SELECT COUNT_BIG(*) AS n FROM {t} WHERE dead_at IS NOT NULL{clauses};"
     ))
-}
-
-/// Requeue or discard.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum DeadChange {
-    /// Make due again, attempts reset.
-    Requeue,
-    /// Delete.
-    Discard,
 }
 
 fn dead_change_head(change: DeadChange, alias: &str) -> String {
@@ -216,30 +210,26 @@ impl MssqlOutbox {
         change: DeadChange,
         selection: &DeadLetterSelection,
     ) -> Result<u64> {
-        selection.validate()?;
-        let what = match change {
-            DeadChange::Requeue => "requeue dead letters",
-            DeadChange::Discard => "discard dead letters",
+        let Some(target) = dead_target(selection)? else {
+            return Ok(0);
         };
+        let what = change.what();
         let name = self.qualified_name();
         let mut client = self.client(what).await?;
         let mut changed = 0;
-        match selection {
-            DeadLetterSelection::Ids(ids) => {
-                // In id order, like the settles, so overlapping calls lock rows in one
-                // order.
-                let mut ids: Vec<[u8; 16]> =
-                    ids.iter().map(|id| *id.as_uuid().as_bytes()).collect();
-                ids.sort_unstable();
-                ids.dedup();
+        match target {
+            DeadTarget::Ids(ids) => {
+                // In id order (as `dead_target` gives them), like the settles, so
+                // overlapping calls lock rows in one order.
+                let ids: Vec<[u8; 16]> = ids.iter().map(|id| *id.as_uuid().as_bytes()).collect();
                 for chunk in ids.chunks(chunk_rows(1, 0).min(DELETE_BATCH)) {
                     changed += execute(&mut client, change_dead_ids(name, change, chunk))
                         .await
                         .map_err(|e| from_tiberius(what, e))?;
                 }
             }
-            DeadLetterSelection::Matching { filter, limit } => {
-                let limit = u64::try_from(*limit).unwrap_or(u64::MAX);
+            DeadTarget::Matching { filter, limit } => {
+                let limit = u64::try_from(limit).unwrap_or(u64::MAX);
                 while changed < limit {
                     let step = usize::try_from(limit - changed)
                         .unwrap_or(DELETE_BATCH)
@@ -312,14 +302,16 @@ impl OutboxAdmin for MssqlOutbox {
         self.change_dead(DeadChange::Discard, selection).await
     }
 
-    /// As the trait says; a `limit` above [`MAX_ADMIN_BATCH`] is taken as that, and
-    /// rows are deleted in statements of at most 2,000 rows (below lock escalation).
+    /// As the trait says; a `limit` above
+    /// [`MAX_ADMIN_BATCH`](outbox_core::admin::MAX_ADMIN_BATCH) is taken as that
+    /// ([`purge_limit`]), and rows are deleted in statements of at most 2,000 rows
+    /// (below lock escalation).
     async fn purge_dispatched(&self, older_than: Duration, limit: usize) -> Result<u64> {
-        if limit == 0 || self.config().retention() == Retention::Delete {
+        let Some(limit) = purge_limit(limit, self.config().retention()) else {
             return Ok(0);
-        }
+        };
         let what = "purge dispatched";
-        let limit = limit.min(MAX_ADMIN_BATCH) as u64;
+        let limit = limit as u64;
         let age = age_micros(older_than);
         let mut client = self.client(what).await?;
         let mut purged = 0;

@@ -1,8 +1,13 @@
 #![doc = include_str!("../README.md")]
 
+mod admin;
 mod error;
 mod inbox;
 
+pub use admin::{
+    change_dead, count_dead, count_dispatched, purge_dispatched, AdminEngine, AdminStatements,
+    Query, SqlxAdmin,
+};
 pub use error::{from_sqlx, ErrorCodes};
 pub use inbox::{contains, process, purge_expired, record, record_in, SqlxInbox};
 
