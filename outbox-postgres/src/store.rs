@@ -11,8 +11,8 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use outbox_core::backend::finish_claim;
 use outbox_core::backend::{bounded_error, check_enqueue, in_id_order, validate_lease};
+use outbox_core::backend::{finish_claim, ids_to_release, release_failed};
 use outbox_core::message::MAX_DELAY;
 use outbox_core::{
     ClaimIds, ClaimRequest, Claimed, Disposition, Error, Failure, Lease, LeaseToken, MessageId,
@@ -374,34 +374,16 @@ impl PgOutbox {
     /// nobody until the lease expires. A failure, or ids that do not decode either, is
     /// logged, not returned: the leases then expire as after a crash.
     async fn release_claim(&self, token: LeaseToken, rows: &[PgRow], cause: &Error) {
-        let rows_n = rows.len();
-        tracing::error!(
-            rows = rows_n, error = %cause.report(),
-            "claimed outbox rows could not be decoded; releasing the claim"
-        );
-        let ids: Result<Vec<Uuid>> = rows.iter().map(|row| get(row, "id")).collect();
-        let mut ids = match ids {
-            Ok(ids) => ids,
-            Err(err) => {
-                tracing::error!(
-                    rows = rows_n, error = %err.report(),
-                    "claimed ids do not decode either; the leases expire instead"
-                );
-                return;
-            }
+        let Some(ids) = ids_to_release(rows, cause, |row| get::<Uuid>(row, "id")) else {
+            return;
         };
-        ids.sort_unstable();
         let result = sqlx::query(&self.inner.sql.release_claim)
             .bind(token.as_uuid())
             .bind(ids)
             .execute(&self.relay)
             .await;
         if let Err(e) = result {
-            let err = from_sqlx("releasing an undecodable claim", e);
-            tracing::error!(
-                rows = rows_n, error = %err.report(),
-                "could not release the claim; its leases expire instead"
-            );
+            release_failed(rows.len(), &from_sqlx("releasing an undecodable claim", e));
         }
     }
 

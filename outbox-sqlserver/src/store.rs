@@ -10,8 +10,8 @@ use futures::io::{AsyncRead, AsyncWrite};
 use tiberius::{Client, Row};
 use uuid::Uuid;
 
-use outbox_core::backend::finish_claim;
 use outbox_core::backend::{bounded_error, check_enqueue, in_id_order};
+use outbox_core::backend::{finish_claim, ids_to_release, release_failed};
 use outbox_core::message::MAX_DELAY;
 use outbox_core::{
     ClaimIds, ClaimRequest, Claimed, Disposition, Error, Failure, Lease, LeaseToken, MessageId,
@@ -407,24 +407,14 @@ impl MssqlOutbox {
     /// Undo a claim whose rows could not be returned; failures are logged (the leases
     /// then expire as after a crash).
     async fn release_claim(&self, token: LeaseToken, rows: &[Row], cause: &Error) {
-        tracing::error!(
-            rows = rows.len(), error = %cause.report(),
-            "claimed outbox rows could not be decoded; releasing the claim"
-        );
-        let ids: Result<Vec<[u8; 16]>> = rows.iter().map(|row| row_id(row, "id")).collect();
-        let mut ids = match ids {
-            Ok(ids) => ids,
-            Err(err) => {
-                tracing::error!(error = %err.report(), "claimed ids do not decode either; the leases expire instead");
-                return;
-            }
+        let Some(ids) = ids_to_release(rows, cause, |row| row_id(row, "id")) else {
+            return;
         };
-        ids.sort_unstable();
         let token = *token.as_uuid().as_bytes();
         for chunk in ids.chunks(chunk_rows(1, 1)) {
             let stmt = sql::release_claim(&self.inner.name, token, chunk);
             if let Err(err) = self.rows("releasing an undecodable claim", stmt).await {
-                tracing::error!(error = %err.report(), "could not release the claim; its leases expire instead");
+                release_failed(rows.len(), &err);
             }
         }
     }

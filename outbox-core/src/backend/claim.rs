@@ -109,6 +109,43 @@ where
     }
 }
 
+/// The ids of a claim whose rows could not be decoded, sorted (so the release locks
+/// them in id order), for the backend to give the claim back with. Logs `cause`; when
+/// the ids do not decode either, logs that too and returns `None`: the leases then
+/// expire as after a crash.
+pub fn ids_to_release<R, I: Ord>(
+    rows: &[R],
+    cause: &Error,
+    id: impl Fn(&R) -> Result<I>,
+) -> Option<Vec<I>> {
+    tracing::error!(
+        rows = rows.len(), error = %cause.report(),
+        "claimed outbox rows could not be decoded; releasing the claim"
+    );
+    match rows.iter().map(id).collect::<Result<Vec<I>>>() {
+        Ok(mut ids) => {
+            ids.sort_unstable();
+            Some(ids)
+        }
+        Err(err) => {
+            tracing::error!(
+                rows = rows.len(), error = %err.report(),
+                "claimed ids do not decode either; the leases expire instead"
+            );
+            None
+        }
+    }
+}
+
+/// Log that giving back an undecodable claim of `rows` rows failed with `err`: its
+/// leases expire instead.
+pub fn release_failed(rows: usize, err: &Error) {
+    tracing::error!(
+        rows, error = %err.report(),
+        "could not release the claim; its leases expire instead"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
