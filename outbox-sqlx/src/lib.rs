@@ -9,9 +9,12 @@ pub use admin::{
     Query, SqlxAdmin,
 };
 pub use error::{from_sqlx, ErrorCodes};
-pub use inbox::{contains, process, purge_expired, record, record_in, SqlxInbox};
+pub use inbox::{
+    contains, process, purge_expired, record, record_in, InboxEngine, InboxStatements, SqlxInbox,
+};
 
-/// What [`sqlx_dedup_store!`]'s expansion names, reachable from the backend crate.
+/// What the expansions of [`sqlx_dedup_store!`], [`sqlx_outbox_admin!`] and
+/// [`sqlx_entity_store!`] name, reachable from the backend crate.
 #[doc(hidden)]
 pub mod __private {
     pub use async_trait::async_trait;
