@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod admin;
+mod entity;
 mod error;
 mod inbox;
 
@@ -8,6 +9,7 @@ pub use admin::{
     change_dead, count_dead, count_dispatched, purge_dispatched, AdminEngine, AdminStatements,
     Query, SqlxAdmin,
 };
+pub use entity::{load_entity, persist_entity, EntityEngine, EntityStatements, SqlxEntities};
 pub use error::{from_sqlx, ErrorCodes};
 pub use inbox::{
     contains, process, purge_expired, record, record_in, InboxEngine, InboxStatements, SqlxInbox,
