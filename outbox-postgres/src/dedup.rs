@@ -36,7 +36,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use outbox_sqlx::SqlxInbox;
+use outbox_sqlx::{InboxStatements, Query, SqlxInbox};
+use sqlx::postgres::PgQueryResult;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 use outbox_core::{ConsumerName, Error, MessageId, Result};
@@ -69,39 +70,30 @@ pub struct PgDedupStore {
     config: PgDedupConfig,
     name: QualifiedName,
     retention_us: i64,
-    sql: Arc<DedupStatements>,
+    sql: Arc<InboxStatements>,
 }
 
 /// The store's statements, rendered once. `$1`/`$2` are the consumer and id, the
 /// retention is bound in microseconds.
-#[derive(Debug)]
-struct DedupStatements {
-    record: String,
-    contains: String,
-    purge: String,
-}
-
-impl DedupStatements {
-    fn new(t: &QualifiedName) -> Self {
-        // An expired record that was not purged yet counts as absent: recording
-        // refreshes it and reports `New`.
-        DedupStatements {
-            record: format!(
-                "INSERT INTO {t} AS d (consumer, message_id) VALUES ($1, $2) \
-                 ON CONFLICT (consumer, message_id) DO UPDATE SET processed_at = now() \
-                 WHERE d.processed_at < now() - $3 * interval '1 microsecond'"
-            ),
-            contains: format!(
-                "SELECT EXISTS (SELECT 1 FROM {t} WHERE consumer = $1 AND message_id = $2 \
-                 AND processed_at >= now() - $3 * interval '1 microsecond')"
-            ),
-            purge: format!(
-                "DELETE FROM {t} WHERE (consumer, message_id) IN \
-                 (SELECT consumer, message_id FROM {t} \
-                 WHERE processed_at < now() - $1 * interval '1 microsecond' \
-                 LIMIT $2 FOR UPDATE SKIP LOCKED)"
-            ),
-        }
+fn dedup_statements(t: &QualifiedName) -> InboxStatements {
+    // An expired record that was not purged yet counts as absent: recording refreshes
+    // it and reports `New`.
+    InboxStatements {
+        record: format!(
+            "INSERT INTO {t} AS d (consumer, message_id) VALUES ($1, $2) \
+             ON CONFLICT (consumer, message_id) DO UPDATE SET processed_at = now() \
+             WHERE d.processed_at < now() - $3 * interval '1 microsecond'"
+        ),
+        contains: format!(
+            "SELECT EXISTS (SELECT 1 FROM {t} WHERE consumer = $1 AND message_id = $2 \
+             AND processed_at >= now() - $3 * interval '1 microsecond')"
+        ),
+        purge: format!(
+            "DELETE FROM {t} WHERE (consumer, message_id) IN \
+             (SELECT consumer, message_id FROM {t} \
+             WHERE processed_at < now() - $1 * interval '1 microsecond' \
+             LIMIT $2 FOR UPDATE SKIP LOCKED)"
+        ),
     }
 }
 
@@ -118,7 +110,7 @@ impl PgDedupStore {
             .map_err(|_| Error::config("dedup retention is too long"))?;
         Ok(PgDedupStore {
             pool,
-            sql: Arc::new(DedupStatements::new(&name)),
+            sql: Arc::new(dedup_statements(&name)),
             config,
             name,
             retention_us,
@@ -161,37 +153,24 @@ impl SqlxInbox for PgDedupStore {
         self.pool.begin().await
     }
 
-    async fn record_on(
-        &self,
-        conn: &mut PgConnection,
-        consumer: &ConsumerName,
+    fn statements(&self) -> &InboxStatements {
+        &self.sql
+    }
+
+    fn rows_affected(done: &PgQueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    fn bind_key<'q>(
+        query: Query<'q, Postgres>,
+        consumer: &'q ConsumerName,
         id: MessageId,
-    ) -> sqlx::Result<u64> {
-        let done = sqlx::query(&self.sql.record)
-            .bind(consumer.as_str())
-            .bind(id.as_uuid())
-            .bind(self.retention_us)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected())
+    ) -> Query<'q, Postgres> {
+        query.bind(consumer.as_str()).bind(id.as_uuid())
     }
 
-    async fn contains_on_pool(&self, consumer: &ConsumerName, id: MessageId) -> sqlx::Result<bool> {
-        sqlx::query_scalar(&self.sql.contains)
-            .bind(consumer.as_str())
-            .bind(id.as_uuid())
-            .bind(self.retention_us)
-            .fetch_one(&self.pool)
-            .await
-    }
-
-    async fn purge_on_pool(&self, limit: i64) -> sqlx::Result<u64> {
-        let done = sqlx::query(&self.sql.purge)
-            .bind(self.retention_us)
-            .bind(limit)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected())
+    fn bind_expiry<'q>(&self, query: Query<'q, Postgres>) -> Query<'q, Postgres> {
+        query.bind(self.retention_us)
     }
 }
 
@@ -244,7 +223,7 @@ mod tests {
 
     #[test]
     fn statements_honour_expiry_and_bound_purges() {
-        let sql = DedupStatements::new(&QualifiedName::new("s", "inbox").unwrap());
+        let sql = dedup_statements(&QualifiedName::new("s", "inbox").unwrap());
         assert!(sql.record.starts_with("INSERT INTO \"s\".\"inbox\" AS d"));
         assert!(
             sql.record

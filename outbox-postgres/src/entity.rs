@@ -16,11 +16,12 @@
 //! - Do not delete the row of an entity that may still receive messages: re-created, its
 //!   versions start over at 1, and a copy holding an old version 1 could overwrite it.
 
-use async_trait::async_trait;
-use sqlx::PgPool;
+use outbox_sqlx::{EntityStatements, SqlxEntities};
+use serde::Serialize;
+use sqlx::{PgPool, Postgres};
 
-use outbox_core::backend::{entity_version, loaded_entity, stored_entity_version};
-use outbox_core::consumer::{EntityRecord, EntityStore, Loaded, Persisted, Version};
+use outbox_core::backend::stored_entity_version;
+use outbox_core::consumer::Version;
 use outbox_core::{EntityKey, Error, Result};
 
 use crate::config::PgEntityConfig;
@@ -46,26 +47,17 @@ pub struct PgEntityStore {
     sql: std::sync::Arc<EntityStatements>,
 }
 
-#[derive(Debug)]
-struct EntityStatements {
-    load: String,
-    create: String,
-    replace: String,
-}
-
-impl EntityStatements {
-    fn new(t: &QualifiedName) -> Self {
-        EntityStatements {
-            load: format!("SELECT state, outbox, version FROM {t} WHERE entity_key = $1"),
-            create: format!(
-                "INSERT INTO {t} (entity_key, state, outbox, version) VALUES ($1, $2, $3, 1) \
-                 ON CONFLICT (entity_key) DO NOTHING RETURNING version"
-            ),
-            replace: format!(
-                "UPDATE {t} SET state = $2, outbox = $3, version = version + 1, \
-                 updated_at = now() WHERE entity_key = $1 AND version = $4 RETURNING version"
-            ),
-        }
+fn entity_statements(t: &QualifiedName) -> EntityStatements {
+    EntityStatements {
+        load: format!("SELECT state, outbox, version FROM {t} WHERE entity_key = $1"),
+        create: format!(
+            "INSERT INTO {t} (entity_key, state, outbox, version) VALUES ($1, $2, $3, 1) \
+             ON CONFLICT (entity_key) DO NOTHING RETURNING version"
+        ),
+        replace: format!(
+            "UPDATE {t} SET state = $2, outbox = $3, version = version + 1, \
+             updated_at = now() WHERE entity_key = $1 AND version = $4 RETURNING version"
+        ),
     }
 }
 
@@ -78,7 +70,7 @@ impl PgEntityStore {
         let name = config.qualified_name()?;
         Ok(PgEntityStore {
             pool,
-            sql: std::sync::Arc::new(EntityStatements::new(&name)),
+            sql: std::sync::Arc::new(entity_statements(&name)),
             name,
         })
     }
@@ -99,64 +91,41 @@ impl PgEntityStore {
     }
 }
 
-fn is_serialization_failure(e: &sqlx::Error) -> bool {
-    e.as_database_error()
-        .and_then(|d| d.code())
-        .is_some_and(|code| code == "40001")
-}
+impl SqlxEntities for PgEntityStore {
+    type Db = Postgres;
+    /// `jsonb`.
+    type Json = serde_json::Value;
 
-fn stored_version(v: Version) -> Result<i64> {
-    stored_entity_version(v, "a bigint")
-}
-
-#[async_trait]
-impl EntityStore for PgEntityStore {
-    async fn load(&self, key: &EntityKey) -> Result<Option<Loaded>> {
-        let row: Option<(serde_json::Value, serde_json::Value, i64)> =
-            sqlx::query_as(&self.sql.load)
-                .bind(key.as_str())
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| from_sqlx("load entity", e))?;
-        let Some((state, outbox, version)) = row else {
-            return Ok(None);
-        };
-        loaded_entity(key, state, outbox, version).map(Some)
+    fn map_error(what: &str, err: sqlx::Error) -> Error {
+        from_sqlx(what, err)
     }
 
-    async fn persist(
-        &self,
-        key: &EntityKey,
-        expected: Option<Version>,
-        record: &EntityRecord,
-    ) -> Result<Persisted> {
-        let outbox = serde_json::to_value(&record.outbox).map_err(|e| {
-            Error::invalid_input("the outbox state does not serialize").with_source(e)
-        })?;
-        let query = match expected {
-            None => sqlx::query_scalar(&self.sql.create),
-            Some(_) => sqlx::query_scalar(&self.sql.replace),
-        }
-        .bind(key.as_str())
-        .bind(&record.state)
-        .bind(outbox);
-        let query = match expected {
-            None => query,
-            Some(v) => query.bind(stored_version(v)?),
-        };
-        let stored: Option<i64> = match query.fetch_optional(&self.pool).await {
-            Ok(stored) => stored,
-            // Under REPEATABLE READ or SERIALIZABLE a concurrent writer of the row makes
-            // this write fail instead of matching no row: the same conflict.
-            Err(e) if is_serialization_failure(&e) => None,
-            Err(e) => return Err(from_sqlx("persist entity", e)),
-        };
-        match stored {
-            Some(v) => Ok(Persisted::Stored(entity_version(v)?)),
-            None => Ok(Persisted::Conflict),
-        }
+    fn entities(&self) -> (&PgPool, &EntityStatements) {
+        (&self.pool, &self.sql)
+    }
+
+    fn to_json<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<serde_json::Value> {
+        serde_json::to_value(value)
+    }
+
+    fn from_json(_: &EntityKey, _: &str, json: serde_json::Value) -> Result<serde_json::Value> {
+        Ok(json)
+    }
+
+    fn stored_version(v: Version) -> Result<Option<i64>> {
+        stored_entity_version(v, "a bigint").map(Some)
+    }
+
+    /// Under REPEATABLE READ or SERIALIZABLE a concurrent writer of the row makes the
+    /// write fail (SQLSTATE 40001) instead of matching no row: the same conflict.
+    fn is_conflict(err: &sqlx::Error) -> bool {
+        err.as_database_error()
+            .and_then(|d| d.code())
+            .is_some_and(|code| code == "40001")
     }
 }
+
+outbox_sqlx::sqlx_entity_store!(PgEntityStore);
 
 #[cfg(test)]
 mod tests {
@@ -164,16 +133,16 @@ mod tests {
 
     #[test]
     fn persists_are_conditional_single_statements() {
-        let sql = EntityStatements::new(&QualifiedName::new("s", "e").unwrap());
-        assert!(sql
-            .create
-            .contains("ON CONFLICT (entity_key) DO NOTHING RETURNING version"));
-        assert!(sql
-            .replace
-            .contains("WHERE entity_key = $1 AND version = $4 RETURNING version"));
-        assert!(sql.replace.contains("version = version + 1"));
-        assert!(entity_version(-1).is_err());
-        assert_eq!(entity_version(3).unwrap(), Version::new(3));
-        assert!(stored_version(Version::new(u64::MAX)).is_err());
+        let sql = entity_statements(&QualifiedName::new("s", "e").unwrap());
+        for (text, part) in [
+            (&sql.create, "ON CONFLICT (entity_key) DO NOTHING RETURNING version"),
+            (&sql.replace, "WHERE entity_key = $1 AND version = $4 RETURNING version"),
+            (&sql.replace, "version = version + 1"),
+        ] {
+            assert!(text.contains(part), "{part}: {text}");
+        }
+        // A version past a bigint is refused, not a conflict.
+        assert!(PgEntityStore::stored_version(Version::new(u64::MAX)).is_err());
+        assert_eq!(PgEntityStore::stored_version(Version::new(3)).unwrap(), Some(3));
     }
 }

@@ -30,7 +30,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use outbox_sqlx::SqlxInbox;
+use outbox_sqlx::{InboxStatements, Query, SqlxInbox};
+use sqlx::sqlite::SqliteQueryResult;
 use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 
 use outbox_core::{ConsumerName, Error, MessageId, Result};
@@ -65,37 +66,28 @@ pub struct SqliteDedupStore {
     config: SqliteDedupConfig,
     name: TableName,
     retention_us: i64,
-    sql: Arc<DedupStatements>,
+    sql: Arc<InboxStatements>,
 }
 
 /// The store's statements, rendered once. `?1`/`?2` are the consumer and id, `?3` now
 /// and `?4` the retention in microseconds.
-#[derive(Debug)]
-struct DedupStatements {
-    record: String,
-    contains: String,
-    purge: String,
-}
-
-impl DedupStatements {
-    fn new(t: &TableName) -> Self {
-        // An expired record that was not purged yet counts as absent: recording
-        // refreshes it and reports `New`.
-        DedupStatements {
-            record: format!(
-                "INSERT INTO {t} AS d (consumer, message_id, processed_at) VALUES (?1, ?2, ?3) \
-                 ON CONFLICT (consumer, message_id) DO UPDATE SET processed_at = ?3 \
-                 WHERE d.processed_at < ?3 - ?4"
-            ),
-            contains: format!(
-                "SELECT EXISTS (SELECT 1 FROM {t} WHERE consumer = ?1 AND message_id = ?2 \
-                 AND processed_at >= ?3 - ?4)"
-            ),
-            purge: format!(
-                "DELETE FROM {t} WHERE (consumer, message_id) IN \
-                 (SELECT consumer, message_id FROM {t} WHERE processed_at < ?1 - ?2 LIMIT ?3)"
-            ),
-        }
+fn dedup_statements(t: &TableName) -> InboxStatements {
+    // An expired record that was not purged yet counts as absent: recording refreshes
+    // it and reports `New`.
+    InboxStatements {
+        record: format!(
+            "INSERT INTO {t} AS d (consumer, message_id, processed_at) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (consumer, message_id) DO UPDATE SET processed_at = ?3 \
+             WHERE d.processed_at < ?3 - ?4"
+        ),
+        contains: format!(
+            "SELECT EXISTS (SELECT 1 FROM {t} WHERE consumer = ?1 AND message_id = ?2 \
+             AND processed_at >= ?3 - ?4)"
+        ),
+        purge: format!(
+            "DELETE FROM {t} WHERE (consumer, message_id) IN \
+             (SELECT consumer, message_id FROM {t} WHERE processed_at < ?1 - ?2 LIMIT ?3)"
+        ),
     }
 }
 
@@ -112,7 +104,7 @@ impl SqliteDedupStore {
             .map_err(|_| Error::config("dedup retention is too long"))?;
         Ok(SqliteDedupStore {
             pool,
-            sql: Arc::new(DedupStatements::new(&name)),
+            sql: Arc::new(dedup_statements(&name)),
             config,
             name,
             retention_us,
@@ -157,40 +149,27 @@ impl SqlxInbox for SqliteDedupStore {
         self.pool.begin_with("BEGIN IMMEDIATE").await
     }
 
-    async fn record_on(
-        &self,
-        conn: &mut SqliteConnection,
-        consumer: &ConsumerName,
+    fn statements(&self) -> &InboxStatements {
+        &self.sql
+    }
+
+    fn rows_affected(done: &SqliteQueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    fn bind_key<'q>(
+        query: Query<'q, Sqlite>,
+        consumer: &'q ConsumerName,
         id: MessageId,
-    ) -> sqlx::Result<u64> {
-        let done = sqlx::query(&self.sql.record)
+    ) -> Query<'q, Sqlite> {
+        query
             .bind(consumer.as_str())
             .bind(id.as_uuid().as_bytes().to_vec())
-            .bind(now_us())
-            .bind(self.retention_us)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected())
     }
 
-    async fn contains_on_pool(&self, consumer: &ConsumerName, id: MessageId) -> sqlx::Result<bool> {
-        sqlx::query_scalar(&self.sql.contains)
-            .bind(consumer.as_str())
-            .bind(id.as_uuid().as_bytes().to_vec())
-            .bind(now_us())
-            .bind(self.retention_us)
-            .fetch_one(&self.pool)
-            .await
-    }
-
-    async fn purge_on_pool(&self, limit: i64) -> sqlx::Result<u64> {
-        let done = sqlx::query(&self.sql.purge)
-            .bind(now_us())
-            .bind(self.retention_us)
-            .bind(limit)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected())
+    /// The time now (read once per statement), then the retention.
+    fn bind_expiry<'q>(&self, query: Query<'q, Sqlite>) -> Query<'q, Sqlite> {
+        query.bind(now_us()).bind(self.retention_us)
     }
 }
 
@@ -240,7 +219,7 @@ mod tests {
 
     #[test]
     fn statements_honour_expiry_and_bound_purges() {
-        let sql = DedupStatements::new(&TableName::new("inbox").unwrap());
+        let sql = dedup_statements(&TableName::new("inbox").unwrap());
         assert!(sql.record.starts_with("INSERT INTO \"inbox\" AS d"));
         assert!(
             sql.record

@@ -10,11 +10,12 @@
 //! Do not delete the row of an entity that may still receive messages: re-created, its
 //! versions start over at 1, and a copy holding an old version 1 could overwrite it.
 
-use async_trait::async_trait;
-use sqlx::SqlitePool;
+use outbox_sqlx::{EntityStatements, Query, SqlxEntities};
+use serde::Serialize;
+use sqlx::{Sqlite, SqlitePool};
 
-use outbox_core::backend::{entity_version, loaded_entity, stored_entity_version};
-use outbox_core::consumer::{EntityRecord, EntityStore, Loaded, Persisted, Version};
+use outbox_core::backend::stored_entity_version;
+use outbox_core::consumer::Version;
 use outbox_core::{EntityKey, Error, ErrorKind, Result};
 
 use crate::config::SqliteEntityConfig;
@@ -32,27 +33,18 @@ pub struct SqliteEntityStore {
     sql: std::sync::Arc<EntityStatements>,
 }
 
-#[derive(Debug)]
-struct EntityStatements {
-    load: String,
-    create: String,
-    replace: String,
-}
-
-impl EntityStatements {
-    fn new(t: &TableName) -> Self {
-        EntityStatements {
-            load: format!("SELECT state, outbox, version FROM {t} WHERE entity_key = ?1"),
-            create: format!(
-                "INSERT INTO {t} (entity_key, state, outbox, version, updated_at) \
-                 VALUES (?1, ?2, ?3, 1, ?4) \
-                 ON CONFLICT (entity_key) DO NOTHING RETURNING version"
-            ),
-            replace: format!(
-                "UPDATE {t} SET state = ?2, outbox = ?3, version = version + 1, \
-                 updated_at = ?4 WHERE entity_key = ?1 AND version = ?5 RETURNING version"
-            ),
-        }
+fn entity_statements(t: &TableName) -> EntityStatements {
+    EntityStatements {
+        load: format!("SELECT state, outbox, version FROM {t} WHERE entity_key = ?1"),
+        create: format!(
+            "INSERT INTO {t} (entity_key, state, outbox, version, updated_at) \
+             VALUES (?1, ?2, ?3, 1, ?4) \
+             ON CONFLICT (entity_key) DO NOTHING RETURNING version"
+        ),
+        replace: format!(
+            "UPDATE {t} SET state = ?2, outbox = ?3, version = version + 1, \
+             updated_at = ?4 WHERE entity_key = ?1 AND version = ?5 RETURNING version"
+        ),
     }
 }
 
@@ -65,7 +57,7 @@ impl SqliteEntityStore {
         let name = config.table_name()?;
         Ok(SqliteEntityStore {
             pool,
-            sql: std::sync::Arc::new(EntityStatements::new(&name)),
+            sql: std::sync::Arc::new(entity_statements(&name)),
             name,
         })
     }
@@ -86,75 +78,45 @@ impl SqliteEntityStore {
     }
 }
 
-fn stored_version(v: Version) -> Result<i64> {
-    stored_entity_version(v, "64 bits")
-}
+impl SqlxEntities for SqliteEntityStore {
+    type Db = Sqlite;
+    /// JSON text.
+    type Json = String;
 
-fn decode_json<T: serde::de::DeserializeOwned>(
-    key: &EntityKey,
-    what: &str,
-    text: &str,
-) -> Result<T> {
-    serde_json::from_str(text).map_err(|e| {
-        Error::new(
-            ErrorKind::Decode,
-            format!("the {what} of entity {key} does not decode"),
-        )
-        .with_source(e)
-    })
-}
-
-#[async_trait]
-impl EntityStore for SqliteEntityStore {
-    async fn load(&self, key: &EntityKey) -> Result<Option<Loaded>> {
-        let row: Option<(String, String, i64)> = sqlx::query_as(&self.sql.load)
-            .bind(key.as_str())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| from_sqlx("load entity", e))?;
-        let Some((state, outbox, version)) = row else {
-            return Ok(None);
-        };
-        let state = decode_json(key, "state", &state)?;
-        let outbox = decode_json(key, "outbox state", &outbox)?;
-        loaded_entity(key, state, outbox, version).map(Some)
+    fn map_error(what: &str, err: sqlx::Error) -> Error {
+        from_sqlx(what, err)
     }
 
-    async fn persist(
-        &self,
-        key: &EntityKey,
-        expected: Option<Version>,
-        record: &EntityRecord,
-    ) -> Result<Persisted> {
-        let outbox = serde_json::to_string(&record.outbox).map_err(|e| {
-            Error::invalid_input("the outbox state does not serialize").with_source(e)
-        })?;
-        let query = match expected {
-            None => sqlx::query_scalar(&self.sql.create),
-            Some(_) => sqlx::query_scalar(&self.sql.replace),
-        }
-        .bind(key.as_str())
-        .bind(record.state.to_string())
-        .bind(outbox)
-        .bind(now_us());
-        let query = match expected {
-            None => query,
-            // No row holds a version past what SQLite stores: it cannot match.
-            Some(v) => match stored_version(v) {
-                Ok(v) => query.bind(v),
-                Err(_) => return Ok(Persisted::Conflict),
-            },
-        };
-        let stored: Option<i64> = query
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| from_sqlx("persist entity", e))?;
-        match stored {
-            Some(v) => Ok(Persisted::Stored(entity_version(v)?)),
-            None => Ok(Persisted::Conflict),
-        }
+    fn entities(&self) -> (&SqlitePool, &EntityStatements) {
+        (&self.pool, &self.sql)
+    }
+
+    fn to_json<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<String> {
+        serde_json::to_string(value)
+    }
+
+    fn from_json(key: &EntityKey, what: &str, json: String) -> Result<serde_json::Value> {
+        serde_json::from_str(&json).map_err(|e| {
+            Error::new(
+                ErrorKind::Decode,
+                format!("the {what} of entity {key} does not decode"),
+            )
+            .with_source(e)
+        })
+    }
+
+    /// The time now, as `updated_at`.
+    fn bind_now(query: Query<'_, Sqlite>) -> Query<'_, Sqlite> {
+        query.bind(now_us())
+    }
+
+    /// No row holds a version past what SQLite stores: it cannot match.
+    fn stored_version(v: Version) -> Result<Option<i64>> {
+        Ok(stored_entity_version(v, "64 bits").ok())
     }
 }
+
+outbox_sqlx::sqlx_entity_store!(SqliteEntityStore);
 
 #[cfg(test)]
 mod tests {
@@ -162,16 +124,15 @@ mod tests {
 
     #[test]
     fn persists_are_conditional_single_statements() {
-        let sql = EntityStatements::new(&TableName::new("e").unwrap());
-        assert!(sql
-            .create
-            .contains("ON CONFLICT (entity_key) DO NOTHING RETURNING version"));
-        assert!(sql
-            .replace
-            .contains("WHERE entity_key = ?1 AND version = ?5 RETURNING version"));
-        assert!(sql.replace.contains("version = version + 1"));
-        assert!(entity_version(-1).is_err());
-        assert_eq!(entity_version(3).unwrap(), Version::new(3));
-        assert!(stored_version(Version::new(u64::MAX)).is_err());
+        let sql = entity_statements(&TableName::new("e").unwrap());
+        assert_eq!(
+            sql.replace,
+            "UPDATE \"e\" SET state = ?2, outbox = ?3, version = version + 1, \
+             updated_at = ?4 WHERE entity_key = ?1 AND version = ?5 RETURNING version"
+        );
+        assert!(sql.create.ends_with("ON CONFLICT (entity_key) DO NOTHING RETURNING version"));
+        // A version past what SQLite stores is a conflict, not an error.
+        let too_big = SqliteEntityStore::stored_version(Version::new(u64::MAX));
+        assert_eq!(too_big.unwrap(), None);
     }
 }

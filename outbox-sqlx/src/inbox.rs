@@ -1,65 +1,129 @@
 //! The inbox of a sqlx backend: [`SqlxInbox`] is what the backend writes (its
-//! statements, how a consumer transaction begins), the functions here and
+//! statements and binds, how a consumer transaction begins), the functions here and
 //! [`sqlx_dedup_store!`](crate::sqlx_dedup_store) are the rest, the same on every engine.
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use sqlx::{Database, Pool, Transaction};
+use sqlx::{ColumnIndex, Database, Decode, Executor, IntoArguments, Pool, Row, Transaction, Type};
+
+use crate::admin::{AdminEngine, Query};
 
 use outbox_core::consumer::Processed;
 use outbox_core::{ConsumerName, Dedup, Error, MessageId, Result};
 
-/// The database side of a sqlx inbox table: its statements, run as the backend's
-/// dialect needs them (placeholders, how ids, times and the retention are bound). Each
-/// method returns the driver's error; the functions of this module map it with
-/// [`map_error`](Self::map_error).
+/// The inbox statements whose control flow is shared: the backend writes their text
+/// (placeholders, how the expiry is computed), the parameters are those the bind
+/// methods of [`SqlxInbox`] bind, in this order.
+#[derive(Debug, Clone)]
+pub struct InboxStatements {
+    /// The key ([`SqlxInbox::bind_key`]), then the expiry
+    /// ([`SqlxInbox::bind_expiry`]): insert the id, or refresh an expired record. Its
+    /// rows affected are 1 for a new (or expired) id, 0 for a duplicate.
+    pub record: String,
+    /// The key, then the expiry; returns one row whose first column is whether an
+    /// unexpired record of the id exists.
+    pub contains: String,
+    /// The expiry, then the limit (a 64-bit integer, at least 1): delete at most that
+    /// many expired records.
+    pub purge: String,
+}
+
+/// The database side of a sqlx inbox table: its statements ([`InboxStatements`]) and
+/// binds, as the backend's dialect needs them (placeholders, how ids, times and the
+/// retention are bound), and how a consumer transaction begins. The functions of this
+/// module run the statements and map their errors with [`map_error`](Self::map_error).
 #[async_trait]
 pub trait SqlxInbox: Sync {
     /// The sqlx database.
     type Db: Database;
 
     /// The backend's error mapping (its [`from_sqlx`](crate::from_sqlx) over its
-    /// [`ErrorCodes`](crate::ErrorCodes)), for the errors of the methods below.
+    /// [`ErrorCodes`](crate::ErrorCodes)).
     fn map_error(what: &str, err: sqlx::Error) -> Error;
 
     /// The pool the store's own statements run on.
     fn pool(&self) -> &Pool<Self::Db>;
 
+    /// The store's statements.
+    fn statements(&self) -> &InboxStatements;
+
     /// Begin the transaction [`process`] records the id and runs the handler on.
     async fn begin_consumer(&self) -> sqlx::Result<Transaction<'static, Self::Db>>;
 
-    /// Record `id` for `consumer` on `conn`: insert it, or refresh an expired record.
-    /// Returns the rows affected: 1 for a new (or expired) id, 0 for a duplicate.
-    async fn record_on(
-        &self,
-        conn: &mut <Self::Db as Database>::Connection,
-        consumer: &ConsumerName,
+    /// The rows a statement changed.
+    fn rows_affected(done: &<Self::Db as Database>::QueryResult) -> u64;
+
+    /// Bind the record's key: `consumer`, then `id`.
+    fn bind_key<'q>(
+        query: Query<'q, Self::Db>,
+        consumer: &'q ConsumerName,
         id: MessageId,
-    ) -> sqlx::Result<u64>;
+    ) -> Query<'q, Self::Db>;
 
-    /// Whether an unexpired record of `id` for `consumer` exists.
-    async fn contains_on_pool(&self, consumer: &ConsumerName, id: MessageId) -> sqlx::Result<bool>;
-
-    /// Delete at most `limit` (at least 1) expired records; returns how many it deleted.
-    async fn purge_on_pool(&self, limit: i64) -> sqlx::Result<u64>;
+    /// Bind what tells an expired record (the retention, and the time now if the
+    /// statement does not read the database's clock).
+    fn bind_expiry<'q>(&self, query: Query<'q, Self::Db>) -> Query<'q, Self::Db>;
 }
 
-/// [`SqlxInbox::record_on`] with its error mapped: [`Dedup::New`] when it recorded the
-/// id.
+/// What the inbox functions need of a sqlx database beyond [`AdminEngine`]: to run a
+/// statement on a connection and read a boolean. Every sqlx driver has it.
+pub trait InboxEngine: AdminEngine {
+    /// Run `query` on `conn`.
+    fn run_on<'a, 'q: 'a>(
+        query: Query<'q, Self>,
+        conn: &'a mut Self::Connection,
+    ) -> BoxFuture<'a, sqlx::Result<Self::QueryResult>>;
+
+    /// Run `query` on `pool` and read the first column of its one row as a boolean.
+    fn exists<'a, 'q: 'a>(
+        query: Query<'q, Self>,
+        pool: &'a Pool<Self>,
+    ) -> BoxFuture<'a, sqlx::Result<bool>>;
+}
+
+impl<Db> InboxEngine for Db
+where
+    Db: AdminEngine,
+    for<'c> &'c mut Db::Connection: Executor<'c, Database = Db>,
+    for<'q> Db::Arguments<'q>: IntoArguments<'q, Db>,
+    for<'r> bool: Decode<'r, Db> + Type<Db>,
+    usize: ColumnIndex<Db::Row>,
+{
+    fn run_on<'a, 'q: 'a>(
+        query: Query<'q, Self>,
+        conn: &'a mut Self::Connection,
+    ) -> BoxFuture<'a, sqlx::Result<Self::QueryResult>> {
+        Box::pin(query.execute(conn))
+    }
+
+    fn exists<'a, 'q: 'a>(
+        query: Query<'q, Self>,
+        pool: &'a Pool<Self>,
+    ) -> BoxFuture<'a, sqlx::Result<bool>> {
+        Box::pin(async move { query.fetch_one(pool).await?.try_get(0) })
+    }
+}
+
+/// [`InboxStatements::record`] on `conn`, its error mapped: [`Dedup::New`] when it
+/// recorded the id.
 ///
 /// # Errors
 /// Mapped driver errors.
-pub async fn record_in<S: SqlxInbox>(
+pub async fn record_in<S>(
     inbox: &S,
     conn: &mut <S::Db as Database>::Connection,
     consumer: &ConsumerName,
     id: MessageId,
-) -> Result<Dedup> {
-    let affected = inbox
-        .record_on(conn, consumer, id)
+) -> Result<Dedup>
+where
+    S: SqlxInbox,
+    S::Db: InboxEngine,
+{
+    let query = S::bind_key(sqlx::query(&inbox.statements().record), consumer, id);
+    let done = S::Db::run_on(inbox.bind_expiry(query), conn)
         .await
         .map_err(|e| S::map_error("record message id", e))?;
-    Ok(if affected == 1 {
+    Ok(if S::rows_affected(&done) == 1 {
         Dedup::New
     } else {
         Dedup::Duplicate
@@ -81,6 +145,7 @@ pub async fn process<S, T, F>(
 ) -> Result<Processed<T>>
 where
     S: SqlxInbox,
+    S::Db: InboxEngine,
     T: Send,
     F: for<'c> FnOnce(&'c mut <S::Db as Database>::Connection) -> BoxFuture<'c, Result<T>> + Send,
 {
@@ -106,13 +171,17 @@ where
 ///
 /// # Errors
 /// Mapped driver errors.
-pub async fn contains<S: SqlxInbox>(
+pub async fn contains<S>(
     inbox: &S,
     consumer: &ConsumerName,
     id: MessageId,
-) -> Result<bool> {
-    inbox
-        .contains_on_pool(consumer, id)
+) -> Result<bool>
+where
+    S: SqlxInbox,
+    S::Db: InboxEngine,
+{
+    let query = S::bind_key(sqlx::query(&inbox.statements().contains), consumer, id);
+    S::Db::exists(inbox.bind_expiry(query), inbox.pool())
         .await
         .map_err(|e| S::map_error("look up message id", e))
 }
@@ -122,11 +191,15 @@ pub async fn contains<S: SqlxInbox>(
 ///
 /// # Errors
 /// Mapped driver errors.
-pub async fn record<S: SqlxInbox>(
+pub async fn record<S>(
     inbox: &S,
     consumer: &ConsumerName,
     id: MessageId,
-) -> Result<Dedup> {
+) -> Result<Dedup>
+where
+    S: SqlxInbox,
+    S::Db: InboxEngine,
+{
     let mut conn = inbox
         .pool()
         .acquire()
@@ -140,14 +213,20 @@ pub async fn record<S: SqlxInbox>(
 ///
 /// # Errors
 /// Mapped driver errors.
-pub async fn purge_expired<S: SqlxInbox>(inbox: &S, limit: usize) -> Result<u64> {
+pub async fn purge_expired<S>(inbox: &S, limit: usize) -> Result<u64>
+where
+    S: SqlxInbox,
+    S::Db: InboxEngine,
+{
     if limit == 0 {
         return Ok(0);
     }
-    inbox
-        .purge_on_pool(outbox_core::backend::limit_param(limit))
+    let query = inbox.bind_expiry(sqlx::query(&inbox.statements().purge));
+    let query = S::Db::bind_i64(query, outbox_core::backend::limit_param(limit));
+    let done = S::Db::run(query, inbox.pool())
         .await
-        .map_err(|e| S::map_error("purge message ids", e))
+        .map_err(|e| S::map_error("purge message ids", e))?;
+    Ok(S::rows_affected(&done))
 }
 
 /// Writes what every sqlx inbox store has around its [`SqlxInbox`] impl: the public
