@@ -135,14 +135,23 @@ mod tests {
     fn persists_are_conditional_single_statements() {
         let sql = entity_statements(&QualifiedName::new("s", "e").unwrap());
         for (text, part) in [
-            (&sql.create, "ON CONFLICT (entity_key) DO NOTHING RETURNING version"),
-            (&sql.replace, "WHERE entity_key = $1 AND version = $4 RETURNING version"),
+            (
+                &sql.create,
+                "ON CONFLICT (entity_key) DO NOTHING RETURNING version",
+            ),
+            (
+                &sql.replace,
+                "WHERE entity_key = $1 AND version = $4 RETURNING version",
+            ),
             (&sql.replace, "version = version + 1"),
         ] {
             assert!(text.contains(part), "{part}: {text}");
         }
         // A version past a bigint is refused, not a conflict.
         assert!(PgEntityStore::stored_version(Version::new(u64::MAX)).is_err());
-        assert_eq!(PgEntityStore::stored_version(Version::new(3)).unwrap(), Some(3));
+        assert_eq!(
+            PgEntityStore::stored_version(Version::new(3)).unwrap(),
+            Some(3)
+        );
     }
 }

@@ -130,7 +130,9 @@ mod tests {
             "UPDATE \"e\" SET state = ?2, outbox = ?3, version = version + 1, \
              updated_at = ?4 WHERE entity_key = ?1 AND version = ?5 RETURNING version"
         );
-        assert!(sql.create.ends_with("ON CONFLICT (entity_key) DO NOTHING RETURNING version"));
+        assert!(sql
+            .create
+            .ends_with("ON CONFLICT (entity_key) DO NOTHING RETURNING version"));
         // A version past what SQLite stores is a conflict, not an error.
         let too_big = SqliteEntityStore::stored_version(Version::new(u64::MAX));
         assert_eq!(too_big.unwrap(), None);

@@ -237,8 +237,7 @@ macro_rules! sqlx_entity_store {
             async fn load(
                 &self,
                 key: &::outbox_core::EntityKey,
-            ) -> ::outbox_core::Result<::std::option::Option<::outbox_core::consumer::Loaded>>
-            {
+            ) -> ::outbox_core::Result<::std::option::Option<::outbox_core::consumer::Loaded>> {
                 $crate::load_entity(self, key).await
             }
 

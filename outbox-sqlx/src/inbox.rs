@@ -171,11 +171,7 @@ where
 ///
 /// # Errors
 /// Mapped driver errors.
-pub async fn contains<S>(
-    inbox: &S,
-    consumer: &ConsumerName,
-    id: MessageId,
-) -> Result<bool>
+pub async fn contains<S>(inbox: &S, consumer: &ConsumerName, id: MessageId) -> Result<bool>
 where
     S: SqlxInbox,
     S::Db: InboxEngine,
@@ -191,11 +187,7 @@ where
 ///
 /// # Errors
 /// Mapped driver errors.
-pub async fn record<S>(
-    inbox: &S,
-    consumer: &ConsumerName,
-    id: MessageId,
-) -> Result<Dedup>
+pub async fn record<S>(inbox: &S, consumer: &ConsumerName, id: MessageId) -> Result<Dedup>
 where
     S: SqlxInbox,
     S::Db: InboxEngine,
