@@ -35,6 +35,13 @@ impl Harness for SqliteHarness {
     }
 
     async fn fixture(&self, capabilities: StoreCapabilities) -> Result<Box<dyn Fixture>> {
+        Ok(Box::new(self.make(capabilities).await?))
+    }
+}
+
+impl SqliteHarness {
+    /// A fresh, installed outbox with these capabilities, on the harness's storage.
+    async fn make(&self, capabilities: StoreCapabilities) -> Result<SqliteFixture> {
         let (pool, file) = match self.storage {
             Storage::File => {
                 let db = common::TempDb::new().await;
@@ -47,11 +54,11 @@ impl Harness for SqliteHarness {
             .with_retention(capabilities.retention);
         let outbox = SqliteOutbox::new(pool.clone(), config)?;
         outbox.install().await?;
-        Ok(Box::new(SqliteFixture {
+        Ok(SqliteFixture {
             outbox,
             pool,
             _file: file,
-        }))
+        })
     }
 }
 
@@ -137,18 +144,7 @@ mod plans {
     #[async_trait]
     impl PlanHarness for SqliteHarness {
         async fn fixture(&self, capabilities: StoreCapabilities) -> Result<Box<dyn PlanFixture>> {
-            let db = common::TempDb::new().await;
-            let pool = db.pool().clone();
-            let config = SqliteOutboxConfig::default()
-                .with_ordering(capabilities.ordering)
-                .with_retention(capabilities.retention);
-            let outbox = SqliteOutbox::new(pool.clone(), config)?;
-            outbox.install().await?;
-            Ok(Box::new(SqliteFixture {
-                outbox,
-                pool,
-                _file: Some(db),
-            }))
+            Ok(Box::new(self.make(capabilities).await?))
         }
     }
 
@@ -196,6 +192,10 @@ mod plans {
 
     #[async_trait]
     impl PlanFixture for SqliteFixture {
+        fn fixture(&self) -> &dyn Fixture {
+            self
+        }
+
         async fn add_history(&self, history: History) -> Result<()> {
             let t = self.outbox.table_name();
             let count = |n: usize| i64::try_from(n).expect("a small history");

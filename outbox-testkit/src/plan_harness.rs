@@ -130,7 +130,11 @@ pub trait PlanHarness: Send + Sync + 'static {
 
 /// One case's store, plus the backend's hooks for loading history and reading plans.
 #[async_trait]
-pub trait PlanFixture: Fixture {
+pub trait PlanFixture: Send + Sync + fmt::Debug {
+    /// The store under test, as the conformance suite's [`Fixture`] gives it (the suite
+    /// reads its capabilities and, through its admin, checks the history loaded).
+    fn fixture(&self) -> &dyn Fixture;
+
     /// Write `history` in bulk (one or a few statements, keys spread over a handful of
     /// partition keys when the store orders per key), leaving the engine without
     /// statistics on the table: turn automatic statistics off for it first where the

@@ -19,7 +19,7 @@ use outbox_core::{
     ClaimIds, ClaimRequest, Failure, Lease, OutboxStore, Relay, RelayConfig, Renewed, Settled,
     StoreCapabilities, DEFAULT_PIPELINE_DEPTH,
 };
-use outbox_postgres::{Notify, PgOutbox, PgOutboxConfig};
+use outbox_postgres::PgOutbox;
 
 use crate::harness::{
     fmt_ratio, json_num, median, noop_publisher, preload, qualified, ratio, vacuum, Env, Res, Table,
@@ -60,12 +60,7 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
         ),
     );
 
-    let config = PgOutboxConfig::default()
-        .with_schema(SCHEMA)
-        .with_notify(Notify::Off);
-    let admin = env.pool(2).await?;
-    let outbox = PgOutbox::new(admin.clone(), config.clone())?;
-    outbox.install().await?;
+    let (admin, outbox, config) = crate::harness::installed_outbox(env, SCHEMA).await?;
     let script = if with_pgbench {
         let captured = pgbench::capture(env, config.clone()).await?;
         let path = pgbench::write_script(

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::{Message, NewMessage, PublishOutcome, Publisher};
-use outbox_postgres::PgOutbox;
+use outbox_postgres::{PgOutbox, PgOutboxConfig};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
@@ -164,6 +164,21 @@ pub(crate) async fn drop_bench_schemas(pool: &PgPool) -> Res<()> {
             .await?;
     }
     Ok(())
+}
+
+/// An installed outbox in `schema`, without NOTIFY, on a pool of two connections, and
+/// its config (for capturing its statements).
+pub(crate) async fn installed_outbox(
+    env: &Env,
+    schema: &str,
+) -> Res<(PgPool, PgOutbox, PgOutboxConfig)> {
+    let config = PgOutboxConfig::default()
+        .with_schema(schema)
+        .with_notify(outbox_postgres::Notify::Off);
+    let admin = env.pool(2).await?;
+    let outbox = PgOutbox::new(admin.clone(), config.clone())?;
+    outbox.install().await?;
+    Ok((admin, outbox, config))
 }
 
 /// `"schema"."table"` of an outbox, for the bench's own SQL.

@@ -17,8 +17,6 @@
 
 use std::time::Instant;
 
-use outbox_postgres::{Notify, PgOutbox, PgOutboxConfig};
-
 use crate::harness::{fmt_ratio, json_num, median, preload, qualified, vacuum, Env, Res, Table};
 use crate::pgbench;
 use crate::pgmq_peer::Peer;
@@ -62,12 +60,7 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
              shapes taking turns"
         ),
     );
-    let config = PgOutboxConfig::default()
-        .with_schema(SCHEMA)
-        .with_notify(Notify::Off);
-    let admin = env.pool(2).await?;
-    let outbox = PgOutbox::new(admin.clone(), config.clone())?;
-    outbox.install().await?;
+    let (admin, outbox, config) = crate::harness::installed_outbox(env, SCHEMA).await?;
     let captured = pgbench::capture(env, config).await?;
     let table = qualified(&outbox);
     let peer = Peer::setup(env).await?;

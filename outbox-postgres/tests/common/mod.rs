@@ -4,6 +4,9 @@
 
 use std::time::Duration;
 
+mod fixture;
+pub use fixture::PgFixture;
+
 use outbox_core::Error;
 use outbox_testkit::isolation;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};

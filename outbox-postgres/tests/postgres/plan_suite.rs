@@ -5,13 +5,12 @@
 //! no statistics.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use outbox_core::{
-    ClaimIds, ClaimRequest, Disposition, Failure, Lease, LeaseToken, MessageId, NewMessage,
-    OutboxAdmin, OutboxStore, Result, Settlement, StoreCapabilities,
+    ClaimIds, ClaimRequest, Disposition, Failure, Lease, LeaseToken, MessageId, OutboxAdmin,
+    OutboxStore, Result, Settlement, StoreCapabilities,
 };
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 use outbox_testkit::{
@@ -30,7 +29,7 @@ struct PgPlanHarness {
 
 #[derive(Debug)]
 struct PgPlanFixture {
-    outbox: PgOutbox,
+    fixture: common::PgFixture,
     /// What each operation prepared, captured on the empty table.
     statements: HashMap<&'static str, Vec<Statement>>,
 }
@@ -104,37 +103,10 @@ impl PlanHarness for PgPlanHarness {
         let outbox = crate::outbox(&self.pool, config).await;
         plans::no_autovacuum(&outbox).await;
         let statements = capture(&outbox).await;
-        Ok(Box::new(PgPlanFixture { outbox, statements }))
-    }
-}
-
-#[async_trait]
-impl Fixture for PgPlanFixture {
-    fn store(&self) -> Arc<dyn OutboxStore> {
-        Arc::new(self.outbox.clone())
-    }
-
-    fn admin(&self) -> Arc<dyn OutboxAdmin> {
-        Arc::new(self.outbox.clone())
-    }
-
-    async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<()> {
-        let mut tx = self.outbox.pool().begin().await.map_err(common::storage)?;
-        self.outbox.enqueue(&mut tx, &messages).await?;
-        tx.commit().await.map_err(common::storage)
-    }
-
-    async fn mark_dispatched(&self, id: MessageId) -> Result<()> {
-        let sql = format!(
-            "UPDATE {} SET dispatched_at = now() WHERE id = $1",
-            table(&self.outbox)
-        );
-        sqlx::query(&sql)
-            .bind(id.as_uuid())
-            .execute(self.outbox.pool())
-            .await
-            .map(drop)
-            .map_err(common::storage)
+        Ok(Box::new(PgPlanFixture {
+            fixture: common::PgFixture { outbox },
+            statements,
+        }))
     }
 }
 
@@ -180,8 +152,12 @@ fn access(line: &str, name: &str) -> Option<Access> {
 
 #[async_trait]
 impl PlanFixture for PgPlanFixture {
+    fn fixture(&self) -> &dyn Fixture {
+        &self.fixture
+    }
+
     async fn add_history(&self, history: History) -> Result<()> {
-        let t = table(&self.outbox);
+        let t = table(&self.fixture.outbox);
         let count = |n: usize| i64::try_from(n).expect("a small history");
         let (settled, dead) = (count(history.dispatched), count(history.dead));
         let due_end = settled + dead + count(history.due);
@@ -203,14 +179,17 @@ impl PlanFixture for PgPlanFixture {
             .bind(due_end)
             .bind(settled)
             .bind(settled + dead)
-            .execute(self.outbox.pool())
+            .execute(self.fixture.outbox.pool())
             .await
             .map(drop)
             .map_err(common::storage)
     }
 
     async fn plans(&self, op: RelayOp) -> Result<Vec<PlannedStatement>> {
-        let (outbox, statements) = (self.outbox.clone(), self.statements[key(op)].clone());
+        let (outbox, statements) = (
+            self.fixture.outbox.clone(),
+            self.statements[key(op)].clone(),
+        );
         // On a blocking thread of its own: the explain futures are not `Send` enough
         // for `async_trait`'s boxed future.
         let plans = tokio::task::spawn_blocking(move || {

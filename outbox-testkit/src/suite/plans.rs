@@ -47,7 +47,7 @@ async fn check(h: &dyn PlanHarness, caps: StoreCapabilities, history: History) {
     f.add_history(history)
         .await
         .expect("harness could not load history");
-    let stats = f.admin().stats().await.unwrap();
+    let stats = f.fixture().admin().stats().await.unwrap();
     let count = |n: usize| n as u64;
     assert_eq!(
         (stats.pending, stats.in_flight, stats.dead, stats.dispatched),
@@ -59,7 +59,7 @@ async fn check(h: &dyn PlanHarness, caps: StoreCapabilities, history: History) {
         ),
         "add_history wrote {history:?}"
     );
-    let renews = f.store().capabilities().lease_renewal;
+    let renews = f.fixture().store().capabilities().lease_renewal;
     for op in RelayOp::ALL {
         if op == RelayOp::Renew && !renews {
             // Nothing to plan: the store refuses renewal without a statement
