@@ -34,7 +34,8 @@ macro_rules! __suite_group {
     ([$($lacks:ident)*] $cap:ident; $($run:tt)*) => {
         $crate::__suite_group!(@find $cap [$($lacks)*]; $($run)*);
     };
-    // One rule per capability: the reason is a literal, as `#[ignore]` requires.
+    // One rule per capability, each with its reason written out: the test attribute
+    // takes only a string literal, not a `concat!`.
     (@find per_key_ordering [per_key_ordering $($r:ident)*]; $($run:tt)*) => {
         $crate::__suite_group!(@emit [ignore = "the backend lacks per_key_ordering (KeyOrder::PerKey)"] $($run)*);
     };
