@@ -16,7 +16,7 @@
 //! - Do not delete the row of an entity that may still receive messages: re-created, its
 //!   versions start over at 1, and a copy holding an old version 1 could overwrite it.
 
-use outbox_sqlx::{EntityStatements, SqlxEntities};
+use outbox_sqlx::{EntityStatements, Query, SqlxEntities};
 use serde::Serialize;
 use sqlx::{PgPool, Postgres};
 
@@ -106,6 +106,14 @@ impl SqlxEntities for PgEntityStore {
 
     fn to_json<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<serde_json::Value> {
         serde_json::to_value(value)
+    }
+
+    /// By reference, as `jsonb`.
+    fn bind_state<'q>(
+        query: Query<'q, Postgres>,
+        state: &'q serde_json::Value,
+    ) -> serde_json::Result<Query<'q, Postgres>> {
+        Ok(query.bind(state))
     }
 
     fn from_json(_: &EntityKey, _: &str, json: serde_json::Value) -> Result<serde_json::Value> {

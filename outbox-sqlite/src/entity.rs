@@ -95,6 +95,14 @@ impl SqlxEntities for SqliteEntityStore {
         serde_json::to_string(value)
     }
 
+    /// As JSON text.
+    fn bind_state<'q>(
+        query: Query<'q, Sqlite>,
+        state: &'q serde_json::Value,
+    ) -> serde_json::Result<Query<'q, Sqlite>> {
+        Ok(query.bind(serde_json::to_string(state)?))
+    }
+
     fn from_json(key: &EntityKey, what: &str, json: String) -> Result<serde_json::Value> {
         serde_json::from_str(&json).map_err(|e| {
             Error::new(

@@ -53,6 +53,16 @@ pub trait SqlxEntities: Sync {
     /// When `value` does not serialize.
     fn to_json<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<Self::Json>;
 
+    /// Bind the entity's `state` as stored. A backend whose column takes a
+    /// `serde_json::Value` binds it by reference: the state is not copied per persist.
+    ///
+    /// # Errors
+    /// When `state` does not serialize.
+    fn bind_state<'q>(
+        query: Query<'q, Self::Db>,
+        state: &'q serde_json::Value,
+    ) -> serde_json::Result<Query<'q, Self::Db>>;
+
     /// The `what` (`"state"`, `"outbox state"`) of entity `key` as read.
     ///
     /// # Errors
@@ -196,15 +206,14 @@ where
 {
     let outbox = S::to_json(&record.outbox)
         .map_err(|e| Error::invalid_input("the outbox state does not serialize").with_source(e))?;
-    let state = S::to_json(&record.state)
-        .map_err(|e| Error::invalid_input("the state does not serialize").with_source(e))?;
     let (pool, sql) = store.entities();
     let text = match expected {
         None => &sql.create,
         Some(_) => &sql.replace,
     };
-    let query = S::Db::bind_key(sqlx::query(text), key);
-    let query = S::bind_now(S::Db::bind_json(S::Db::bind_json(query, state), outbox));
+    let query = S::bind_state(S::Db::bind_key(sqlx::query(text), key), &record.state)
+        .map_err(|e| Error::invalid_input("the state does not serialize").with_source(e))?;
+    let query = S::bind_now(S::Db::bind_json(query, outbox));
     let query = match expected {
         None => query,
         Some(v) => match S::stored_version(v)? {
