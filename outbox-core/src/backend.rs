@@ -20,7 +20,7 @@ pub use crate::backoff::Backoff;
 pub use crate::message::MessageParts;
 pub use crate::schema::Schema;
 pub use admin::{dead_target, purge_limit, DeadChange, DeadTarget};
-pub use claim::{finish_claim, ids_to_release, release_failed, ClaimDecoder, DecodedClaim};
+pub use claim::{finish_claim, release_claim, ClaimDecoder, CommittedClaim, DecodedClaim};
 pub use config::{
     DedupTable, EntityTable, OutboxTable, SchemaRules, TableConfig, TableKind, TableOnlyRules,
     TableRules,

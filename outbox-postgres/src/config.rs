@@ -145,6 +145,10 @@ impl PgOutboxConfig {
         self
     }
 
+    /// The table's settings, as every backend keeps them.
+    pub(crate) fn table_config(&self) -> &TableConfig<PgRules, OutboxTable> {
+        &self.table
+    }
     /// The schema.
     pub fn schema(&self) -> &str {
         self.table.schema()

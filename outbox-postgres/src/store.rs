@@ -11,8 +11,8 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use outbox_core::backend::{bounded_error, check_enqueue, in_id_order, validate_lease};
-use outbox_core::backend::{finish_claim, ids_to_release, release_failed};
+use outbox_core::backend::{check_enqueue, in_id_order, validate_lease};
+use outbox_core::backend::{finish_claim, release_claim, CommittedClaim, DecodedClaim};
 use outbox_core::message::MAX_DELAY;
 use outbox_core::{
     ClaimIds, ClaimRequest, Claimed, Disposition, Error, Failure, Lease, LeaseToken, MessageId,
@@ -115,10 +115,9 @@ struct Inner {
 impl fmt::Debug for PgOutbox {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let config = &self.inner.config;
-        f.debug_struct("PgOutbox")
-            .field("table", &self.inner.name)
-            .field("ordering", &config.ordering())
-            .field("retention", &config.retention())
+        config
+            .table_config()
+            .debug_store(f, "PgOutbox")
             .field("notify", config.notify())
             .finish_non_exhaustive()
     }
@@ -357,64 +356,7 @@ impl PgOutbox {
     /// The messages of a committed claim's rows: poison rows dead-lettered, and every
     /// row released if they cannot be read at all.
     async fn claimed(&self, token: LeaseToken, rows: Vec<PgRow>) -> Result<Claimed> {
-        finish_claim(
-            decode_claimed(&rows, token, self.inner.config.limits()),
-            |poison| self.dead_letter_claimed(token, poison),
-            |err| async {
-                self.release_claim(token, &rows, &err).await;
-                err
-            },
-        )
-        .await
-    }
-
-    /// Undo a claim whose rows could not be returned (a column of the wrong type, say):
-    /// its rows are released with their attempt given back, found by primary key and
-    /// fenced by `token`, so the messages are due again at once instead of leased to
-    /// nobody until the lease expires. A failure, or ids that do not decode either, is
-    /// logged, not returned: the leases then expire as after a crash.
-    async fn release_claim(&self, token: LeaseToken, rows: &[PgRow], cause: &Error) {
-        let Some(ids) = ids_to_release(rows, cause, |row| get::<Uuid>(row, "id")) else {
-            return;
-        };
-        let result = sqlx::query(&self.inner.sql.release_claim)
-            .bind(token.as_uuid())
-            .bind(ids)
-            .execute(&self.relay)
-            .await;
-        if let Err(e) = result {
-            release_failed(rows.len(), &from_sqlx("releasing an undecodable claim", e));
-        }
-    }
-
-    /// Dead-letter claimed rows that cannot be delivered, fenced by the claim's token;
-    /// returns how many were. A failure is logged, not returned: the rows' leases then
-    /// expire and a later claim tries again.
-    async fn dead_letter_claimed(&self, token: LeaseToken, mut rows: Vec<(Uuid, String)>) -> usize {
-        rows.sort_by_key(|(id, _)| *id);
-        let (ids, reasons): (Vec<Uuid>, Vec<String>) = rows
-            .into_iter()
-            .map(|(id, reason)| (id, storable(bounded_error(reason))))
-            .unzip();
-        tracing::warn!(
-            ?ids,
-            ?reasons,
-            "dead-lettering claimed outbox rows that cannot be delivered"
-        );
-        let result = sqlx::query(&self.inner.sql.dead_letter_claimed)
-            .bind(&ids)
-            .bind(reasons)
-            .bind(token.as_uuid())
-            .execute(&self.relay)
-            .await;
-        match result {
-            Ok(done) => usize::try_from(done.rows_affected()).unwrap_or(usize::MAX),
-            Err(e) => {
-                let err = from_sqlx("dead-lettering undeliverable rows", e);
-                tracing::error!(?ids, error = %err.report(), "could not dead-letter claimed rows");
-                0
-            }
-        }
+        finish_claim(self, token, rows).await
     }
 
     /// Run a settle statement that takes only `$1` ids and `$2` tokens (complete,
@@ -581,7 +523,7 @@ impl OutboxStore for PgOutbox {
         }) {
             Ok(completed) => completed,
             Err(err) => {
-                self.release_claim(token, &claimed_rows, &err).await;
+                release_claim(self, token, &claimed_rows, &err).await;
                 return Err(err);
             }
         };
@@ -629,18 +571,56 @@ impl OutboxStore for PgOutbox {
     }
 }
 
+/// The fenced writes after a claim, on the relay's connections.
+impl CommittedClaim for PgOutbox {
+    type Row = PgRow;
+    type Id = Uuid;
+
+    fn decode(&self, token: LeaseToken, rows: &[PgRow]) -> Result<DecodedClaim<Uuid>> {
+        decode_claimed(rows, token, self.inner.config.limits())
+    }
+
+    fn row_id(row: &PgRow) -> Result<Uuid> {
+        get(row, "id")
+    }
+
+    async fn dead_letter_rows(
+        &self,
+        token: LeaseToken,
+        rows: Vec<(Uuid, String)>,
+    ) -> Result<usize> {
+        let (ids, reasons): (Vec<Uuid>, Vec<String>) = rows
+            .into_iter()
+            .map(|(id, reason)| (id, storable(reason)))
+            .unzip();
+        let done = sqlx::query(&self.inner.sql.dead_letter_claimed)
+            .bind(&ids)
+            .bind(reasons)
+            .bind(token.as_uuid())
+            .execute(&self.relay)
+            .await
+            .map_err(|e| from_sqlx("dead-lettering undeliverable rows", e))?;
+        Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+    }
+
+    async fn release_rows(&self, token: LeaseToken, ids: Vec<Uuid>) -> Result<()> {
+        sqlx::query(&self.inner.sql.release_claim)
+            .bind(token.as_uuid())
+            .bind(ids)
+            .execute(&self.relay)
+            .await
+            .map_err(|e| from_sqlx("releasing an undecodable claim", e))?;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use outbox_core::store::MAX_ERROR_LEN;
 
     #[test]
-    fn stored_text_has_no_nul_and_reasons_are_bounded() {
+    fn stored_text_has_no_nul() {
         assert_eq!(storable("a\0b".to_owned()), "a\u{fffd}b");
         assert_eq!(storable("plain".to_owned()), "plain");
-        let cut = bounded_error("é".repeat(MAX_ERROR_LEN));
-        assert!(cut.len() <= MAX_ERROR_LEN && cut.len() > MAX_ERROR_LEN - 2);
-        assert!(cut.chars().all(|c| c == 'é'));
-        assert_eq!(bounded_error("short".to_owned()), "short");
     }
 }

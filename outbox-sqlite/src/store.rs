@@ -93,10 +93,8 @@ struct Inner {
 impl fmt::Debug for SqliteOutbox {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let config = &self.inner.config;
-        f.debug_struct("SqliteOutbox")
-            .field("table", &self.inner.name)
-            .field("ordering", &config.ordering())
-            .field("retention", &config.retention())
+        config
+            .debug_store(f, "SqliteOutbox")
             .finish_non_exhaustive()
     }
 }

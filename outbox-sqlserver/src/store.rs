@@ -10,8 +10,8 @@ use futures::io::{AsyncRead, AsyncWrite};
 use tiberius::{Client, Row};
 use uuid::Uuid;
 
-use outbox_core::backend::{bounded_error, check_enqueue, in_id_order};
-use outbox_core::backend::{finish_claim, ids_to_release, release_failed};
+use outbox_core::backend::{check_enqueue, in_id_order};
+use outbox_core::backend::{finish_claim, release_claim, CommittedClaim, DecodedClaim};
 use outbox_core::message::MAX_DELAY;
 use outbox_core::{
     ClaimIds, ClaimRequest, Claimed, Disposition, Error, Failure, Lease, LeaseToken, MessageId,
@@ -125,11 +125,7 @@ struct Inner {
 impl fmt::Debug for MssqlOutbox {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let config = &self.inner.config;
-        f.debug_struct("MssqlOutbox")
-            .field("table", &self.inner.name)
-            .field("ordering", &config.ordering())
-            .field("retention", &config.retention())
-            .finish_non_exhaustive()
+        config.debug_store(f, "MssqlOutbox").finish_non_exhaustive()
     }
 }
 
@@ -380,7 +376,7 @@ impl MssqlOutbox {
                 Err(err) => {
                     // Earlier statements of this claim committed: give their rows back.
                     if !rows.is_empty() {
-                        self.release_claim(token, &rows, &err).await;
+                        release_claim(self, token, &rows, &err).await;
                     }
                     return Err(err);
                 }
@@ -393,59 +389,7 @@ impl MssqlOutbox {
                 stmts.push((step, ask(step, None)));
             }
         }
-        finish_claim(
-            decode_claimed(&rows, token, self.inner.config.limits()),
-            |poison| self.dead_letter_claimed(token, poison),
-            |err| async {
-                self.release_claim(token, &rows, &err).await;
-                err
-            },
-        )
-        .await
-    }
-
-    /// Undo a claim whose rows could not be returned; failures are logged (the leases
-    /// then expire as after a crash).
-    async fn release_claim(&self, token: LeaseToken, rows: &[Row], cause: &Error) {
-        let Some(ids) = ids_to_release(rows, cause, |row| row_id(row, "id")) else {
-            return;
-        };
-        let token = *token.as_uuid().as_bytes();
-        for chunk in ids.chunks(chunk_rows(1, 1)) {
-            let stmt = sql::release_claim(&self.inner.name, token, chunk);
-            if let Err(err) = self.rows("releasing an undecodable claim", stmt).await {
-                release_failed(rows.len(), &err);
-            }
-        }
-    }
-
-    /// Dead-letter claimed rows that cannot be delivered, fenced by the claim's token.
-    async fn dead_letter_claimed(
-        &self,
-        token: LeaseToken,
-        mut rows: Vec<([u8; 16], String)>,
-    ) -> usize {
-        rows.sort_by_key(|(id, _)| *id);
-        let rows: Vec<([u8; 16], String)> = rows
-            .into_iter()
-            .map(|(id, reason)| (id, bounded_error(reason)))
-            .collect();
-        tracing::warn!(
-            rows = rows.len(),
-            "dead-lettering claimed outbox rows that cannot be delivered"
-        );
-        let token = *token.as_uuid().as_bytes();
-        let mut written = 0;
-        for chunk in rows.chunks(chunk_rows(2, 1)) {
-            let stmt = sql::dead_letter_claimed(&self.inner.name, token, chunk);
-            match self.rows("dead-lettering undeliverable rows", stmt).await {
-                Ok(_) => written += chunk.len(),
-                Err(err) => {
-                    tracing::error!(error = %err.report(), "could not dead-letter claimed rows");
-                }
-            }
-        }
-        written
+        finish_claim(self, token, rows).await
     }
 
     /// Run settle statements chunk by chunk and report which of `requested` applied.
@@ -549,5 +493,52 @@ impl OutboxStore for MssqlOutbox {
 
     async fn release(&self, leases: &[Lease]) -> Result<Settled> {
         self.settle_leases("release", Settle::Release, leases).await
+    }
+}
+
+/// The fenced writes after a claim, chunked to the parameter limit.
+impl CommittedClaim for MssqlOutbox {
+    type Row = Row;
+    type Id = [u8; 16];
+
+    fn decode(&self, token: LeaseToken, rows: &[Row]) -> Result<DecodedClaim<[u8; 16]>> {
+        decode_claimed(rows, token, self.inner.config.limits())
+    }
+
+    fn row_id(row: &Row) -> Result<[u8; 16]> {
+        row_id(row, "id")
+    }
+
+    async fn dead_letter_rows(
+        &self,
+        token: LeaseToken,
+        rows: Vec<([u8; 16], String)>,
+    ) -> Result<usize> {
+        let token = *token.as_uuid().as_bytes();
+        let mut written = 0;
+        for chunk in rows.chunks(chunk_rows(2, 1)) {
+            let stmt = sql::dead_letter_claimed(&self.inner.name, token, chunk);
+            match self.rows("dead-lettering undeliverable rows", stmt).await {
+                Ok(_) => written += chunk.len(),
+                // Earlier chunks committed: report them, log the rest.
+                Err(err) if written > 0 => {
+                    tracing::error!(error = %err.report(), "could not dead-letter claimed rows");
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(written)
+    }
+
+    async fn release_rows(&self, token: LeaseToken, ids: Vec<[u8; 16]>) -> Result<()> {
+        let token = *token.as_uuid().as_bytes();
+        let mut failed = None;
+        for chunk in ids.chunks(chunk_rows(1, 1)) {
+            let stmt = sql::release_claim(&self.inner.name, token, chunk);
+            if let Err(err) = self.rows("releasing an undecodable claim", stmt).await {
+                failed = Some(err);
+            }
+        }
+        failed.map_or(Ok(()), Err)
     }
 }

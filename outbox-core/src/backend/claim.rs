@@ -1,11 +1,13 @@
 //! Assembling a claim from its committed rows: [`ClaimDecoder`] gathers the decoded rows
 //! into a [`DecodedClaim`] in claim order, and [`finish_claim`] turns that into the
-//! [`Claimed`] a store returns, dead-lettering the poison rows or giving every row back
-//! when they cannot be read at all.
+//! [`Claimed`] a store returns through the backend's [`CommittedClaim`], dead-lettering
+//! the poison rows or giving every row back when they cannot be read at all.
 
+use std::fmt;
 use std::future::Future;
 use std::time::SystemTime;
 
+use super::rules::bounded_error;
 use crate::error::{Error, Result};
 use crate::message::Message;
 use crate::store::{Claimed, ClaimedMessage, Lease, LeaseToken};
@@ -77,73 +79,129 @@ impl<O: Ord, Id> ClaimDecoder<O, Id> {
     }
 }
 
-/// What a claim returns once its rows are committed and decoded: the messages, with the
-/// poison rows dead-lettered by `dead_letter` (which returns how many it dead-lettered
-/// and logs its own failures). When the rows could not be decoded at all, `release`
-/// gives the claim back (logging its own failures) and the decode error is returned.
+/// A backend's side of a committed claim, for [`finish_claim`]: how its rows decode,
+/// and the two fenced writes that follow when some or all of them cannot be delivered.
+/// Both writes run after the claim committed, outside its transaction; their failures
+/// are logged by [`finish_claim`], never returned, because the leases then expire as
+/// after a crash and a later claim tries the rows again.
+pub trait CommittedClaim: Sync {
+    /// A claimed row as the driver returns it.
+    type Row: Send + Sync;
+    /// The backend's row id, bound in id order.
+    type Id: Ord + Send + fmt::Debug;
+
+    /// The claim's rows, decoded with a [`ClaimDecoder`].
+    ///
+    /// # Errors
+    /// A row whose shape does not decode at all (a column of the wrong type): the whole
+    /// claim is then given back.
+    fn decode(&self, token: LeaseToken, rows: &[Self::Row]) -> Result<DecodedClaim<Self::Id>>;
+
+    /// The id of `row`, to give an undecodable claim back by primary key.
+    ///
+    /// # Errors
+    /// The id column does not decode either.
+    fn row_id(row: &Self::Row) -> Result<Self::Id>;
+
+    /// Dead-letter `rows` (sorted by id, reasons bounded to `MAX_ERROR_LEN`), fenced by
+    /// `token`; how many were.
+    fn dead_letter_rows(
+        &self,
+        token: LeaseToken,
+        rows: Vec<(Self::Id, String)>,
+    ) -> impl Future<Output = Result<usize>> + Send;
+
+    /// Release the rows `ids` (sorted), fenced by `token`, with their attempt given back,
+    /// so the messages are due again at once.
+    fn release_rows(
+        &self,
+        token: LeaseToken,
+        ids: Vec<Self::Id>,
+    ) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// What a claim made with `token` returns once its `rows` are committed: the messages,
+/// with the poison rows dead-lettered. When the rows cannot be decoded at all, the whole
+/// claim is given back and the decode error returned.
 ///
 /// # Errors
-/// The decode error, after `release`.
-pub async fn finish_claim<Id, D, DF, R, RF>(
-    decoded: Result<DecodedClaim<Id>>,
-    dead_letter: D,
-    release: R,
-) -> Result<Claimed>
-where
-    D: FnOnce(Vec<(Id, String)>) -> DF,
-    DF: Future<Output = usize>,
-    R: FnOnce(Error) -> RF,
-    RF: Future<Output = Error>,
-{
+/// The decode error, after the release.
+pub async fn finish_claim<B: CommittedClaim>(
+    backend: &B,
+    token: LeaseToken,
+    rows: Vec<B::Row>,
+) -> Result<Claimed> {
     // The claim has committed: from here on, an error must give its rows back.
-    match decoded {
-        Ok(DecodedClaim { claimed, poison }) => {
-            let dead_lettered = if poison.is_empty() {
-                0
-            } else {
-                dead_letter(poison).await
-            };
-            Ok(Claimed::new(claimed).with_dead_lettered(dead_lettered))
+    let DecodedClaim { claimed, poison } = match backend.decode(token, &rows) {
+        Ok(decoded) => decoded,
+        Err(err) => {
+            release_claim(backend, token, &rows, &err).await;
+            return Err(err);
         }
-        Err(err) => Err(release(err).await),
+    };
+    let dead_lettered = if poison.is_empty() {
+        0
+    } else {
+        dead_letter(backend, token, poison).await
+    };
+    Ok(Claimed::new(claimed).with_dead_lettered(dead_lettered))
+}
+
+/// Dead-letter the poison rows of a claim; how many were (none when the write failed).
+async fn dead_letter<B: CommittedClaim>(
+    backend: &B,
+    token: LeaseToken,
+    mut poison: Vec<(B::Id, String)>,
+) -> usize {
+    poison.sort_by(|a, b| a.0.cmp(&b.0));
+    let poison: Vec<(B::Id, String)> = poison
+        .into_iter()
+        .map(|(id, reason)| (id, bounded_error(reason)))
+        .collect();
+    tracing::warn!(
+        ?poison,
+        "dead-lettering claimed outbox rows that cannot be delivered"
+    );
+    match backend.dead_letter_rows(token, poison).await {
+        Ok(done) => done,
+        Err(err) => {
+            tracing::error!(error = %err.report(), "could not dead-letter claimed rows");
+            0
+        }
     }
 }
 
-/// The ids of a claim whose rows could not be decoded, sorted (so the release locks
-/// them in id order), for the backend to give the claim back with. Logs `cause`; when
-/// the ids do not decode either, logs that too and returns `None`: the leases then
-/// expire as after a crash.
-pub fn ids_to_release<R, I: Ord>(
-    rows: &[R],
+/// Give back the committed rows of a claim that cannot be returned (`cause`: they do
+/// not decode, or a later statement of the claim failed), found by primary key and
+/// fenced by `token`. Logs `cause`; when the ids do not decode either, or the release
+/// fails, logs that too: the leases then expire as after a crash.
+pub async fn release_claim<B: CommittedClaim>(
+    backend: &B,
+    token: LeaseToken,
+    rows: &[B::Row],
     cause: &Error,
-    id: impl Fn(&R) -> Result<I>,
-) -> Option<Vec<I>> {
+) {
     tracing::error!(
         rows = rows.len(), error = %cause.report(),
-        "claimed outbox rows could not be decoded; releasing the claim"
+        "a committed claim cannot be returned; releasing its rows"
     );
-    match rows.iter().map(id).collect::<Result<Vec<I>>>() {
-        Ok(mut ids) => {
-            ids.sort_unstable();
-            Some(ids)
-        }
+    let mut ids = match rows.iter().map(B::row_id).collect::<Result<Vec<_>>>() {
+        Ok(ids) => ids,
         Err(err) => {
             tracing::error!(
                 rows = rows.len(), error = %err.report(),
                 "claimed ids do not decode either; the leases expire instead"
             );
-            None
+            return;
         }
+    };
+    ids.sort_unstable();
+    if let Err(err) = backend.release_rows(token, ids).await {
+        tracing::error!(
+            rows = rows.len(), error = %err.report(),
+            "could not release the claim; its leases expire instead"
+        );
     }
-}
-
-/// Log that giving back an undecodable claim of `rows` rows failed with `err`: its
-/// leases expire instead.
-pub fn release_failed(rows: usize, err: &Error) {
-    tracing::error!(
-        rows, error = %err.report(),
-        "could not release the claim; its leases expire instead"
-    );
 }
 
 #[cfg(test)]
@@ -167,39 +225,143 @@ mod tests {
         })
     }
 
+    /// A backend whose rows are `(id, message or poison reason)`, recording the fenced
+    /// writes `finish_claim` makes.
+    #[derive(Default)]
+    struct Rows {
+        shape_error: bool,
+        write_fails: bool,
+        dead: std::sync::Mutex<Vec<(LeaseToken, Poison)>>,
+        released: std::sync::Mutex<Vec<(LeaseToken, Vec<i32>)>>,
+    }
+
+    type Row = (i32, std::result::Result<Message, String>);
+    type Poison = Vec<(i32, String)>;
+
+    impl CommittedClaim for Rows {
+        type Row = Row;
+        type Id = i32;
+
+        fn decode(&self, token: LeaseToken, rows: &[Row]) -> Result<DecodedClaim<i32>> {
+            if self.shape_error {
+                return Err(Error::invalid_input("shape"));
+            }
+            let mut decoder = ClaimDecoder::new(token, rows.len());
+            for (id, checked) in rows {
+                decoder.push(-id, *id, checked.clone(), || Ok(UNIX_EPOCH))?;
+            }
+            Ok(decoder.finish())
+        }
+
+        fn row_id(row: &Row) -> Result<i32> {
+            if row.0 < 0 {
+                return Err(Error::invalid_input("id"));
+            }
+            Ok(row.0)
+        }
+
+        async fn dead_letter_rows(
+            &self,
+            token: LeaseToken,
+            rows: Vec<(i32, String)>,
+        ) -> Result<usize> {
+            let n = rows.len();
+            self.dead.lock().unwrap().push((token, rows));
+            if self.write_fails {
+                return Err(Error::invalid_input("write"));
+            }
+            Ok(n)
+        }
+
+        async fn release_rows(&self, token: LeaseToken, ids: Vec<i32>) -> Result<()> {
+            self.released.lock().unwrap().push((token, ids));
+            if self.write_fails {
+                return Err(Error::invalid_input("write"));
+            }
+            Ok(())
+        }
+    }
+
     #[tokio::test]
-    async fn rows_come_out_in_claim_order_and_poison_is_dead_lettered() {
+    async fn rows_come_out_in_claim_order_and_poison_is_dead_lettered_in_id_order() {
         let token = LeaseToken::new();
-        let mut decoder = ClaimDecoder::new(token, 3);
         let (late, early) = (message(), message());
-        decoder
-            .push(2, 'a', Ok(late.clone()), || Ok(UNIX_EPOCH))
+        let long = "x".repeat(crate::store::MAX_ERROR_LEN + 10);
+        let rows = vec![
+            (1, Ok(late.clone())),
+            (9, Err("bad".to_string())),
+            (2, Ok(early.clone())),
+            (5, Err(long)),
+        ];
+        let backend = Rows::default();
+        let claimed = finish_claim(&backend, token, rows).await.unwrap();
+        let ids: Vec<_> = claimed.iter().map(|c| c.message.id).collect();
+        assert_eq!(
+            ids,
+            [early.id, late.id],
+            "claim order is the decoder's order"
+        );
+        assert!(claimed.iter().all(|c| c.lease.token == token));
+        assert_eq!(claimed.dead_lettered, 2);
+        let dead = backend.dead.lock().unwrap();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].0, token);
+        let dead_ids: Vec<i32> = dead[0].1.iter().map(|(id, _)| *id).collect();
+        assert_eq!(dead_ids, [5, 9], "poison is written in id order");
+        assert_eq!(dead[0].1[0].1.len(), crate::store::MAX_ERROR_LEN);
+        assert_eq!(dead[0].1[1].1, "bad");
+        assert!(backend.released.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_claim_without_poison_writes_nothing_and_a_failed_dead_letter_counts_none() {
+        let backend = Rows::default();
+        let claimed = finish_claim(&backend, LeaseToken::new(), vec![(1, Ok(message()))])
+            .await
             .unwrap();
-        decoder
-            .push(9, 'b', Err("bad".into()), || unreachable!())
+        assert_eq!((claimed.len(), claimed.dead_lettered), (1, 0));
+        assert!(backend.dead.lock().unwrap().is_empty());
+
+        let failing = Rows {
+            write_fails: true,
+            ..Rows::default()
+        };
+        let rows = vec![(1, Ok(message())), (2, Err("bad".to_string()))];
+        let claimed = finish_claim(&failing, LeaseToken::new(), rows)
+            .await
             .unwrap();
-        decoder
-            .push(1, 'c', Ok(early.clone()), || Ok(UNIX_EPOCH))
-            .unwrap();
-        let decoded = decoder.finish();
-        let ids: Vec<_> = decoded.claimed.iter().map(|c| c.message.id).collect();
-        assert_eq!(ids, [early.id, late.id]);
-        assert_eq!(decoded.claimed[0].lease.token, token);
-        let claimed = finish_claim(
-            Ok(decoded),
-            |poison| async move { poison.len() },
-            |err| async { err },
-        )
-        .await
-        .unwrap();
-        assert_eq!((claimed.len(), claimed.dead_lettered), (2, 1));
-        let err = finish_claim::<char, _, _, _, _>(
-            Err(Error::invalid_input("shape")),
-            |_| async { unreachable!() },
-            |err| async { err },
-        )
-        .await
-        .unwrap_err();
+        assert_eq!((claimed.len(), claimed.dead_lettered), (1, 0));
+        assert_eq!(failing.dead.lock().unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_undecodable_claim_is_released_by_sorted_id_and_its_error_returned() {
+        let token = LeaseToken::new();
+        for write_fails in [false, true] {
+            let backend = Rows {
+                shape_error: true,
+                write_fails,
+                ..Rows::default()
+            };
+            let rows = vec![(7, Ok(message())), (3, Err("bad".to_string()))];
+            let err = finish_claim(&backend, token, rows).await.unwrap_err();
+            assert_eq!(err.message(), "shape");
+            assert_eq!(*backend.released.lock().unwrap(), [(token, vec![3, 7])]);
+            assert!(backend.dead.lock().unwrap().is_empty());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_claim_whose_ids_do_not_decode_is_left_to_expire() {
+        let backend = Rows {
+            shape_error: true,
+            ..Rows::default()
+        };
+        let rows = vec![(7, Ok(message())), (-1, Ok(message()))];
+        let err = finish_claim(&backend, LeaseToken::new(), rows)
+            .await
+            .unwrap_err();
         assert_eq!(err.message(), "shape");
+        assert!(backend.released.lock().unwrap().is_empty());
     }
 }

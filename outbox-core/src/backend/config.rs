@@ -295,6 +295,20 @@ impl<R: TableRules> TableConfig<R, OutboxTable> {
     pub fn limits(&self) -> &MessageLimits {
         &self.settings.limits
     }
+    /// The start of an outbox store's `Debug` output, `store { table, ordering,
+    /// retention`, for the backend to add its own fields to and finish with
+    /// `finish_non_exhaustive`.
+    pub fn debug_store<'a, 'b: 'a>(
+        &self,
+        f: &'a mut fmt::Formatter<'b>,
+        store: &str,
+    ) -> fmt::DebugStruct<'a, 'b> {
+        let mut out = f.debug_struct(store);
+        out.field("table", &self.display_name())
+            .field("ordering", &self.ordering())
+            .field("retention", &self.retention());
+        out
+    }
 }
 
 impl<R: TableRules> TableConfig<R, DedupTable> {
