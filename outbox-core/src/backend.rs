@@ -15,6 +15,7 @@ pub mod entity;
 pub mod ident;
 mod rules;
 mod send_checks;
+pub mod session_lock;
 
 pub use crate::backoff::Backoff;
 pub use crate::message::MessageParts;
@@ -28,6 +29,7 @@ pub use config::{
 pub use entity::{entity_version, loaded_entity, stored_entity_version};
 pub use ident::{derived_identifier, QualifiedName, SqlDialect};
 pub use rules::{bounded_error, check_enqueue, in_id_order, validate_identifier, validate_lease};
+pub use session_lock::{LockSession, SessionLockGuard};
 
 /// A duration as whole microseconds, for binding as a 64-bit integer.
 ///

@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use sqlx::pool::PoolConnection;
 use sqlx::{PgPool, Postgres};
 
+use outbox_core::backend::{LockSession, SessionLockGuard};
 use outbox_core::{DistributedLock, LockGuard, LockName, Result};
 
 use crate::error::from_sqlx;
@@ -58,78 +59,45 @@ impl DistributedLock for PgDistributedLock {
             .map_err(|e| from_sqlx("acquire lock connection", e))?;
         // Own the connection in a guard before taking the lock, so that if this future
         // is dropped mid-statement the connection is closed, not pooled.
-        let mut guard = PgLockGuard {
-            name: name.clone(),
-            conn: Some(conn),
-        };
-        let conn = guard.conn.as_mut().expect("connection set above");
+        let mut guard = SessionLockGuard::new(name.clone(), Session(conn));
         let locked: bool =
             sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
                 .bind(name.as_str())
-                .fetch_one(&mut **conn)
+                .fetch_one(&mut *guard.session_mut().0)
                 .await
                 .map_err(|e| from_sqlx("try advisory lock", e))?;
         if locked {
             Ok(Some(Box::new(guard)))
         } else {
             // Nothing held: the connection can go back to the pool.
-            drop(guard.conn.take());
+            drop(guard.into_session());
             Ok(None)
         }
     }
 }
 
-/// A held [`PgDistributedLock`]; see its protocol.
-struct PgLockGuard {
-    name: LockName,
-    conn: Option<PoolConnection<Postgres>>,
-}
+/// The pooled connection a [`PgDistributedLock`] is held on; see its protocol.
+struct Session(PoolConnection<Postgres>);
 
-impl fmt::Debug for PgLockGuard {
+impl fmt::Debug for Session {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PgLockGuard")
-            .field("name", &self.name)
-            .finish_non_exhaustive()
+        f.debug_struct("PgLockSession").finish_non_exhaustive()
     }
 }
 
 #[async_trait]
-impl LockGuard for PgLockGuard {
-    fn name(&self) -> &LockName {
-        &self.name
+impl LockSession for Session {
+    async fn release(&mut self, name: &LockName) -> Result<bool> {
+        sqlx::query_scalar("SELECT pg_advisory_unlock(hashtextextended($1, 0))")
+            .bind(name.as_str())
+            .fetch_one(&mut *self.0)
+            .await
+            .map_err(|e| from_sqlx("advisory unlock", e))
     }
 
-    async fn unlock(mut self: Box<Self>) -> Result<()> {
-        let Some(mut conn) = self.conn.take() else {
-            return Ok(());
-        };
-        let unlocked =
-            sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock(hashtextextended($1, 0))")
-                .bind(self.name.as_str())
-                .fetch_one(&mut *conn)
-                .await;
-        match unlocked {
-            Ok(true) => Ok(()),
-            Ok(false) => {
-                tracing::warn!(name = %self.name, "advisory lock was not held at unlock");
-                Ok(())
-            }
-            Err(e) => {
-                // The lock may still be held: end the session rather than pool it.
-                drop(conn.detach());
-                Err(from_sqlx("advisory unlock", e))
-            }
-        }
-    }
-}
-
-impl Drop for PgLockGuard {
-    fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            tracing::debug!(name = %self.name, "lock guard dropped; closing its session");
-            // Dropping the detached connection closes its socket; the server ends the
-            // session and releases the lock.
-            drop(conn.detach());
-        }
+    fn end(self) {
+        // Dropping the detached connection closes its socket; the server ends the
+        // session and releases the lock.
+        drop(self.0.detach());
     }
 }

@@ -4,6 +4,7 @@ use std::fmt;
 
 use async_trait::async_trait;
 
+use outbox_core::backend::{LockSession, SessionLockGuard};
 use outbox_core::{DistributedLock, LockGuard, LockName, Result};
 
 use crate::error::from_tiberius;
@@ -77,79 +78,59 @@ impl MssqlDistributedLock {
 #[async_trait]
 impl DistributedLock for MssqlDistributedLock {
     async fn try_lock(&self, name: &LockName) -> Result<Option<Box<dyn LockGuard>>> {
-        let mut client = dedicated(&self.pool, "open a lock connection").await?;
-        let rows = query_all_rows(&mut client, try_lock(name.as_str()))
+        let client = dedicated(&self.pool, "open a lock connection").await?;
+        let mut guard = SessionLockGuard::new(
+            name.clone(),
+            Session {
+                session_id: None,
+                client,
+            },
+        );
+        let session = guard.session_mut();
+        let rows = query_all_rows(&mut session.client, try_lock(name.as_str()))
             .await
             .map_err(|e| from_tiberius("sp_getapplock", e))?;
         let row = rows
             .first()
             .ok_or_else(|| crate::error::decode_error("sp_getapplock returned no row"))?;
+        session.session_id = Some(row_i32(row, "session_id")?);
         if row_str(row, "mode")? == "Exclusive" {
-            Ok(Some(Box::new(MssqlLockGuard {
-                name: name.clone(),
-                session_id: row_i32(row, "session_id")?,
-                client: Some(client),
-            })))
+            Ok(Some(Box::new(guard)))
         } else {
             // Held elsewhere (refused at once: @LockTimeout = 0). The connection
             // closes.
+            drop(guard.into_session());
             Ok(None)
         }
     }
 }
 
-/// A held [`MssqlDistributedLock`]; see its protocol. `Debug` shows the holding
-/// session's id (`@@SPID`), which operators can look up in `sys.dm_tran_locks`.
-struct MssqlLockGuard {
-    name: LockName,
-    session_id: i32,
-    client: Option<MssqlClient>,
+/// The dedicated connection a [`MssqlDistributedLock`] is held on; see its protocol.
+/// `Debug` shows its session id (`@@SPID`), which operators can look up in
+/// `sys.dm_tran_locks`.
+struct Session {
+    session_id: Option<i32>,
+    client: MssqlClient,
 }
 
-impl fmt::Debug for MssqlLockGuard {
+impl fmt::Debug for Session {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MssqlLockGuard")
-            .field("name", &self.name)
+        f.debug_struct("MssqlLockSession")
             .field("session_id", &self.session_id)
             .finish_non_exhaustive()
     }
 }
 
 #[async_trait]
-impl LockGuard for MssqlLockGuard {
-    fn name(&self) -> &LockName {
-        &self.name
+impl LockSession for Session {
+    async fn release(&mut self, name: &LockName) -> Result<bool> {
+        let rows = query_all_rows(&mut self.client, unlock(name.as_str()))
+            .await
+            .map_err(|e| from_tiberius("sp_releaseapplock", e))?;
+        let mode = rows.first().map(|r| row_str(r, "mode")).transpose()?;
+        Ok(mode.as_deref() == Some("NoLock"))
     }
 
-    async fn unlock(mut self: Box<Self>) -> Result<()> {
-        let Some(mut client) = self.client.take() else {
-            return Ok(());
-        };
-        let released = query_all_rows(&mut client, unlock(self.name.as_str())).await;
-        // Whatever the answer, the session ends here, which releases the lock too.
-        drop(client);
-        match released {
-            Ok(rows) => {
-                if rows
-                    .first()
-                    .map(|r| row_str(r, "mode"))
-                    .transpose()?
-                    .as_deref()
-                    != Some("NoLock")
-                {
-                    tracing::warn!(name = %self.name, "application lock still held after release; its session closes");
-                }
-                Ok(())
-            }
-            Err(e) => Err(from_tiberius("sp_releaseapplock", e)),
-        }
-    }
-}
-
-impl Drop for MssqlLockGuard {
-    fn drop(&mut self) {
-        if self.client.take().is_some() {
-            tracing::debug!(name = %self.name, "lock guard dropped; its session closes");
-        }
-    }
+    /// The connection is dedicated: dropping it always ends the session.
+    fn end(self) {}
 }
