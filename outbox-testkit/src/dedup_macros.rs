@@ -28,20 +28,7 @@ macro_rules! dedup_suite {
     };
     ($make:path; lacks($($lacks:ident),* $(,)?)) => {
         $crate::__suite_known!(dedup: $($lacks),*);
-        $crate::__suite_group!([$($lacks)*] always; $make; plain;
-            dedup_concurrent_records_give_exactly_one_new,
-            dedup_declared_consistency_matches_the_harness,
-            dedup_ids_are_scoped_by_consumer,
-            dedup_consumer_names_follow_the_one_rule,
-        );
-        $crate::__suite_group!([$($lacks)*] strong; $make; plain;
-            dedup_strong_store_reads_its_writes,
-        );
-        $crate::__suite_group!([$($lacks)*] short_retention; $make; plain;
-            dedup_expired_ids_are_new_again_before_any_purge,
-            dedup_purge_is_bounded_and_spares_fresh_records,
-            dedup_purger_removes_expired_records_under_its_lock,
-        );
+        $crate::__suite_cases!(dedup; [$($lacks)*] $make; plain);
     };
 }
 
@@ -71,17 +58,7 @@ macro_rules! lock_suite {
     };
     ($make:path; lacks($($lacks:ident),* $(,)?)) => {
         $crate::__suite_known!(lock: $($lacks),*);
-        $crate::__suite_group!([$($lacks)*] always; $make; plain;
-            lock_held_elsewhere_is_refused_without_waiting,
-            lock_concurrent_try_locks_grant_one,
-            lock_names_are_independent,
-            lock_unlock_releases_at_once,
-            lock_dropped_guard_is_released,
-            lock_names_follow_the_one_rule,
-        );
-        $crate::__suite_group!([$($lacks)*] sever; $make; plain;
-            lock_severed_session_releases_the_lock,
-        );
+        $crate::__suite_cases!(lock; [$($lacks)*] $make; plain);
     };
 }
 
@@ -111,18 +88,6 @@ macro_rules! consumer_suite {
     };
     ($make:path; lacks($($lacks:ident),* $(,)?)) => {
         $crate::__suite_known!(consumer: $($lacks),*);
-        $crate::__suite_group!([$($lacks)*] always; $make; plain;
-            consumer_concurrent_copies_apply_once,
-            consumer_check_after_load_closes_the_article_race,
-            consumer_crash_before_dispatch_redispatches_the_same_ids,
-            consumer_crash_before_the_record_redispatches_the_same_ids,
-            consumer_crash_before_cleanup_ends_with_the_state_removed,
-            consumer_cleanup_survives_conflicts_and_removes_leftovers,
-            consumer_an_eventually_consistent_store_is_refused,
-            consumer_entity_store_checks_versions,
-        );
-        $crate::__suite_group!([$($lacks)*] short_retention; $make; plain;
-            consumer_duplicates_are_detected_until_the_record_expires,
-        );
+        $crate::__suite_cases!(consumer; [$($lacks)*] $make; plain);
     };
 }

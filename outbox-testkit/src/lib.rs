@@ -235,6 +235,9 @@ mod publishers;
 pub mod suite;
 pub mod wait;
 
+// `__suite_cases!`: the suites' case lists, generated from `src/suite/` by build.rs.
+include!(concat!(env!("OUT_DIR"), "/suite_cases.rs"));
+
 pub use broker::MemoryBroker;
 pub use consumer_faults::{Crash, EventuallyConsistent, PauseAfterFirstCall, Step};
 pub use consumer_harness::{ConsumerHarness, MemoryConsumerHarness};

@@ -12,9 +12,6 @@
 #[macro_export]
 macro_rules! plan_suite {
     ($make:path) => {
-        $crate::__suite_group!([] always; $make; plain;
-            plans_reach_rows_through_indexes,
-            plans_reach_rows_through_indexes_per_key_with_history,
-        );
+        $crate::__suite_cases!(plan; [] $make; plain);
     };
 }

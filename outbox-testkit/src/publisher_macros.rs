@@ -28,21 +28,6 @@ macro_rules! publisher_suite {
     };
     ($make:path; lacks($($lacks:ident),* $(,)?)) => {
         $crate::__suite_known!(publisher: $($lacks),*);
-        $crate::__suite_group!([$($lacks)*] always; $make; plain;
-            publisher_returns_one_outcome_per_message_in_batch_order,
-            publisher_delivers_headers_content_type_key_and_payload,
-            publisher_sends_the_message_id_as_the_dedup_id,
-            publisher_concurrent_calls_all_land,
-            publisher_large_batch,
-        );
-        $crate::__suite_group!([$($lacks)*] dedup_window; $make; plain;
-            publisher_repeat_of_an_id_is_dropped_within_the_dedup_window,
-        );
-        $crate::__suite_group!([$($lacks)*] unroutable_is_permanent; $make; plain;
-            publisher_unroutable_is_permanent_and_spares_the_batch,
-        );
-        $crate::__suite_group!([$($lacks)*] broker_restart; $make; plain;
-            publisher_broker_restart_is_retryable_and_the_publisher_recovers,
-        );
+        $crate::__suite_cases!(publisher; [$($lacks)*] $make; plain);
     };
 }
