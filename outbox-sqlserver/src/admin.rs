@@ -23,8 +23,8 @@ use crate::ident::QualifiedName;
 use crate::row::decode_dead_letter;
 use crate::schema::{index, index_hint};
 use crate::sql::{
-    age_micros, before, chunk_rows, id_list, limit_param, unix_us, Binder, Param, Stmt,
-    DELETE_BATCH, NOW, PURGE_HINTS, UNDELIVERED,
+    age_micros, before, by_key, chunk_rows, id_list, limit_param, purge_hints, unix_us, Binder,
+    Param, Stmt, DELETE_BATCH, NOW, UNDELIVERED,
 };
 use crate::store::MssqlOutbox;
 
@@ -118,7 +118,7 @@ fn dead_change_head(change: DeadChange, alias: &str) -> String {
 pub(crate) fn change_dead_ids(t: &QualifiedName, change: DeadChange, ids: &[[u8; 16]]) -> Stmt {
     let mut b = Binder::default();
     let list = id_list(&mut b, ids);
-    let head = dead_change_head(change, &format!("{t} WITH (ROWLOCK)"));
+    let head = dead_change_head(change, &format!("{t} {}", by_key(t)));
     b.finish(format!(
         "{head} WHERE dead_at IS NOT NULL AND id IN ({list});"
     ))
@@ -152,8 +152,9 @@ pub(crate) fn purge_dispatched(t: &QualifiedName, age_us: i64, limit: usize) -> 
     let top = b.bind(Param::I64(limit_param(limit.min(DELETE_BATCH))));
     let age = b.bind(Param::I64(age_us));
     b.finish(format!(
-        "DELETE TOP ({top}) FROM {t} {PURGE_HINTS} \
+        "DELETE TOP ({top}) FROM {t} {hints} \
          WHERE dispatched_at IS NOT NULL AND dispatched_at < {cutoff};",
+        hints = purge_hints(t, index::DISPATCHED),
         cutoff = before(&age),
     ))
 }

@@ -67,9 +67,10 @@ use crate::error::{from_pool, from_tiberius, has_number};
 use crate::exec::{execute, query_all_rows, query_rows, row_i32};
 use crate::ident::QualifiedName;
 use crate::install::install;
+use crate::schema::index;
 use crate::schema::{inbox_ddl, inbox_layout};
 use crate::session::{dedicated, MssqlClient, MssqlPool};
-use crate::sql::{age_micros, before, Binder, Param, Stmt, DELETE_BATCH, NOW, PURGE_HINTS};
+use crate::sql::{age_micros, before, purge_hints, Binder, Param, Stmt, DELETE_BATCH, NOW};
 
 /// The error numbers of a duplicate key: a racing insert of the same id.
 pub(crate) const DUPLICATE_KEY: [u32; 2] = [2627, 2601];
@@ -120,7 +121,8 @@ pub(crate) fn purge(t: &QualifiedName, retention_us: i64, limit: usize) -> Stmt 
     let top = b.bind(Param::I64(crate::sql::limit_param(limit.min(DELETE_BATCH))));
     let retention = b.bind(Param::I64(retention_us));
     b.finish(format!(
-        "DELETE TOP ({top}) FROM {t} {PURGE_HINTS} WHERE processed_at < {cutoff};",
+        "DELETE TOP ({top}) FROM {t} {hints} WHERE processed_at < {cutoff};",
+        hints = purge_hints(t, index::PROCESSED_AT),
         cutoff = before(&retention),
     ))
 }

@@ -112,6 +112,65 @@ fn the_crate_source_never_asks_for_range_locks() {
     assert!(files >= 15, "read the crate's source files ({files})");
 }
 
+/// The plan suite's promise, by statement shape (no server here to show plans): every
+/// statement of the relay path and of purges reaches the outbox table only through a
+/// seek on a named index, so no statistics can make it scan history or lock rows it
+/// does not change. Settles, fails, dead-lettering, releases and changes by id seek
+/// the primary key; purges seek the index of the time they bound.
+#[test]
+fn every_relay_and_purge_statement_seeks_a_named_index() {
+    let by_pk = [
+        "complete (delete)",
+        "complete (keep)",
+        "release",
+        "fail",
+        "dead-letter claimed",
+        "release claim",
+        "requeue ids",
+        "discard ids",
+    ];
+    let by_time = [
+        ("purge dispatched", "dispatched"),
+        ("dedup purge", "processed_at"),
+    ];
+    let all = every_statement();
+    let find = |what: &str| {
+        all.iter()
+            .find(|(w, _, _)| *w == what)
+            .map(|(_, _, stmt)| stmt.sql.clone())
+            .or_else(|| (what == "dedup purge").then(|| dedup::purge(&name(), 5, 10).sql))
+            .unwrap_or_else(|| panic!("no statement {what}"))
+    };
+    let pinned = |what: &str, sql: &str, index: &str| {
+        let refs = references(sql);
+        assert_eq!(refs.len(), 1, "{what} reads the table once: {sql}");
+        assert!(
+            refs[0].contains(&format!(
+                " WITH (INDEX([obx_t_{index}]), FORCESEEK, ROWLOCK"
+            )),
+            "{what} seeks [obx_t_{index}]: {sql}"
+        );
+    };
+    for what in by_pk {
+        let sql = find(what);
+        pinned(what, &sql, "pk");
+        assert!(
+            sql.contains("m.id = l.id") || sql.contains("id IN ("),
+            "{what} joins on id"
+        );
+    }
+    for (what, index) in by_time {
+        let sql = find(what);
+        pinned(what, &sql, index);
+        assert!(sql.contains("READPAST"), "{what} skips locked rows");
+    }
+    for (what, stmt) in claims() {
+        for reference in references(&stmt.sql) {
+            assert!(reference.contains("]), FORCESEEK, "), "{what}: {reference}");
+        }
+    }
+}
+
 #[test]
 fn every_claim_pins_every_read_and_locks_with_the_claim_hints() {
     for (what, stmt) in claims() {

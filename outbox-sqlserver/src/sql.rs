@@ -29,7 +29,9 @@
 
 use std::time::Duration;
 
+use crate::claim::pinned;
 use crate::ident::QualifiedName;
+use crate::schema::index;
 
 /// SQL Server's limit on parameters in one request.
 pub(crate) const MAX_PARAMS: usize = 2100;
@@ -166,8 +168,19 @@ fn undelivered_by_key(alias: &str) -> String {
     format!("COALESCE({alias}.dispatched_at, {alias}.dead_at) IS NULL")
 }
 
-/// The hints of bounded purges: row locks, skipping locked rows.
-pub(crate) const PURGE_HINTS: &str = "WITH (ROWLOCK, READPAST)";
+/// The hints of every statement that reaches outbox rows by id (settles, fails,
+/// dead-lettering, releases, admin changes by id): a seek on the primary key, so that
+/// no plan (stale statistics, a grown history) turns the join with the bound ids into
+/// a scan that locks rows the statement does not change; row locks only.
+pub(crate) fn by_key(t: &QualifiedName) -> String {
+    pinned(t, index::PK, "ROWLOCK")
+}
+
+/// The hints of bounded purges: a seek on `suffix`'s index of `t` (the time the purge
+/// bounds), row locks, skipping locked rows.
+pub(crate) fn purge_hints(t: &QualifiedName, suffix: &str) -> String {
+    pinned(t, suffix, "ROWLOCK, READPAST")
+}
 
 /// A message to enqueue, as bound.
 #[derive(Debug, Clone)]
@@ -275,10 +288,11 @@ pub(crate) fn settle(t: &QualifiedName, how: Settle, leases: &[([u8; 16], [u8; 1
         })
         .collect();
     let join = format!(
-        "FROM {t} AS m WITH (ROWLOCK) INNER JOIN (VALUES {values}) AS l(id, token) \
+        "FROM {t} AS m {by_key} INNER JOIN (VALUES {values}) AS l(id, token) \
          ON m.id = l.id AND m.lease_token = l.token WHERE {undelivered}",
         values = values.join(", "),
         undelivered = undelivered_by_key("m"),
+        by_key = by_key(t),
     );
     let sql = match how {
         Settle::Delete => format!("DELETE m OUTPUT DELETED.id {join};"),
@@ -328,12 +342,13 @@ pub(crate) fn fail(t: &QualifiedName, rows: &[FailRow]) -> Stmt {
          ELSE {retry} END, \
          dead_at = CASE WHEN l.dead = 1 THEN {NOW} END, \
          lease_token = NULL, last_error = l.error OUTPUT INSERTED.id \
-         FROM {t} AS m WITH (ROWLOCK) INNER JOIN (VALUES {values}) \
+         FROM {t} AS m {by_key} INNER JOIN (VALUES {values}) \
          AS l(id, token, error, dead, retry_us) \
          ON m.id = l.id AND m.lease_token = l.token WHERE {undelivered};",
         retry = after("l.retry_us"),
         values = values.join(", "),
         undelivered = undelivered_by_key("m"),
+        by_key = by_key(t),
     );
     b.finish(sql)
 }
@@ -356,10 +371,11 @@ pub(crate) fn dead_letter_claimed(
         .collect();
     let sql = format!(
         "UPDATE m SET dead_at = {NOW}, lease_token = NULL, last_error = l.error \
-         FROM {t} AS m WITH (ROWLOCK) INNER JOIN (VALUES {values}) AS l(id, error) \
+         FROM {t} AS m {by_key} INNER JOIN (VALUES {values}) AS l(id, error) \
          ON m.id = l.id WHERE {undelivered} AND m.lease_token = {token};",
         values = values.join(", "),
         undelivered = undelivered_by_key("m"),
+        by_key = by_key(t),
     );
     b.finish(sql)
 }
@@ -375,10 +391,11 @@ pub(crate) fn release_claim(t: &QualifiedName, token: [u8; 16], ids: &[[u8; 16]]
     let sql = format!(
         "UPDATE m SET available_at = {NOW}, lease_token = NULL, \
          attempts = CASE WHEN m.attempts > 0 THEN m.attempts - 1 ELSE 0 END \
-         FROM {t} AS m WITH (ROWLOCK) INNER JOIN (VALUES {values}) AS l(id) \
+         FROM {t} AS m {by_key} INNER JOIN (VALUES {values}) AS l(id) \
          ON m.id = l.id WHERE {undelivered} AND m.lease_token = {token};",
         values = values.join(", "),
         undelivered = undelivered_by_key("m"),
+        by_key = by_key(t),
     );
     b.finish(sql)
 }

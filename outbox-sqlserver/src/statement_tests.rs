@@ -300,7 +300,7 @@ fn every_statement_parses_as_t_sql_except_the_listed_ones() {
 fn unparsed_statements_still_hold_what_they_must() {
     let t = name();
     let complete = sql::settle(&t, Settle::Delete, &[(id(1), id(2))]).sql;
-    assert!(complete.starts_with("DELETE m OUTPUT DELETED.id FROM [obx_s].[obx_t] AS m WITH (ROWLOCK) INNER JOIN (VALUES (CAST(@P1 AS binary(16)), CAST(@P2 AS binary(16)))) AS l(id, token) ON m.id = l.id AND m.lease_token = l.token WHERE COALESCE(m.dispatched_at, m.dead_at) IS NULL"), "{complete}");
+    assert!(complete.starts_with("DELETE m OUTPUT DELETED.id FROM [obx_s].[obx_t] AS m WITH (INDEX([obx_t_pk]), FORCESEEK, ROWLOCK) INNER JOIN (VALUES (CAST(@P1 AS binary(16)), CAST(@P2 AS binary(16)))) AS l(id, token) ON m.id = l.id AND m.lease_token = l.token WHERE COALESCE(m.dispatched_at, m.dead_at) IS NULL"), "{complete}");
     // The same statement as an UPDATE parses: the join, fence and OUTPUT are the
     // parser-checked part.
     let keep = sql::settle(&t, Settle::Dispatch, &[(id(1), id(2))]).sql;
@@ -309,14 +309,15 @@ fn unparsed_statements_still_hold_what_they_must() {
         keep.split(" FROM ").nth(1),
         "complete under Delete and Keep share the join"
     );
-    for purge in [
-        admin::purge_dispatched(&t, 5, 10).sql,
-        dedup::purge(&t, 5, 10).sql,
+    for (purge, index) in [
+        (admin::purge_dispatched(&t, 5, 10).sql, "dispatched"),
+        (dedup::purge(&t, 5, 10).sql, "processed_at"),
     ] {
         assert!(
-            purge.starts_with(
-                "DELETE TOP (@P1) FROM [obx_s].[obx_t] WITH (ROWLOCK, READPAST) WHERE "
-            ),
+            purge.starts_with(&format!(
+                "DELETE TOP (@P1) FROM [obx_s].[obx_t] WITH (INDEX([obx_t_{index}]), \
+                 FORCESEEK, ROWLOCK, READPAST) WHERE "
+            )),
             "{purge}"
         );
         // What follows the TOP clause parses as a plain DELETE.
