@@ -170,7 +170,13 @@ async fn listener_wakes_an_idle_relay_and_recovers_from_a_killed_connection() {
 
     crate::enqueue(&outbox, &[msg(0)]).await;
     publisher.wait_for_unique(1, DEADLINE).await.unwrap();
-    assert!(listener.notifications() >= 1);
+    // The claim the connect's wake-up started may deliver the message before the
+    // listener has counted its notification: wait for the count, don't race it.
+    common::wait_until("the first notification", || {
+        let received = listener.notifications() >= 1;
+        async move { received }
+    })
+    .await;
 
     let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
         .bind(pid)
