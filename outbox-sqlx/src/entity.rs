@@ -11,7 +11,7 @@ use outbox_core::backend::{entity_version, loaded_entity};
 use outbox_core::consumer::{EntityRecord, Loaded, Persisted, Version};
 use outbox_core::{EntityKey, Error, Result};
 
-use crate::admin::Query;
+use crate::admin::{AdminEngine, Query};
 
 /// The entity statements whose control flow is shared: the backend writes their text,
 /// the parameters are bound in this order.
@@ -81,6 +81,19 @@ pub trait SqlxEntities: Sync {
     /// # Errors
     /// When the backend refuses the version.
     fn stored_version(v: Version) -> Result<Option<i64>>;
+
+    /// `true` on an engine without `UPDATE ... RETURNING` (MySQL): create and replace
+    /// return no row, and a persist that changed one row ([`rows_affected`](Self::rows_affected))
+    /// stored the expected version plus one (1 for a create). Default `false`: they
+    /// return the stored version.
+    const COUNTS_ROWS: bool = false;
+
+    /// The rows a persist changed; read only when [`COUNTS_ROWS`](Self::COUNTS_ROWS)
+    /// (the default, 0, is a conflict).
+    fn rows_affected(done: &<Self::Db as Database>::QueryResult) -> u64 {
+        let _ = done;
+        0
+    }
 
     /// Whether the persist's driver error `err` is a conflict (a concurrent writer of
     /// the row) rather than an error; the default: never.
@@ -202,7 +215,7 @@ pub async fn persist_entity<S>(
 ) -> Result<Persisted>
 where
     S: SqlxEntities,
-    S::Db: EntityEngine<S::Json>,
+    S::Db: EntityEngine<S::Json> + AdminEngine,
 {
     let outbox = S::to_json(&record.outbox)
         .map_err(|e| Error::invalid_input("the outbox state does not serialize").with_source(e))?;
@@ -221,7 +234,18 @@ where
             None => return Ok(Persisted::Conflict),
         },
     };
-    let stored = match S::Db::fetch_version(query, pool).await {
+    let counted = match expected {
+        None => 1,
+        Some(v) => entity_version_after(v)?,
+    };
+    let stored = if S::COUNTS_ROWS {
+        S::Db::run(query, pool)
+            .await
+            .map(|done| (S::rows_affected(&done) == 1).then_some(counted))
+    } else {
+        S::Db::fetch_version(query, pool).await
+    };
+    let stored = match stored {
         Ok(stored) => stored,
         Err(e) if S::is_conflict(&e) => None,
         Err(e) => return Err(S::map_error("persist entity", e)),
@@ -260,4 +284,10 @@ macro_rules! sqlx_entity_store {
             }
         }
     };
+}
+
+/// The version a replace of version `v` stores, as counted by a
+/// [`SqlxEntities::COUNTS_ROWS`] engine.
+fn entity_version_after(v: Version) -> Result<i64> {
+    i64::try_from(v.next()?.get()).map_err(|_| Error::invalid_input("entity version overflows"))
 }

@@ -18,7 +18,8 @@ use outbox_core::{ConsumerName, Dedup, Error, MessageId, Result};
 pub struct InboxStatements {
     /// The key ([`SqlxInbox::bind_key`]), then the expiry
     /// ([`SqlxInbox::bind_expiry`]): insert the id, or refresh an expired record. Its
-    /// rows affected are 1 for a new (or expired) id, 0 for a duplicate.
+    /// rows affected are 1 for a new (or expired) id, 0 for a duplicate (or as
+    /// [`SqlxInbox::recorded`] reads them).
     pub record: String,
     /// The key, then the expiry; returns one row whose first column is whether an
     /// unexpired record of the id exists.
@@ -52,6 +53,14 @@ pub trait SqlxInbox: Sync {
 
     /// The rows a statement changed.
     fn rows_affected(done: &<Self::Db as Database>::QueryResult) -> u64;
+
+    /// Whether [`InboxStatements::record`] recorded the id (new or expired) rather than
+    /// finding it: by default, when it changed exactly one row. An engine that counts
+    /// the rows a statement found rather than changed (MySQL's `CLIENT_FOUND_ROWS`)
+    /// tells them apart otherwise.
+    fn recorded(done: &<Self::Db as Database>::QueryResult) -> bool {
+        Self::rows_affected(done) == 1
+    }
 
     /// Bind the record's key: `consumer`, then `id`.
     fn bind_key<'q>(
@@ -123,7 +132,7 @@ where
     let done = S::Db::run_on(inbox.bind_expiry(query), conn)
         .await
         .map_err(|e| S::map_error("record message id", e))?;
-    Ok(if S::rows_affected(&done) == 1 {
+    Ok(if S::recorded(&done) {
         Dedup::New
     } else {
         Dedup::Duplicate

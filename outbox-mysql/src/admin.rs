@@ -1,0 +1,110 @@
+//! The [`OutboxAdmin`](outbox_core::OutboxAdmin) side of [`MySqlOutbox`]: its
+//! statements' binds ([`SqlxAdmin`]); the dispatch and the purge bound are
+//! `outbox-sqlx`'s.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use outbox_core::backend::{age_micros, limit_param};
+use outbox_core::{
+    DeadLetter, DeadLetterFilter, DeadLetterPage, Error, ErrorKind, MessageId, OutboxStats, Result,
+};
+use outbox_sqlx::{AdminStatements, SqlxAdmin};
+use sqlx::mysql::MySqlQueryResult;
+use sqlx::{MySql, Pool};
+
+use crate::error::from_sqlx;
+use crate::row::{decode_dead_letter, get};
+use crate::store::MySqlOutbox;
+
+type Query<'q> = outbox_sqlx::Query<'q, MySql>;
+
+/// Ids as the JSON array of hex strings the statements read with `JSON_TABLE`.
+fn json_ids(ids: &[MessageId]) -> String {
+    let hex: Vec<String> = ids
+        .iter()
+        .map(|id| id.as_uuid().simple().to_string())
+        .collect();
+    serde_json::Value::from(hex).to_string()
+}
+
+#[async_trait]
+impl SqlxAdmin for MySqlOutbox {
+    type Db = MySql;
+
+    fn map_error(what: &str, err: sqlx::Error) -> Error {
+        from_sqlx(what, err)
+    }
+
+    fn negative_count(what: &str) -> Error {
+        Error::new(ErrorKind::Decode, format!("negative {what} count"))
+    }
+
+    fn admin(&self) -> (&Pool<MySql>, &AdminStatements) {
+        (self.pool(), &self.statements().admin)
+    }
+
+    fn rows_affected(done: &MySqlQueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    /// One JSON array.
+    fn bind_ids<'q>(query: Query<'q>, ids: &[MessageId]) -> Query<'q> {
+        query.bind(json_ids(ids))
+    }
+
+    /// Each of destination, least age (µs) and ids twice (`? IS NULL OR ...`).
+    fn bind_filter<'q>(query: Query<'q>, filter: &'q DeadLetterFilter) -> Query<'q> {
+        let age = filter.dead_for().map(age_micros);
+        let ids = filter.ids().map(json_ids);
+        query
+            .bind(filter.destination())
+            .bind(filter.destination())
+            .bind(age)
+            .bind(age)
+            .bind(ids.clone())
+            .bind(ids)
+    }
+
+    fn bind_age(query: Query<'_>, older_than: Duration) -> Query<'_> {
+        query.bind(age_micros(older_than))
+    }
+
+    async fn read_stats(&self) -> Result<OutboxStats> {
+        let row = sqlx::query(&self.statements().stats)
+            .fetch_one(self.pool())
+            .await
+            .map_err(|e| from_sqlx("stats", e))?;
+        let count = |name: &str| -> Result<u64> {
+            let n: i64 = get(&row, name)?;
+            u64::try_from(n).map_err(|_| Self::negative_count(name))
+        };
+        let oldest: Option<i64> = get(&row, "oldest_us")?;
+        Ok(OutboxStats::new(
+            count("pending")?,
+            count("in_flight")?,
+            count("dead")?,
+            count("dispatched")?,
+            oldest.map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0))),
+        ))
+    }
+
+    async fn list_dead_letters(&self, page: &DeadLetterPage) -> Result<Vec<DeadLetter>> {
+        let sql = self
+            .statements()
+            .dead_letters(page.order(), page.after_id().is_some());
+        let mut query = Self::bind_filter(sqlx::query(sql), page.filter());
+        if let Some(after) = page.after_id() {
+            query = query.bind(after.as_uuid());
+        }
+        let rows = query
+            .bind(limit_param(page.limit()))
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| from_sqlx("list dead letters", e))?;
+        rows.iter().map(decode_dead_letter).collect()
+    }
+}
+
+outbox_sqlx::sqlx_outbox_admin!(MySqlOutbox);

@@ -1,0 +1,90 @@
+//! Settings of [`MySqlOutbox`](crate::MySqlOutbox), [`MySqlDedupStore`](crate::MySqlDedupStore)
+//! and [`MySqlEntityStore`](crate::MySqlEntityStore), and the identifier rules
+//! ([`MySqlRules`]): the configs are the backend kit's `TableConfig`s.
+//!
+//! A "schema" is a MySQL database: `with_schema("billing")` puts the tables in the
+//! database `billing` (created by `install` when missing).
+
+use outbox_core::backend::{self, DedupTable, EntityTable, OutboxTable, SqlDialect, TableConfig};
+use outbox_core::{Error, MessageLimits, Result};
+
+/// MySQL's identifier rules (64 bytes, quoted with backticks), and so the rules of this
+/// crate's table configs: names are [`QualifiedName`]s, the default schema `outbox`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MySqlRules;
+
+/// The most bytes the destination and partition key columns hold (`VARBINARY(1024)`,
+/// the key being indexed); configs whose [`MessageLimits`] allow more are refused.
+pub const MAX_TEXT_BYTES: usize = 1024;
+
+impl SqlDialect for MySqlRules {
+    /// The longest identifier MySQL and MariaDB keep.
+    const MAX_IDENTIFIER_LEN: usize = 64;
+
+    fn quote(name: &str) -> String {
+        format!("`{}`", name.replace('`', "``"))
+    }
+
+    fn check_limits(limits: &MessageLimits) -> Result<()> {
+        let widest = limits.max_destination_len.max(limits.max_partition_key_len);
+        if widest > MAX_TEXT_BYTES {
+            return Err(Error::config(format!(
+                "message limits of {widest} bytes exceed the {MAX_TEXT_BYTES}-byte columns"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A validated `schema.table` name; `Display` renders it quoted, `` `schema`.`table` ``.
+///
+/// ```
+/// use outbox_mysql::QualifiedName;
+///
+/// let name = QualifiedName::new("billing", "outbox_messages")?;
+/// assert_eq!(name.to_string(), "`billing`.`outbox_messages`");
+/// assert!(QualifiedName::new("billing", "x; DROP TABLE y").is_err());
+/// # Ok::<(), outbox_core::Error>(())
+/// ```
+pub type QualifiedName = backend::QualifiedName<MySqlRules>;
+
+/// Where a [`MySqlOutbox`](crate::MySqlOutbox) keeps its messages (default
+/// `` `outbox`.`outbox_messages` ``), its claim order, retention and limits.
+///
+/// ```
+/// use outbox_core::KeyOrder;
+/// use outbox_mysql::MySqlOutboxConfig;
+///
+/// let config = MySqlOutboxConfig::default().with_schema("billing").with_ordering(KeyOrder::PerKey);
+/// config.validate()?;
+/// # Ok::<(), outbox_core::Error>(())
+/// ```
+pub type MySqlOutboxConfig = TableConfig<MySqlRules, OutboxTable>;
+
+/// Where a [`MySqlDedupStore`](crate::MySqlDedupStore) keeps processed ids (default
+/// `` `outbox`.`outbox_inbox` ``), and for how long (seven days).
+pub type MySqlDedupConfig = TableConfig<MySqlRules, DedupTable>;
+
+/// Where a [`MySqlEntityStore`](crate::MySqlEntityStore) keeps entities (default
+/// `` `outbox`.`outbox_entities` ``).
+pub type MySqlEntityConfig = TableConfig<MySqlRules, EntityTable>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use outbox_core::ErrorKind;
+
+    #[test]
+    fn names_are_backquoted_and_limits_fit_the_columns() {
+        let name = MySqlOutboxConfig::default().qualified_name().unwrap();
+        assert_eq!(name.to_string(), "`outbox`.`outbox_messages`");
+        assert!(QualifiedName::new("s", "t".repeat(65)).is_err());
+        assert!(QualifiedName::new("s", "t".repeat(64)).is_ok());
+        let mut wide = MessageLimits::default();
+        wide.max_partition_key_len = MAX_TEXT_BYTES + 1;
+        let err = MySqlOutboxConfig::default().with_limits(wide).validate();
+        assert_eq!(err.unwrap_err().kind(), ErrorKind::Config);
+        let dedup = MySqlDedupConfig::default().qualified_name().unwrap();
+        assert_eq!(dedup.to_string(), "`outbox`.`outbox_inbox`");
+    }
+}

@@ -1,0 +1,188 @@
+//! [`MySqlDedupStore`]: an inbox table of processed message ids, usable inside the
+//! consumer's own transaction.
+//!
+//! # Protocol (idempotent consumer, same database)
+//!
+//! 1. Begin a transaction.
+//! 2. [`MySqlDedupStore::record_in`] the message id on it. A
+//!    [`Dedup::Duplicate`](outbox_core::Dedup::Duplicate) means it was processed:
+//!    commit (or roll back) and acknowledge it.
+//! 3. On [`Dedup::New`](outbox_core::Dedup::New), apply the handler's writes on the
+//!    same transaction, then commit: the writes and the id become visible together.
+//!
+//! [`MySqlDedupStore::process`] runs these steps in one call. Concurrent deliveries of
+//! one id are serialised by the primary key: the second `record_in` waits for the first
+//! transaction, then reports a duplicate (or `New` if the first rolled back).
+//!
+//! The record is one `INSERT ... ON DUPLICATE KEY UPDATE`: an expired record is
+//! refreshed (and reported `New`); an unexpired one is left as it is and marks the
+//! statement with `LAST_INSERT_ID(1)`, which is how a duplicate is told from a new row
+//! (sqlx connects with `CLIENT_FOUND_ROWS`, so both report one row).
+//!
+//! ## Limitations
+//!
+//! - Consumer names are `VARBINARY(255)`, compared byte for byte.
+//! - Ids are remembered for the configured retention; a redelivery after that is new.
+//! - `record_in` holds the id's row lock until the transaction ends.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use outbox_sqlx::{InboxStatements, Query, SqlxInbox};
+use sqlx::mysql::MySqlQueryResult;
+use sqlx::{MySql, MySqlConnection, MySqlPool, Transaction};
+
+use outbox_core::{ConsumerName, Error, MessageId, Result};
+
+use crate::config::{MySqlDedupConfig, QualifiedName};
+use crate::error::from_sqlx;
+use crate::schema::{ddl, inbox_objects, install};
+use crate::sql::NOW;
+
+/// Processed message ids per consumer in a MySQL table; strongly consistent.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::MySqlPool, id: outbox_core::MessageId) -> outbox_core::Result<()> {
+/// use outbox_core::{ConsumerName, Dedup};
+/// use outbox_mysql::{MySqlDedupConfig, MySqlDedupStore};
+///
+/// let inbox = MySqlDedupStore::new(pool.clone(), MySqlDedupConfig::default())?;
+/// inbox.install().await?;
+/// let billing = ConsumerName::new("billing")?;
+/// let mut tx = pool.begin().await.expect("begin");
+/// if inbox.record_in(&mut *tx, &billing, id).await? == Dedup::New {
+///     // ... apply the message's effects on &mut *tx ...
+/// }
+/// tx.commit().await.expect("commit");
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct MySqlDedupStore {
+    pool: MySqlPool,
+    config: MySqlDedupConfig,
+    name: QualifiedName,
+    retention_us: i64,
+    sql: Arc<InboxStatements>,
+}
+
+/// The statements: `?` consumer, `?` id, `?` retention µs (record, contains); `?`
+/// retention µs, `?` limit (purge).
+fn dedup_statements(t: &QualifiedName) -> InboxStatements {
+    let expired = format!("processed_at < {NOW} - INTERVAL ? MICROSECOND");
+    InboxStatements {
+        record: format!(
+            "INSERT INTO {t} (consumer, message_id, processed_at) VALUES (?, ?, {NOW}) \
+             ON DUPLICATE KEY UPDATE processed_at = IF({expired}, {NOW}, \
+             processed_at + INTERVAL (LAST_INSERT_ID(1) - 1) MICROSECOND)"
+        ),
+        contains: format!(
+            "SELECT EXISTS (SELECT 1 FROM {t} WHERE consumer = ? AND message_id = ? \
+             AND NOT {expired})"
+        ),
+        purge: format!(
+            "DELETE {t} FROM {t} JOIN (SELECT consumer, message_id FROM {t} FORCE INDEX ({ix}) \
+             WHERE {expired} ORDER BY processed_at LIMIT ?) AS x \
+             ON x.consumer = {t}.consumer AND x.message_id = {t}.message_id",
+            ix = t.quoted_derived("processed_at"),
+        ),
+    }
+}
+
+impl MySqlDedupStore {
+    /// A store on `pool` with `config`. Runs no SQL.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) when `config` does not
+    /// validate or its retention does not fit in 64-bit microseconds.
+    pub fn new(pool: MySqlPool, config: MySqlDedupConfig) -> Result<Self> {
+        config.validate()?;
+        let name = config.qualified_name()?;
+        let retention_us = i64::try_from(config.retention().as_micros())
+            .map_err(|_| Error::config("dedup retention is too long"))?;
+        Ok(MySqlDedupStore {
+            pool,
+            sql: Arc::new(dedup_statements(&name)),
+            config,
+            name,
+            retention_us,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &MySqlDedupConfig {
+        &self.config
+    }
+
+    /// The DDL for this store's table, idempotent, for your migration tool.
+    pub fn ddl(&self) -> String {
+        ddl(&self.name, &inbox_objects(&self.name))
+    }
+
+    /// Create the database and table if missing and record the layout version.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Schema`](outbox_core::ErrorKind::Schema) when the table exists at
+    /// another layout version; mapped driver errors otherwise.
+    pub async fn install(&self) -> Result<()> {
+        install(&self.pool, &self.name, &inbox_objects(&self.name)).await
+    }
+}
+
+#[async_trait]
+impl SqlxInbox for MySqlDedupStore {
+    type Db = MySql;
+
+    fn map_error(what: &str, err: sqlx::Error) -> Error {
+        from_sqlx(what, err)
+    }
+
+    fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    async fn begin_consumer(&self) -> sqlx::Result<Transaction<'static, MySql>> {
+        self.pool.begin().await
+    }
+
+    fn statements(&self) -> &InboxStatements {
+        &self.sql
+    }
+
+    fn rows_affected(done: &MySqlQueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    /// Not marked `LAST_INSERT_ID(1)` by the duplicate branch.
+    fn recorded(done: &MySqlQueryResult) -> bool {
+        done.last_insert_id() != 1
+    }
+
+    fn bind_key<'q>(
+        query: Query<'q, MySql>,
+        consumer: &'q ConsumerName,
+        id: MessageId,
+    ) -> Query<'q, MySql> {
+        query.bind(consumer.as_str()).bind(id.as_uuid())
+    }
+
+    fn bind_expiry<'q>(&self, query: Query<'q, MySql>) -> Query<'q, MySql> {
+        query.bind(self.retention_us)
+    }
+}
+
+outbox_sqlx::sqlx_dedup_store! {
+    store: MySqlDedupStore,
+    conn: MySqlConnection,
+    /// Process message `id` for `consumer` exactly once in its own transaction: begin,
+    /// record the id, run `handler` on the transaction, commit. A duplicate runs nothing
+    /// and returns [`Processed::Duplicate`](outbox_core::consumer::Processed::Duplicate);
+    /// a handler error rolls back everything, the id included.
+    ///
+    /// The handler gets the transaction for `'c` only, so it must own what it uses.
+    ///
+    /// # Errors
+    /// The handler's error, or mapped driver errors of begin, record and commit. An
+    /// error of the commit itself leaves the outcome unknown; the redelivered message
+    /// then reports a duplicate or runs again.
+    process
+}

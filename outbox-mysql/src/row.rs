@@ -1,0 +1,119 @@
+//! Turning claimed and listed rows into messages.
+//!
+//! A row of the wrong *shape* (a missing column, another type) is a schema problem:
+//! [`ErrorKind::Decode`](outbox_core::ErrorKind::Decode) for the whole call. A row whose
+//! *content* does not make a deliverable message (headers that are not a JSON object of
+//! strings, text that is not UTF-8, negative attempts, a field over the limits) is a
+//! poison row: the claim dead-letters it with the reason.
+
+use std::time::SystemTime;
+
+use chrono::NaiveDateTime;
+use outbox_core::backend::{ClaimDecoder, DecodedClaim, MessageParts};
+use outbox_core::{DeadLetter, Headers, LeaseToken, Message, MessageId, MessageLimits, Result};
+use sqlx::mysql::MySqlRow;
+use sqlx::Row;
+use uuid::Uuid;
+
+use crate::error::from_sqlx;
+
+/// A column that must decode for the statement's shape to make sense.
+pub(crate) fn get<'r, T>(row: &'r MySqlRow, column: &str) -> Result<T>
+where
+    T: sqlx::Decode<'r, sqlx::MySql> + sqlx::Type<sqlx::MySql>,
+{
+    row.try_get(column)
+        .map_err(|e| from_sqlx(&format!("decoding column {column}"), e))
+}
+
+/// A `DATETIME(6)` holding UTC.
+pub(crate) fn time(row: &MySqlRow, column: &str) -> Result<SystemTime> {
+    let at: NaiveDateTime = get(row, column)?;
+    Ok(SystemTime::from(at.and_utc()))
+}
+
+/// Bytes as text, or why they are not.
+fn text(bytes: Vec<u8>, column: &str) -> std::result::Result<String, String> {
+    String::from_utf8(bytes).map_err(|_| format!("{column} is not UTF-8"))
+}
+
+/// A claim's rows, checked against `limits`.
+pub(crate) fn decode_claimed(
+    rows: &[MySqlRow],
+    token: LeaseToken,
+    limits: &MessageLimits,
+) -> Result<DecodedClaim<Uuid>> {
+    let mut decoded = ClaimDecoder::new(token, rows.len());
+    for row in rows {
+        let id: Uuid = get(row, "id")?;
+        let order: (NaiveDateTime, i64) = (get(row, "due_at")?, get(row, "seq")?);
+        let headers = Headers::from_json(get(row, "headers")?);
+        let attempts: i32 = get(row, "attempts")?;
+        let checked = match (headers, u32::try_from(attempts)) {
+            (Ok(headers), Ok(attempts)) => message(row, id, headers, attempts)?,
+            (Err(reason), _) => Err(reason),
+            (_, Err(_)) => Err(format!("attempts is {attempts}")),
+        }
+        .map_err(|reason| format!("undecodable row: {reason}"))
+        .and_then(|m| m.check_stored(limits).map(|()| m));
+        decoded.push(order, id, checked, || time(row, "lease_expires_at"))?;
+    }
+    Ok(decoded.finish())
+}
+
+/// A dead letter, listed with what decodes: headers that are strings, negative
+/// attempts as 0, text that is not UTF-8 replaced.
+pub(crate) fn decode_dead_letter(row: &MySqlRow) -> Result<DeadLetter> {
+    let id: Uuid = get(row, "id")?;
+    let headers = Headers::from_json_lossy(get(row, "headers")?);
+    let attempts: i32 = get(row, "attempts")?;
+    let lossy = |c: &str| -> Result<Option<String>> {
+        let bytes: Option<Vec<u8>> = get(row, c)?;
+        Ok(bytes.map(|b| String::from_utf8_lossy(&b).into_owned()))
+    };
+    let message = Message::from(MessageParts {
+        id: MessageId::from_uuid(id),
+        destination: lossy("destination")?.unwrap_or_default(),
+        partition_key: lossy("partition_key")?,
+        payload: get(row, "payload")?,
+        content_type: lossy("content_type")?,
+        headers,
+        created_at: time(row, "created_at")?,
+        attempts: u32::try_from(attempts).unwrap_or(0),
+        last_error: get(row, "last_error")?,
+    });
+    Ok(DeadLetter::new(message, time(row, "dead_at")?))
+}
+
+/// The message of a claimed row, or why its content does not make one.
+fn message(
+    row: &MySqlRow,
+    id: Uuid,
+    headers: Headers,
+    attempts: u32,
+) -> Result<std::result::Result<Message, String>> {
+    let optional = |c: &str| -> Result<std::result::Result<Option<String>, String>> {
+        let bytes: Option<Vec<u8>> = get(row, c)?;
+        Ok(bytes.map(|b| text(b, c)).transpose())
+    };
+    let parts = (
+        text(get(row, "destination")?, "destination"),
+        optional("partition_key")?,
+        optional("content_type")?,
+    );
+    let (destination, partition_key, content_type) = match parts {
+        (Ok(d), Ok(k), Ok(c)) => (d, k, c),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return Ok(Err(e)),
+    };
+    Ok(Ok(Message::from(MessageParts {
+        id: MessageId::from_uuid(id),
+        destination,
+        partition_key,
+        payload: get(row, "payload")?,
+        content_type,
+        headers,
+        created_at: time(row, "created_at")?,
+        attempts,
+        last_error: get(row, "last_error")?,
+    })))
+}

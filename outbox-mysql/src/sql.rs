@@ -1,0 +1,252 @@
+//! The statements a [`MySqlOutbox`](crate::MySqlOutbox) runs, built once from its
+//! validated name and config. Only a [`QualifiedName`] is formatted into the text;
+//! every value is a bound parameter.
+//!
+//! # Access paths
+//!
+//! - The **claim** reads `<table>_due` (`FORCE INDEX`) in its order, locking with
+//!   `FOR UPDATE SKIP LOCKED` at READ COMMITTED, so it never waits and takes no gap
+//!   locks; a **claim of listed ids** reads them through the primary key.
+//! - Everything that names ids (the claim's lease stamp, settles, renewals, the
+//!   dead-lettering of poison rows) reaches rows through `PRIMARY` (`FORCE INDEX`), so
+//!   it can never become a locking range scan of a secondary index. Id lists are
+//!   `IN (?, ...)` lists padded to a power of two by repeating the last id, so a
+//!   connection prepares at most a few shapes of each statement.
+//! - Admin statements read `<table>_dead` (dead letters, in id order) and
+//!   `<table>_dispatched` (purges); explicit id lists arrive as one JSON array read with
+//!   `JSON_TABLE`. MySQL refuses `LIMIT` in an `IN` subquery and a subquery on the
+//!   table being changed, so bounded changes join a derived table.
+
+use outbox_core::store::MAX_ATTEMPTS;
+use outbox_core::{DeadLetterOrder, KeyOrder, Retention};
+use outbox_sqlx::AdminStatements;
+
+use crate::config::{MySqlOutboxConfig, QualifiedName};
+
+/// The storage clock: UTC, microseconds, fixed for the statement.
+pub(crate) const NOW: &str = "UTC_TIMESTAMP(6)";
+
+/// The message columns, as the claim and dead-letter pages read them.
+const COLUMNS: &str = "id, destination, partition_key, payload, content_type, headers, \
+                       created_at, last_error";
+
+/// Prebuilt statement text; `{ids}` marks where an id list goes ([`with_ids`]).
+#[derive(Debug)]
+pub(crate) struct Statements {
+    /// `?` lease µs, `?` limit: select and lock due rows, with their lease expiry.
+    pub(crate) claim: String,
+    /// `?` lease µs, ids, `?` limit.
+    pub(crate) claim_ids: String,
+    /// `?` expiry, `?` token, ids: stamp the lease on claimed rows.
+    pub(crate) lease: String,
+    /// `?` lease µs (0 but for renewals), ids: lock rows to settle, in id order.
+    pub(crate) lock: String,
+    /// Ids: the settle's writes once the fence held (complete, release).
+    pub(crate) complete: String,
+    /// Ids.
+    pub(crate) release: String,
+    /// `?` expiry, ids.
+    pub(crate) renew: String,
+    /// `?` error, `?` dead, `?` retry µs, `?` dead, `?` id (one row).
+    pub(crate) fail: String,
+    /// `?` error, `?` id, `?` token: dead-letter a poison row.
+    pub(crate) dead_letter: String,
+    /// `?` token, ids: give back a claim that cannot be returned.
+    pub(crate) release_claim: String,
+    /// No parameters.
+    pub(crate) stats: String,
+    /// By order and cursor, see [`Statements::dead_letters`].
+    pages: [String; 4],
+    /// Count, requeue, discard and purge.
+    pub(crate) admin: AdminStatements,
+}
+
+/// `sql` with its `{ids}` replaced by `n` placeholders rounded up to a power of two;
+/// bind [`padded`] ids there.
+pub(crate) fn with_ids(sql: &str, n: usize) -> String {
+    let list = vec!["?"; n.max(1).next_power_of_two()].join(", ");
+    sql.replace("{ids}", &list)
+}
+
+/// `items` repeated at the end to fill the list of [`with_ids`].
+pub(crate) fn padded<T: Copy>(items: &[T]) -> impl Iterator<Item = T> + '_ {
+    let n = items.len().max(1).next_power_of_two();
+    (0..n).filter_map(move |i| items.get(i.min(items.len().saturating_sub(1))).copied())
+}
+
+/// `now` minus `param` µs, stopping at the Unix epoch instead of overflowing.
+fn cutoff(param: &str) -> String {
+    format!(
+        "{NOW} - INTERVAL LEAST({param}, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', {NOW})) \
+         MICROSECOND"
+    )
+}
+
+/// Ids bound as one JSON array of hex strings.
+const JSON_IDS: &str =
+    "SELECT UNHEX(j.h) FROM JSON_TABLE(?, '$[*]' COLUMNS (h CHAR(32) PATH '$')) AS j";
+
+/// The dead-letter filter: destination, destination, age, age, ids, ids (NULL: any).
+fn dead_filter() -> String {
+    format!(
+        "(? IS NULL OR destination = ?) AND (? IS NULL OR dead_at <= {cut}) \
+         AND (? IS NULL OR id IN ({JSON_IDS}))",
+        cut = cutoff("?"),
+    )
+}
+
+impl Statements {
+    pub(crate) fn new(t: &QualifiedName, config: &MySqlOutboxConfig) -> Self {
+        let ix = |suffix: &str| t.quoted_derived(suffix);
+        let head = if config.ordering() == KeyOrder::PerKey {
+            format!(
+                " AND (c.partition_key IS NULL OR c.seq = (SELECT e.seq FROM {t} AS e \
+                 FORCE INDEX ({key}) WHERE e.key_head = c.partition_key ORDER BY e.seq LIMIT 1))",
+                key = ix("key")
+            )
+        } else {
+            String::new()
+        };
+        let claim = |index: &str, ids: &str| {
+            format!(
+                "SELECT {COLUMNS}, IF(attempts < {MAX_ATTEMPTS}, attempts + 1, attempts) AS \
+                 attempts, due_at, seq, {NOW} + INTERVAL ? MICROSECOND AS lease_expires_at \
+                 FROM {t} AS c FORCE INDEX ({index}) WHERE {ids}due_at <= {NOW}{head} \
+                 ORDER BY due_at, seq LIMIT ? FOR UPDATE SKIP LOCKED"
+            )
+        };
+        let by_id = |set: &str| format!("UPDATE {t} FORCE INDEX (PRIMARY) SET {set} WHERE ");
+        let release = "available_at = UTC_TIMESTAMP(6), lease_token = NULL, \
+                       attempts = GREATEST(attempts - 1, 0)";
+        let requeue = "dead_at = NULL, dispatched_at = NULL, attempts = 0, \
+                       available_at = UTC_TIMESTAMP(6), lease_token = NULL";
+        let dead = ix("dead");
+        let matching = format!(
+            "JOIN (SELECT id FROM {t} FORCE INDEX ({dead}) WHERE dead_flag = 1 AND {f} \
+             ORDER BY id LIMIT ?) AS x ON x.id = {t}.id",
+            f = dead_filter()
+        );
+        let dispatched = format!(
+            "FROM {t} FORCE INDEX ({index}) WHERE dispatched_at < {cut}",
+            index = ix("dispatched"),
+            cut = cutoff("?")
+        );
+        let page = |direction: &str, after: &str| {
+            format!(
+                "SELECT {COLUMNS}, attempts, dead_at FROM {t} FORCE INDEX ({dead}) \
+                 WHERE dead_flag = 1 AND {f}{after} ORDER BY id{direction} LIMIT ?",
+                f = dead_filter()
+            )
+        };
+        Statements {
+            claim: claim(&ix("due"), ""),
+            claim_ids: claim("PRIMARY", "id IN ({ids}) AND "),
+            lease: by_id(&format!(
+                "available_at = ?, lease_token = ?, \
+                 attempts = IF(attempts < {MAX_ATTEMPTS}, attempts + 1, attempts)"
+            )) + "id IN ({ids})",
+            lock: format!(
+                "SELECT id, lease_token, due_at IS NOT NULL AS undelivered, \
+                 {NOW} + INTERVAL ? MICROSECOND AS expiry FROM {t} FORCE INDEX (PRIMARY) \
+                 WHERE id IN ({{ids}}) ORDER BY id FOR UPDATE"
+            ),
+            complete: match config.retention() {
+                Retention::Delete => {
+                    format!("DELETE {t} FROM {t} FORCE INDEX (PRIMARY) WHERE id IN ({{ids}})")
+                }
+                Retention::Keep { .. } => {
+                    by_id("dispatched_at = UTC_TIMESTAMP(6), lease_token = NULL") + "id IN ({ids})"
+                }
+            },
+            release: by_id(release) + "id IN ({ids})",
+            renew: by_id("available_at = ?") + "id IN ({ids})",
+            fail: by_id(
+                "lease_token = NULL, last_error = ?, \
+                 available_at = IF(?, available_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), \
+                 dead_at = IF(?, UTC_TIMESTAMP(6), NULL)",
+            ) + "id = ?",
+            dead_letter: by_id(
+                "dead_at = UTC_TIMESTAMP(6), lease_token = NULL, last_error = ?",
+            ) + "id = ? AND lease_token = ? AND due_at IS NOT NULL",
+            release_claim: by_id(release)
+                + "lease_token = ? AND due_at IS NOT NULL AND id IN ({ids})",
+            stats: format!(
+                "SELECT COUNT(IF(lease_token IS NULL OR available_at <= {NOW}, 1, NULL)) AS pending, \
+                 COUNT(IF(lease_token IS NOT NULL AND available_at > {NOW}, 1, NULL)) AS in_flight, \
+                 TIMESTAMPDIFF(MICROSECOND, MIN(created_at), {NOW}) AS oldest_us, \
+                 (SELECT COUNT(*) FROM {t} FORCE INDEX ({dead}) WHERE dead_flag = 1) AS dead, \
+                 (SELECT COUNT(*) FROM {t} FORCE INDEX ({index}) WHERE dispatched_at IS NOT NULL) \
+                 AS dispatched FROM {t} FORCE INDEX ({due}) WHERE due_at IS NOT NULL",
+                index = ix("dispatched"),
+                due = ix("due"),
+            ),
+            pages: [
+                page("", ""),
+                page("", " AND id > ?"),
+                page(" DESC", ""),
+                page(" DESC", " AND id < ?"),
+            ],
+            admin: AdminStatements {
+                retention: config.retention(),
+                count_dead: format!(
+                    "SELECT COUNT(*) FROM {t} FORCE INDEX ({dead}) WHERE dead_flag = 1 AND {f}",
+                    f = dead_filter()
+                ),
+                requeue_ids: format!(
+                    "UPDATE {t} SET {requeue} WHERE dead_flag = 1 AND id IN ({JSON_IDS})"
+                ),
+                requeue_matching: format!("UPDATE {t} {matching} SET {requeue}"),
+                discard_ids: format!(
+                    "DELETE FROM {t} WHERE dead_flag = 1 AND id IN ({JSON_IDS})"
+                ),
+                discard_matching: format!("DELETE {t} FROM {t} {matching}"),
+                purge_dispatched: format!(
+                    "DELETE {t} FROM {t} JOIN (SELECT id {dispatched} ORDER BY dispatched_at \
+                     LIMIT ?) AS x ON x.id = {t}.id"
+                ),
+                count_dispatched: format!("SELECT COUNT(*) {dispatched}"),
+            },
+        }
+    }
+
+    /// A page of dead letters: the filter, the cursor id with `after`, the limit.
+    pub(crate) fn dead_letters(&self, order: DeadLetterOrder, after: bool) -> &str {
+        let descending = order == DeadLetterOrder::Descending;
+        &self.pages[usize::from(descending) * 2 + usize::from(after)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_lists_are_padded_to_powers_of_two() {
+        assert_eq!(with_ids("a IN ({ids})", 3), "a IN (?, ?, ?, ?)");
+        assert_eq!(with_ids("({ids})", 1), "(?)");
+        assert_eq!(padded(&[1, 2, 3]).collect::<Vec<_>>(), [1, 2, 3, 3]);
+        assert_eq!(padded(&[5]).collect::<Vec<_>>(), [5]);
+    }
+
+    #[test]
+    fn relay_statements_name_their_index() {
+        let t = QualifiedName::new("s", "t").unwrap();
+        let sql = Statements::new(
+            &t,
+            &MySqlOutboxConfig::default().with_ordering(KeyOrder::PerKey),
+        );
+        assert!(sql.claim.contains("FORCE INDEX (`t_due`)"), "{}", sql.claim);
+        assert!(sql.claim.contains("FORCE INDEX (`t_key`)"), "{}", sql.claim);
+        assert!(sql.claim.ends_with("FOR UPDATE SKIP LOCKED"));
+        for text in [
+            &sql.claim_ids,
+            &sql.lease,
+            &sql.lock,
+            &sql.complete,
+            &sql.release,
+            &sql.fail,
+        ] {
+            assert!(text.contains("FORCE INDEX (PRIMARY)"), "{text}");
+        }
+    }
+}

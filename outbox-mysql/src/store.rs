@@ -1,0 +1,493 @@
+//! [`MySqlOutbox`]: enqueue in the caller's transaction, and the [`OutboxStore`] relays
+//! claim from.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::NaiveDateTime;
+use sqlx::mysql::{MySqlPoolOptions, MySqlRow};
+use sqlx::{Executor, MySqlConnection, MySqlPool};
+use uuid::Uuid;
+
+use outbox_core::backend::{check_enqueue, in_id_order, limit_param, micros, validate_lease};
+use outbox_core::backend::{finish_claim, CommittedClaim, DecodedClaim};
+use outbox_core::message::MAX_DELAY;
+use outbox_core::{
+    ClaimIds, ClaimRequest, Claimed, Disposition, Error, Failure, Lease, LeaseToken, MessageId,
+    NewMessage, OutboxStore, Renewed, Result, Settled, StoreCapabilities,
+};
+
+use crate::config::{MySqlOutboxConfig, QualifiedName};
+use crate::error::{from_sqlx, number};
+use crate::row::{decode_claimed, get};
+use crate::schema;
+use crate::sql::{padded, with_ids, Statements};
+
+/// A MySQL / MariaDB outbox: enqueue with [`enqueue`](Self::enqueue) inside your
+/// transaction, hand the store to a [`Relay`](outbox_core::Relay) to publish, and to
+/// operators as an [`OutboxAdmin`](outbox_core::OutboxAdmin).
+///
+/// Cheap to clone (pool handles and shared, prebuilt SQL).
+///
+/// # The claim protocol on InnoDB
+///
+/// Relay statements run on a pool of their own beside the one the outbox is made with
+/// ([`relay_pool`](Self::relay_pool)), whose sessions are READ COMMITTED: locking reads
+/// take no gap locks, and rows a claim reads but does not keep are unlocked at once.
+///
+/// 1. A claim is one short transaction: `SELECT ... FORCE INDEX (<table>_due) ...
+///    ORDER BY due_at, seq LIMIT n FOR UPDATE SKIP LOCKED` (rows another claimer or
+///    writer holds are skipped, never waited on), then one `UPDATE ... FORCE INDEX
+///    (PRIMARY) WHERE id IN (...)` stamping `available_at = now + lease`, a fresh
+///    `lease_token` and `attempts + 1` (saturating at
+///    [`MAX_ATTEMPTS`](outbox_core::store::MAX_ATTEMPTS)), then commit. The row locks
+///    last only for that transaction; the lease lives on in the row.
+/// 2. Rows that do not make a deliverable message are dead-lettered at once, fenced by
+///    the claim's token, with a `last_error` saying why.
+/// 3. The relay publishes outside any transaction.
+/// 4. Complete, fail, release and renew are each one transaction: `SELECT ... FORCE
+///    INDEX (PRIMARY) WHERE id IN (...) ORDER BY id FOR UPDATE` locks the leases' rows
+///    in id order, the rows whose token matches and that are undelivered are written by
+///    primary key, the others are reported lost. Two overlapping batches lock their
+///    shared rows in the same order, so they wait for each other instead of deadlocking.
+/// 5. A crashed relay's rows become due when `available_at` (the lease expiry) passes.
+///
+/// With [`KeyOrder::PerKey`](outbox_core::KeyOrder::PerKey), a keyed row is claimable
+/// only when no undelivered row of its key has a lower `seq` (one probe of
+/// `<table>_key`); dead letters do not block their key. Requeueing a dead letter does
+/// not restore its key's order around it (as on every backend).
+///
+/// ## Limitations
+///
+/// - "Enqueue order" is `seq` (`AUTO_INCREMENT`), assigned at insert; two transactions
+///   enqueueing one key concurrently may commit in the other order.
+/// - Times are the server's `UTC_TIMESTAMP(6)` at the start of each statement.
+/// - Per-key claims walk past the due rows of blocked keys.
+/// - A row another tool wrote with a zero date (`0000-00-00`, refused under
+///   `NO_ZERO_DATE`) does not decode: the claims meeting it fail with
+///   [`ErrorKind::Decode`](outbox_core::ErrorKind::Decode) and give their rows back.
+#[derive(Clone)]
+pub struct MySqlOutbox {
+    pool: MySqlPool,
+    relay: MySqlPool,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: MySqlOutboxConfig,
+    name: QualifiedName,
+    sql: Statements,
+}
+
+impl fmt::Debug for MySqlOutbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner
+            .config
+            .debug_store(f, "MySqlOutbox")
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a settle writes on the rows whose lease held.
+enum Write<'a> {
+    Complete,
+    Release,
+    /// The new lease, µs.
+    Renew(i64),
+    Fail(&'a [Failure]),
+}
+
+impl MySqlOutbox {
+    /// An outbox on `pool` with `config`. Runs no SQL; call [`install`](Self::install)
+    /// or apply [`ddl`](Self::ddl) with your migration tool first.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) when `config` does not
+    /// validate.
+    pub fn new(pool: MySqlPool, config: MySqlOutboxConfig) -> Result<Self> {
+        config.validate()?;
+        let name = config.qualified_name()?;
+        let sql = Statements::new(&name, &config);
+        let relay = MySqlPoolOptions::new()
+            .max_connections(pool.options().get_max_connections())
+            .min_connections(0)
+            .acquire_timeout(pool.options().get_acquire_timeout())
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .await?;
+                    Ok(())
+                })
+            })
+            .connect_lazy_with((*pool.connect_options()).clone());
+        let inner = Arc::new(Inner { config, name, sql });
+        Ok(MySqlOutbox { pool, relay, inner })
+    }
+
+    /// The pool this outbox was made with: installs and operator calls run on it.
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    /// The connections the relay's statements run on: a pool beside
+    /// [`pool`](Self::pool), with its options and size, opened on first use, whose
+    /// sessions are `READ COMMITTED`.
+    pub fn relay_pool(&self) -> &MySqlPool {
+        &self.relay
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &MySqlOutboxConfig {
+        &self.inner.config
+    }
+
+    /// The table, validated; displays as `` `schema`.`table` ``.
+    pub fn qualified_name(&self) -> &QualifiedName {
+        &self.inner.name
+    }
+
+    /// The idempotent DDL of this outbox's database, version table and table, for your
+    /// migration tool (the default names' is checked in as `sql/outbox.sql`).
+    pub fn ddl(&self) -> String {
+        schema::ddl(&self.inner.name, &schema::outbox_objects(&self.inner.name))
+    }
+
+    /// Create the database, table and indexes if missing and record the layout version;
+    /// safe from every process at start-up.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Schema`](outbox_core::ErrorKind::Schema) when the table exists at
+    /// another layout version; mapped driver errors otherwise.
+    pub async fn install(&self) -> Result<()> {
+        let name = &self.inner.name;
+        schema::install(&self.pool, name, &schema::outbox_objects(name)).await
+    }
+
+    #[doc(hidden)]
+    /// The statement text, for the plan tests.
+    pub fn relay_sql(&self, statement: &str, ids: usize) -> Option<String> {
+        let sql = &self.inner.sql;
+        let text = match statement {
+            "claim" => &sql.claim,
+            "claim_ids" => &sql.claim_ids,
+            "lease" => &sql.lease,
+            "lock" => &sql.lock,
+            "complete" => &sql.complete,
+            "release" => &sql.release,
+            "renew" => &sql.renew,
+            "fail" => &sql.fail,
+            "dead_letter" => &sql.dead_letter,
+            _ => return None,
+        };
+        Some(with_ids(text, ids))
+    }
+
+    /// Enqueue `messages` on `conn`, which should be inside your open transaction (pass
+    /// `&mut *tx`). Never commits.
+    ///
+    /// - Every message is checked against the config's limits first; one bad message,
+    ///   or an id given twice, rejects the batch before anything is sent.
+    /// - The batch is one multi-row `INSERT`, in slice order. If an id is already
+    ///   stored, InnoDB undoes the statement (only the statement: your transaction goes
+    ///   on) and the call fails with [`ErrorKind::Conflict`](outbox_core::ErrorKind::Conflict)
+    ///   naming the stored ids that your transaction can see.
+    /// - `created_at` is the statement's `UTC_TIMESTAMP(6)`, and each message is due
+    ///   `delay` after it.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](outbox_core::ErrorKind::InvalidInput) for a message
+    /// over the limits; [`ErrorKind::Conflict`](outbox_core::ErrorKind::Conflict) for an
+    /// id given twice or already stored (nothing written, the transaction usable);
+    /// mapped driver errors otherwise.
+    pub async fn enqueue(&self, conn: &mut MySqlConnection, messages: &[NewMessage]) -> Result<()> {
+        check_enqueue(messages, self.inner.config.limits())?;
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let row = "(?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
+        let sql = format!(
+            "INSERT INTO {} (id, destination, partition_key, payload, content_type, headers, \
+             created_at, available_at) VALUES {}",
+            self.inner.name,
+            vec![row; messages.len()].join(", ")
+        );
+        let mut query = sqlx::query(&sql);
+        for m in messages {
+            query = query
+                .bind(m.id().as_uuid())
+                .bind(m.destination())
+                .bind(m.partition_key())
+                .bind(m.payload())
+                .bind(m.content_type())
+                .bind(m.headers().to_json())
+                .bind(micros("delay", m.delay())?);
+        }
+        let err = match query.execute(&mut *conn).await {
+            Ok(_) => return Ok(()),
+            Err(err) if number(&err) == Some(1062) => err,
+            Err(err) => return Err(from_sqlx("enqueue", err)),
+        };
+        let ids: Vec<Uuid> = messages.iter().map(|m| m.id().as_uuid()).collect();
+        let sql = with_ids(
+            &format!("SELECT id FROM {} WHERE id IN ({{ids}})", self.inner.name),
+            ids.len(),
+        );
+        let query = padded(&ids).fold(sqlx::query_scalar(&sql), |q, id| q.bind(id));
+        let stored: Vec<Uuid> = query
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| from_sqlx("naming the stored ids", e))?;
+        if stored.is_empty() {
+            // Committed by a transaction this one cannot see yet.
+            return Err(from_sqlx("enqueue", err));
+        }
+        Err(Error::already_stored(
+            stored.into_iter().map(MessageId::from_uuid).collect(),
+        ))
+    }
+
+    /// Enqueue one message; see [`enqueue`](Self::enqueue).
+    ///
+    /// # Errors
+    /// As [`enqueue`](Self::enqueue).
+    pub async fn enqueue_one(
+        &self,
+        conn: &mut MySqlConnection,
+        message: &NewMessage,
+    ) -> Result<()> {
+        self.enqueue(conn, std::slice::from_ref(message)).await
+    }
+
+    pub(crate) fn statements(&self) -> &Statements {
+        &self.inner.sql
+    }
+
+    /// Claim: lock due rows (of `ids`, when given), stamp the lease, commit.
+    async fn claim_with(&self, ids: &[Uuid], limit: usize, lease: Duration) -> Result<Claimed> {
+        let err = |e| from_sqlx("claim", e);
+        let token = LeaseToken::new();
+        let sql = &self.inner.sql;
+        let select = if ids.is_empty() {
+            sql.claim.clone()
+        } else {
+            with_ids(&sql.claim_ids, ids.len())
+        };
+        let query = sqlx::query(&select).bind(micros("lease", lease)?);
+        let query = if ids.is_empty() {
+            query
+        } else {
+            padded(ids).fold(query, |q, id| q.bind(id))
+        };
+        let mut tx = self.relay.begin().await.map_err(err)?;
+        let rows = query
+            .bind(limit_param(limit))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err)?;
+        let Some(first) = rows.first() else {
+            return Ok(Claimed::default());
+        };
+        let expiry: NaiveDateTime = get(first, "lease_expires_at")?;
+        let claimed = rows
+            .iter()
+            .map(|r| get(r, "id"))
+            .collect::<Result<Vec<Uuid>>>()?;
+        let stamp = with_ids(&sql.lease, claimed.len());
+        let query = sqlx::query(&stamp).bind(expiry).bind(token.as_uuid());
+        padded(&claimed)
+            .fold(query, |q, id| q.bind(id))
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+        tx.commit().await.map_err(err)?;
+        finish_claim(self, token, rows).await
+    }
+
+    /// Settle `leases`: lock their rows in id order, apply `write` to those whose lease
+    /// holds, commit; the ids applied, with the expiry the lock statement computed.
+    async fn settle(
+        &self,
+        what: &str,
+        leases: Vec<&Lease>,
+        write: Write<'_>,
+    ) -> Result<Vec<(Uuid, NaiveDateTime)>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let err = |e| from_sqlx(what, e);
+        let sql = &self.inner.sql;
+        let ids: Vec<Uuid> = leases.iter().map(|l| l.id.as_uuid()).collect();
+        let tokens: HashMap<Uuid, Uuid> = leases
+            .iter()
+            .map(|l| (l.id.as_uuid(), l.token.as_uuid()))
+            .collect();
+        let lease_us = if let Write::Renew(us) = write { us } else { 0 };
+        let lock = with_ids(&sql.lock, ids.len());
+        let query = padded(&ids).fold(sqlx::query_as(&lock).bind(lease_us), |q, id| q.bind(id));
+        let mut tx = self.relay.begin().await.map_err(err)?;
+        let rows: Vec<(Uuid, Option<Uuid>, bool, NaiveDateTime)> =
+            query.fetch_all(&mut *tx).await.map_err(err)?;
+        let applied: Vec<(Uuid, NaiveDateTime)> = rows
+            .into_iter()
+            .filter(|(id, token, undelivered, _)| {
+                *undelivered && token.is_some() && tokens.get(id) == token.as_ref()
+            })
+            .map(|(id, _, _, expiry)| (id, expiry))
+            .collect();
+        if applied.is_empty() {
+            return Ok(applied);
+        }
+        let ids: Vec<Uuid> = applied.iter().map(|(id, _)| *id).collect();
+        let by_ids = |text: &str| with_ids(text, ids.len());
+        let statement = match write {
+            Write::Complete => by_ids(&sql.complete),
+            Write::Release => by_ids(&sql.release),
+            Write::Renew(_) => by_ids(&sql.renew),
+            Write::Fail(failures) => {
+                for failure in in_id_order(failures, |f| f.lease().id) {
+                    let id = failure.lease().id.as_uuid();
+                    if !ids.contains(&id) {
+                        continue;
+                    }
+                    let (dead, after) = match failure.disposition() {
+                        Disposition::Retry { after } => (false, after.min(MAX_DELAY)),
+                        Disposition::DeadLetter => (true, Duration::ZERO),
+                    };
+                    sqlx::query(&sql.fail)
+                        .bind(failure.error())
+                        .bind(dead)
+                        .bind(micros("retry delay", after)?)
+                        .bind(dead)
+                        .bind(id)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(err)?;
+                }
+                tx.commit().await.map_err(err)?;
+                return Ok(applied);
+            }
+        };
+        let query = sqlx::query(&statement);
+        let query = match write {
+            Write::Renew(_) => query.bind(applied[0].1),
+            _ => query,
+        };
+        padded(&ids)
+            .fold(query, |q, id| q.bind(id))
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+        tx.commit().await.map_err(err)?;
+        Ok(applied)
+    }
+
+    /// [`settle`](Self::settle) reported as [`Settled`].
+    async fn settled(&self, what: &str, leases: &[Lease], write: Write<'_>) -> Result<Settled> {
+        let applied = self
+            .settle(what, in_id_order(leases, |l| l.id), write)
+            .await?;
+        Ok(Settled::reconcile(
+            leases.iter().map(|l| l.id),
+            applied.into_iter().map(|(id, _)| MessageId::from_uuid(id)),
+        ))
+    }
+}
+
+#[async_trait]
+impl OutboxStore for MySqlOutbox {
+    fn capabilities(&self) -> StoreCapabilities {
+        let config = &self.inner.config;
+        StoreCapabilities::new(config.ordering(), config.retention()).with_lease_renewal(true)
+    }
+
+    async fn claim(&self, request: ClaimRequest) -> Result<Claimed> {
+        self.claim_with(&[], request.limit(), request.lease()).await
+    }
+
+    async fn claim_ids(&self, request: &ClaimIds) -> Result<Claimed> {
+        let ids: Vec<Uuid> = request.ids().iter().map(MessageId::as_uuid).collect();
+        if ids.is_empty() {
+            return Ok(Claimed::default());
+        }
+        self.claim_with(&ids, ids.len(), request.lease()).await
+    }
+
+    async fn complete(&self, leases: &[Lease]) -> Result<Settled> {
+        self.settled("complete", leases, Write::Complete).await
+    }
+
+    async fn fail(&self, failures: &[Failure]) -> Result<Settled> {
+        let leases: Vec<Lease> = failures.iter().map(|f| *f.lease()).collect();
+        self.settled("fail", &leases, Write::Fail(failures)).await
+    }
+
+    async fn release(&self, leases: &[Lease]) -> Result<Settled> {
+        self.settled("release", leases, Write::Release).await
+    }
+
+    async fn renew(&self, leases: &[Lease], lease: Duration) -> Result<Renewed> {
+        validate_lease(lease)?;
+        let write = Write::Renew(micros("lease", lease)?);
+        let applied = self
+            .settle("renew", in_id_order(leases, |l| l.id), write)
+            .await?;
+        let expiry: HashMap<Uuid, NaiveDateTime> = applied.into_iter().collect();
+        let mut renewed = Renewed::default();
+        for l in leases {
+            match expiry.get(&l.id.as_uuid()) {
+                Some(at) => renewed.leases.push(Lease {
+                    expires_at: at.and_utc().into(),
+                    ..*l
+                }),
+                None => renewed.lost.push(l.id),
+            }
+        }
+        Ok(renewed)
+    }
+}
+
+/// The fenced writes after a claim, on the relay's connections.
+impl CommittedClaim for MySqlOutbox {
+    type Row = MySqlRow;
+    type Id = Uuid;
+
+    fn decode(&self, token: LeaseToken, rows: &[MySqlRow]) -> Result<DecodedClaim<Uuid>> {
+        decode_claimed(rows, token, self.inner.config.limits())
+    }
+
+    fn row_id(row: &MySqlRow) -> Result<Uuid> {
+        get(row, "id")
+    }
+
+    async fn dead_letter_rows(
+        &self,
+        token: LeaseToken,
+        rows: Vec<(Uuid, String)>,
+    ) -> Result<usize> {
+        let mut done = 0;
+        for (id, reason) in rows {
+            let result = sqlx::query(&self.inner.sql.dead_letter)
+                .bind(reason)
+                .bind(id)
+                .bind(token.as_uuid())
+                .execute(&self.relay)
+                .await
+                .map_err(|e| from_sqlx("dead-lettering undeliverable rows", e))?;
+            done += usize::try_from(result.rows_affected()).unwrap_or(0);
+        }
+        Ok(done)
+    }
+
+    async fn release_rows(&self, token: LeaseToken, ids: Vec<Uuid>) -> Result<()> {
+        let sql = with_ids(&self.inner.sql.release_claim, ids.len());
+        padded(&ids)
+            .fold(sqlx::query(&sql).bind(token.as_uuid()), |q, id| q.bind(id))
+            .execute(&self.relay)
+            .await
+            .map_err(|e| from_sqlx("releasing an undecodable claim", e))?;
+        Ok(())
+    }
+}
