@@ -177,6 +177,43 @@ ensure_dynamodb() {
     }
 }
 
+mysql_host=127.0.0.1
+mysql_port=3306
+mysql_db=outbox_test
+
+mysql_tcp() { mariadb -h "$mysql_host" -P "$mysql_port" -u root "$@" 2>/dev/null; }
+mysql_ready() { mysql_tcp -e "select 1" >/dev/null; }
+
+# MariaDB (the MySQL-compatible server Debian ships) for outbox-mysql: root over TCP
+# without a password, and the test database. Debian's root authenticates by unix
+# socket, so the TCP account is made over the socket once.
+ensure_mysql() {
+    if ! mysql_ready; then
+        if ! command -v mariadbd >/dev/null 2>&1; then
+            log "installing MariaDB from Debian packages"
+            apt_install mariadb-server
+        fi
+        if ! mariadb-admin --protocol=socket -u root ping >/dev/null 2>&1; then
+            log "starting MariaDB"
+            if [ -x /etc/init.d/mariadb ]; then
+                /etc/init.d/mariadb start >&2 || true
+            else
+                (setsid nohup mysqld_safe >/dev/null 2>&1 </dev/null &) >/dev/null 2>&1
+            fi
+            wait_for 60 mariadb-admin --protocol=socket -u root ping >/dev/null 2>&1 || {
+                log "MariaDB did not start (see /var/log/mysql)"
+                exit 1
+            }
+        fi
+        mysql_tcp -e "select 1" >/dev/null || mariadb --protocol=socket -u root -e \
+            "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED BY '';
+             GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;" >&2
+        wait_for 30 mysql_ready || { log "MariaDB does not accept root on $mysql_host:$mysql_port"; exit 1; }
+    fi
+    # Test databases (obx_<secs>_<rand>) older than an hour are dropped by the tests.
+    mysql_tcp -e "CREATE DATABASE IF NOT EXISTS $mysql_db" >&2
+}
+
 ensure_postgres
 ensure_database
 log "PostgreSQL ready at $pg_host:$pg_port/$pg_db"
@@ -186,6 +223,8 @@ ensure_rabbitmq
 log "RabbitMQ ready at $amqp_host:$amqp_port"
 ensure_dynamodb
 log "DynamoDB Local ready at $dynamodb_host:$dynamodb_port"
+ensure_mysql
+log "MariaDB ready at $mysql_host:$mysql_port/$mysql_db"
 # SQL Server (MSSQL) cannot run on these machines: outbox-sqlserver's suites run when
 # OUTBOX_TEST_MSSQL_URL names a server (outbox-sqlserver/compose.yaml starts one with Docker).
 [ -n "${OUTBOX_TEST_MSSQL_URL:-}" ] || log "SQL Server: not started here; outbox-sqlserver's suites skip unless OUTBOX_TEST_MSSQL_URL is set"
@@ -193,3 +232,4 @@ echo "export OUTBOX_PG_URL=postgres://$pg_user@$pg_host:$pg_port/$pg_db"
 echo "export OUTBOX_NATS_URL=nats://$nats_host:$nats_port"
 echo "export OUTBOX_AMQP_URL=amqp://guest:guest@$amqp_host:$amqp_port/%2f"
 echo "export OUTBOX_DYNAMODB_URL=http://$dynamodb_host:$dynamodb_port"
+echo "export OUTBOX_MYSQL_URL=mysql://root@$mysql_host:$mysql_port/$mysql_db"

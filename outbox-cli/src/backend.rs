@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use outbox_core::{DedupStore, OutboxAdmin, Retention, Schema};
 use outbox_dynamodb::{DynamoDedupConfig, DynamoDedupStore, DynamoOutbox, DynamoOutboxConfig};
+use outbox_mysql::sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use outbox_mysql::sqlx::MySqlConnection;
+use outbox_mysql::{MySqlDedupConfig, MySqlDedupStore, MySqlOutbox, MySqlOutboxConfig};
 use outbox_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use outbox_postgres::sqlx::{Connection, PgConnection, PgPool};
 use outbox_postgres::{PgDedupConfig, PgDedupStore, PgOutbox, PgOutboxConfig};
@@ -57,6 +60,7 @@ enum Pool {
         shards: u16,
     },
     Mssql(MssqlPool),
+    MySql(MySqlPool),
 }
 
 /// The outbox table, on whichever backend: the admin side for the verbs, the schema
@@ -97,6 +101,9 @@ impl Db {
             Target::Sqlite { path } => Pool::Sqlite(open_sqlite(path, reach, &url).await?),
             Target::Mssql { ado } => {
                 Pool::Mssql(open_mssql(ado, reach, global.connect_timeout, &url).await?)
+            }
+            Target::MySql { url } => {
+                Pool::MySql(open_mysql(url, reach, global.connect_timeout).await?)
             }
             Target::Dynamo(target) => Pool::Dynamo {
                 client: crate::dynamo::client(target, global.connect_timeout),
@@ -147,6 +154,17 @@ impl Db {
                     .map(Outbox::of)
                     .map_err(bad_name)
             }
+            Pool::MySql(pool) => {
+                let mut config = MySqlOutboxConfig::default()
+                    .with_table(&self.table)
+                    .with_retention(CLI_RETENTION);
+                if let Some(schema) = &self.schema {
+                    config = config.with_schema(schema);
+                }
+                MySqlOutbox::new(pool.clone(), config)
+                    .map(Outbox::of)
+                    .map_err(bad_name)
+            }
             Pool::Dynamo { client, shards } => {
                 let config = DynamoOutboxConfig::default()
                     .with_table(&self.table)
@@ -194,6 +212,18 @@ impl Db {
                     config = config.with_retention(retention);
                 }
                 MssqlDedupStore::new(pool.clone(), config)
+                    .map(Inbox::of)
+                    .map_err(bad)
+            }
+            Pool::MySql(pool) => {
+                let mut config = MySqlDedupConfig::default().with_table(&self.inbox_table);
+                if let Some(schema) = &self.schema {
+                    config = config.with_schema(schema);
+                }
+                if let Some(retention) = retention {
+                    config = config.with_retention(retention);
+                }
+                MySqlDedupStore::new(pool.clone(), config)
                     .map(Inbox::of)
                     .map_err(bad)
             }
@@ -280,6 +310,47 @@ async fn open_postgres(url: &str, reach: Reach, timeout: Duration) -> Result<PgP
         }
     }
     Ok(PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(timeout)
+        .connect_lazy_with(options))
+}
+
+/// A MySQL / MariaDB pool; as [`open_postgres`], one connection is made first unless
+/// offline.
+async fn open_mysql(url: &str, reach: Reach, timeout: Duration) -> Result<MySqlPool, Failure> {
+    let options: MySqlConnectOptions = url.parse().map_err(|e| {
+        Failure::usage(format!("`{url}` is not a valid MySQL URL: {e}"))
+            .hint("use mysql://user:password@host:port/database (or mariadb://)")
+    })?;
+    if reach != Reach::Offline {
+        match tokio::time::timeout(timeout, MySqlConnection::connect_with(&options)).await {
+            Err(_) => {
+                return Err(Failure::error(format!(
+                    "no answer from {url} within {}",
+                    crate::output::human(timeout)
+                ))
+                .hint(
+                    "check that the server is running and reachable, or raise --connect-timeout",
+                ))
+            }
+            Ok(Err(e)) => {
+                let failure = Failure::error(format!("cannot connect to {url}: {e}"));
+                return Err(match &e {
+                    outbox_mysql::sqlx::Error::Database(_) => {
+                        failure.hint("check the user, password and database in --url")
+                    }
+                    _ => failure.hint(
+                        "check that the server is running and reachable at the host and port \
+                         of --url",
+                    ),
+                });
+            }
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+            }
+        }
+    }
+    Ok(MySqlPoolOptions::new()
         .max_connections(2)
         .acquire_timeout(timeout)
         .connect_lazy_with(options))

@@ -26,7 +26,8 @@ pub(crate) struct Cli {
 #[derive(Debug, Args)]
 pub(crate) struct Global {
     /// Database URL: postgres://user:password@host:port/db, sqlite://path/to/file.db
-    /// (sqlite:///absolute/path.db), sqlserver://user:password@host:1433/db or
+    /// (sqlite:///absolute/path.db), mysql://user:password@host:3306/db (or mariadb://),
+    /// sqlserver://user:password@host:1433/db or
     /// dynamodb://host:port (see the README). The password is never printed.
     #[arg(
         long,

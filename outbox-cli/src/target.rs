@@ -18,12 +18,15 @@ pub(crate) enum Target {
     Dynamo(DynamoTarget),
     /// A SQL Server database, as the ADO.NET connection string the URL makes.
     Mssql { ado: String },
+    /// A MySQL or MariaDB server; the URL as given, `mariadb://` read as `mysql://`.
+    MySql { url: String },
 }
 
 impl Target {
     /// Read a URL: `postgres://` / `postgresql://`, `sqlite://PATH` / `sqlite:PATH`,
     /// `dynamodb://HOST:PORT` / `dynamodb+https://HOST` / `dynamodb://aws`,
-    /// `sqlserver://USER:PASSWORD@HOST[:PORT]/DATABASE` / `mssql://...`.
+    /// `sqlserver://USER:PASSWORD@HOST[:PORT]/DATABASE` / `mssql://...`,
+    /// `mysql://USER:PASSWORD@HOST[:PORT]/DATABASE` / `mariadb://...`.
     ///
     /// # Errors
     /// A usage failure for what is not such a URL.
@@ -54,9 +57,12 @@ impl Target {
             "mssql" | "sqlserver" => Ok(Target::Mssql {
                 ado: crate::mssql::ado_string(url)?,
             }),
+            "mysql" | "mariadb" => Ok(Target::MySql {
+                url: format!("mysql:{rest}"),
+            }),
             other => Err(
                 Failure::usage(format!("unknown database URL scheme `{other}`"))
-                    .hint("use postgres://, postgresql://, sqlite://, sqlserver:// or dynamodb://"),
+                    .hint("use postgres://, postgresql://, sqlite://, mysql://, mariadb://, sqlserver:// or dynamodb://"),
             ),
         }
     }
@@ -204,8 +210,18 @@ mod tests {
                 "{url}"
             );
         }
+        for url in ["mysql://u:p@h:3306/db", "MariaDB://u@h/db"] {
+            let rest = url.split_once(':').unwrap().1;
+            assert_eq!(
+                parse(url).unwrap(),
+                Target::MySql {
+                    url: format!("mysql:{rest}")
+                },
+                "{url}"
+            );
+        }
         for bad in [
-            "mysql://h/db",
+            "oracle://h/db",
             "just-a-path.db",
             "sqlite://",
             "sqlite::memory:",

@@ -27,6 +27,10 @@ pub use outbox_sqlite as sqlite;
 #[cfg(feature = "postgres")]
 pub use outbox_postgres as postgres;
 
+/// The MySQL / MariaDB backend (feature `mysql`).
+#[cfg(feature = "mysql")]
+pub use outbox_mysql as mysql;
+
 /// The SQL Server backend (feature `sqlserver`).
 #[cfg(feature = "sqlserver")]
 pub use outbox_sqlserver as sqlserver;

@@ -13,12 +13,16 @@ use outbox_core::{
 use outbox_dynamodb::aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
 use outbox_dynamodb::aws_sdk_dynamodb::Client;
 use outbox_dynamodb::{DynamoDedupConfig, DynamoDedupStore, DynamoOutbox, DynamoOutboxConfig};
+use outbox_mysql::sqlx::MySqlPool;
+use outbox_mysql::{MySqlDedupConfig, MySqlDedupStore, MySqlOutbox, MySqlOutboxConfig};
 use outbox_postgres::sqlx::PgPool;
 use outbox_postgres::{PgDedupConfig, PgDedupStore, PgOutbox, PgOutboxConfig};
 use outbox_sqlite::{SqliteDedupConfig, SqliteDedupStore, SqliteOutbox, SqliteOutboxConfig};
 
 /// The variable naming the PostgreSQL test database.
 pub(crate) const PG_URL: &str = "OUTBOX_PG_URL";
+/// The variable naming the MySQL / MariaDB test database.
+pub(crate) const MYSQL_URL: &str = "OUTBOX_MYSQL_URL";
 /// The variable naming the DynamoDB endpoint (DynamoDB Local).
 pub(crate) const DYNAMODB_URL: &str = "OUTBOX_DYNAMODB_URL";
 /// Shards of the DynamoDB test outboxes, passed to the binary as `?shards=`.
@@ -112,6 +116,7 @@ pub(crate) struct Fixture {
 enum Backend {
     Postgres(PgOutbox, PgPool, String),
     Sqlite(SqliteOutbox),
+    MySql(MySqlOutbox, MySqlPool, String),
     /// The outbox, its client, and the inbox table's name.
     Dynamo(DynamoOutbox, Client, String),
 }
@@ -141,6 +146,29 @@ impl Fixture {
             url,
             extra_args: vec!["--schema".into(), schema.clone()],
             backend: Backend::Postgres(outbox, pool, schema),
+            dir: None,
+        })
+    }
+
+    /// An outbox in a fresh database of the MySQL / MariaDB server, or `None` after a
+    /// visible skip when `OUTBOX_MYSQL_URL` is unset.
+    pub(crate) async fn mysql(install: bool) -> Option<Fixture> {
+        let url = outbox_testkit::service_url(MYSQL_URL, "outbox-cli MySQL tests")?;
+        let pool = MySqlPool::connect(&url)
+            .await
+            .expect("connect to OUTBOX_MYSQL_URL");
+        let schema = fresh_name();
+        let config = MySqlOutboxConfig::default()
+            .with_schema(&schema)
+            .with_retention(KEEP);
+        let outbox = MySqlOutbox::new(pool.clone(), config).unwrap();
+        if install {
+            outbox.install().await.unwrap();
+        }
+        Some(Fixture {
+            url,
+            extra_args: vec!["--schema".into(), schema.clone()],
+            backend: Backend::MySql(outbox, pool, schema),
             dir: None,
         })
     }
@@ -211,7 +239,7 @@ impl Fixture {
     /// The PostgreSQL schema (empty elsewhere).
     pub(crate) fn schema(&self) -> &str {
         match &self.backend {
-            Backend::Postgres(_, _, schema) => schema,
+            Backend::Postgres(_, _, schema) | Backend::MySql(_, _, schema) => schema,
             Backend::Sqlite(..) | Backend::Dynamo(..) => "",
         }
     }
@@ -226,7 +254,7 @@ impl Fixture {
     pub(crate) fn inbox_table(&self) -> &str {
         match &self.backend {
             Backend::Dynamo(_, _, inbox) => inbox,
-            Backend::Postgres(..) | Backend::Sqlite(..) => "outbox_inbox",
+            Backend::Postgres(..) | Backend::Sqlite(..) | Backend::MySql(..) => "outbox_inbox",
         }
     }
 
@@ -252,6 +280,7 @@ impl Fixture {
         match &self.backend {
             Backend::Postgres(o, ..) => Arc::new(o.clone()),
             Backend::Sqlite(o) => Arc::new(o.clone()),
+            Backend::MySql(o, ..) => Arc::new(o.clone()),
             Backend::Dynamo(o, ..) => Arc::new(o.clone()),
         }
     }
@@ -260,6 +289,7 @@ impl Fixture {
         match &self.backend {
             Backend::Postgres(o, ..) => Arc::new(o.clone()),
             Backend::Sqlite(o) => Arc::new(o.clone()),
+            Backend::MySql(o, ..) => Arc::new(o.clone()),
             Backend::Dynamo(o, ..) => Arc::new(o.clone()),
         }
     }
@@ -269,6 +299,7 @@ impl Fixture {
         match &self.backend {
             Backend::Postgres(o, ..) => o.ddl(),
             Backend::Sqlite(o) => o.ddl(),
+            Backend::MySql(o, ..) => o.ddl(),
             Backend::Dynamo(o, ..) => outbox_core::Schema::ddl(o),
         }
     }
@@ -281,6 +312,12 @@ impl Fixture {
                     .with_schema(schema)
                     .with_retention(retention);
                 Arc::new(PgDedupStore::new(pool.clone(), config).unwrap())
+            }
+            Backend::MySql(_, pool, schema) => {
+                let config = MySqlDedupConfig::default()
+                    .with_schema(schema)
+                    .with_retention(retention);
+                Arc::new(MySqlDedupStore::new(pool.clone(), config).unwrap())
             }
             Backend::Sqlite(o) => {
                 let config = SqliteDedupConfig::default().with_retention(retention);
@@ -299,6 +336,11 @@ impl Fixture {
     pub(crate) async fn enqueue(&self, messages: &[NewMessage]) {
         match &self.backend {
             Backend::Postgres(o, pool, _) => {
+                let mut tx = pool.begin().await.unwrap();
+                o.enqueue(&mut tx, messages).await.unwrap();
+                tx.commit().await.unwrap();
+            }
+            Backend::MySql(o, pool, _) => {
                 let mut tx = pool.begin().await.unwrap();
                 o.enqueue(&mut tx, messages).await.unwrap();
                 tx.commit().await.unwrap();

@@ -15,7 +15,7 @@ fn no_url_and_bad_urls_are_usage_errors() {
         run.stderr
     );
     assert!(run.stderr.contains("OUTBOX_URL"), "{}", run.stderr);
-    for url in ["mysql://h/db", "orders.db", "sqlite://", "sqlite::memory:"] {
+    for url in ["oracle://h/db", "orders.db", "sqlite://", "sqlite::memory:"] {
         let run = outbox(&["--url", url, "stats"], None);
         run.expect(2);
         assert!(run.stderr.starts_with("error: "), "{url}: {}", run.stderr);

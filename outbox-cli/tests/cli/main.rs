@@ -1,5 +1,5 @@
-//! The `outbox` binary, run for real against an SQLite file, the local PostgreSQL and
-//! DynamoDB Local:
+//! The `outbox` binary, run for real against an SQLite file, the local PostgreSQL,
+//! MariaDB and DynamoDB Local:
 //! each verb's tables and JSON, what it changed in the database (checked through the
 //! library), and the failures (bad URLs, missing tables, unknown ids, a server that is
 //! down) with their exit codes, messages and redacted passwords.
@@ -36,6 +36,17 @@ macro_rules! on_every_backend {
                 #[tokio::test]
                 async fn $case() {
                     let Some(f) = crate::common::Fixture::postgres($install).await else {
+                        return;
+                    };
+                    crate::$case(&f).await;
+                }
+            )*
+        }
+        mod mysql {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let Some(f) = crate::common::Fixture::mysql($install).await else {
                         return;
                     };
                     crate::$case(&f).await;
