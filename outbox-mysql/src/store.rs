@@ -166,8 +166,9 @@ impl MySqlOutbox {
         schema::install(&self.pool, name, &schema::outbox_objects(name)).await
     }
 
+    /// The text of a relay statement by name, with room for `ids` ids: for the plan
+    /// tests, which explain what the store sends.
     #[doc(hidden)]
-    /// The statement text, for the plan tests.
     pub fn relay_sql(&self, statement: &str, ids: usize) -> Option<String> {
         let sql = &self.inner.sql;
         let text = match statement {
@@ -180,6 +181,7 @@ impl MySqlOutbox {
             "renew" => &sql.renew,
             "fail" => &sql.fail,
             "dead_letter" => &sql.dead_letter,
+            "purge" => &sql.admin.purge_dispatched,
             _ => return None,
         };
         Some(with_ids(text, ids))
