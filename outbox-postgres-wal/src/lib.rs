@@ -7,7 +7,7 @@ mod outbox;
 mod relay;
 
 pub use config::{ReplicationTarget, WalOutboxConfig, WalRelayConfig};
-pub use outbox::{SlotStatus, WalOutbox};
+pub use outbox::{SlotStatus, WalOutbox, POSITIONS_TABLE};
 pub use relay::{
     WalRelay, WalRelayReport, DEAD_LETTERED, PUBLISHED, RECONNECTS, SLOT_LAG_BYTES,
     SLOT_LAG_SECONDS, UNDECODABLE_DESTINATION,

@@ -8,6 +8,8 @@ use outbox_core::{Error, ErrorKind, Message, NewMessage, Result};
 use outbox_postgres::PgOutbox;
 use sqlx::{PgConnection, PgPool};
 
+use pgwire_replication::Lsn;
+
 use crate::codec;
 use crate::config::WalOutboxConfig;
 use crate::error::from_sqlx;
@@ -17,6 +19,10 @@ use crate::error::from_sqlx;
 /// aggregate consumes it as it comes).
 const ENQUEUE: &str =
     "SELECT count(pg_logical_emit_message(true, $1, m))::int8 FROM unnest($2::bytea[]) AS t(m)";
+
+/// The table (in the dead letters' schema) where relays save each slot's confirmed
+/// position.
+pub const POSITIONS_TABLE: &str = "outbox_wal_positions";
 
 /// The slot's row, with the lag computed by the server.
 const SLOT_STATUS: &str = "SELECT plugin::text, database::text, active, wal_status, \
@@ -129,6 +135,16 @@ impl WalOutbox {
             )));
         }
         self.dead_letters.install().await?;
+        // Names validated and quoted, as above.
+        let positions = format!(
+            "CREATE TABLE IF NOT EXISTS {} (slot text PRIMARY KEY, confirmed_lsn pg_lsn NOT NULL, \
+             updated_at timestamptz NOT NULL DEFAULT now())",
+            self.positions()
+        );
+        sqlx::raw_sql(&positions)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| from_sqlx("create the positions table", e))?;
         // The name is a validated identifier, quoted: it cannot change the statement.
         let create_publication = format!(
             "DO $$ BEGIN CREATE PUBLICATION \"{}\"; \
@@ -206,6 +222,49 @@ impl WalOutbox {
             return Err(invalidated(slot, status.wal_status.as_deref()));
         }
         Ok(status)
+    }
+
+    /// The table holding each slot's last confirmed position, beside the dead letters.
+    fn positions(&self) -> outbox_postgres::QualifiedName {
+        self.dead_letters.qualified_name().sibling(POSITIONS_TABLE)
+    }
+
+    /// The position a relay of this slot last saved.
+    pub(crate) async fn load_position(&self) -> Result<Option<Lsn>> {
+        let sql = format!(
+            "SELECT confirmed_lsn::text FROM {} WHERE slot = $1",
+            self.positions()
+        );
+        let text: Option<String> = sqlx::query_scalar(&sql)
+            .bind(self.config.slot())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| from_sqlx("read the saved position", e))?;
+        text.map(|t| {
+            Lsn::parse(&t)
+                .map_err(|e| Error::new(ErrorKind::Decode, format!("saved position {t:?}: {e}")))
+        })
+        .transpose()
+    }
+
+    /// Save `lsn` as the slot's confirmed position (never moving it back).
+    pub(crate) async fn save_position(&self, lsn: Lsn) -> Result<()> {
+        if lsn == Lsn::ZERO {
+            return Ok(());
+        }
+        let sql = format!(
+            "INSERT INTO {t} (slot, confirmed_lsn) VALUES ($1, $2::pg_lsn) \
+             ON CONFLICT (slot) DO UPDATE SET confirmed_lsn = greatest({t}.confirmed_lsn, excluded.confirmed_lsn), \
+             updated_at = now()",
+            t = self.positions()
+        );
+        sqlx::query(&sql)
+            .bind(self.config.slot())
+            .bind(lsn.to_pg_string())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| from_sqlx("save the confirmed position", e))?;
+        Ok(())
     }
 
     /// Enqueue `messages` in the caller's transaction (`conn` must be inside one:

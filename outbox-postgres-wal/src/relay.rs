@@ -58,8 +58,8 @@ pub struct WalRelayReport {
 ///    relay per slot. A relay that finds it held waits, retrying every
 ///    [`lock_retry`](WalRelayConfig::lock_retry): a hot standby.
 /// 2. Check the slot (exists, `pgoutput`, this database, not invalidated) and open a
-///    replication session from the slot's confirmed position, `pgoutput` with
-///    `messages 'true'`.
+///    replication session from its confirmed position (see *Duplicates* for which),
+///    `pgoutput` with `messages 'true'`.
 /// 3. Read events. A transactional logical decoding message with the outbox's prefix
 ///    is decoded into a [`Message`] stamped with its transaction's commit time; the
 ///    transaction's messages become publishable at its `COMMIT`, in commit order.
@@ -72,10 +72,11 @@ pub struct WalRelayReport {
 ///    whose messages, and all before them, were published or dead-lettered; a
 ///    position past which nothing of the outbox is waiting (other transactions,
 ///    keepalives) is confirmed too.
-/// 6. On a retryable failure, confirm what is settled, close the session, wait the
-///    retry delay and resume at step 2: messages after the confirmed position are read
+/// 6. On a retryable publish failure, confirm what is settled, close the session,
+///    wait the retry delay and resume at step 2 (keeping the lock): messages after the confirmed position are read
 ///    and published again. Stream or database errors resume the same way, with
-///    [`reconnect_backoff`](WalRelayConfig::reconnect_backoff).
+///    [`reconnect_backoff`](WalRelayConfig::reconnect_backoff), taking the lock again
+///    first (a server restart ends the lock's session too).
 /// 7. An invalidated slot, a missing slot or refused credentials stop the relay with
 ///    an error; shutdown confirms what is settled and returns.
 ///
@@ -85,14 +86,20 @@ pub struct WalRelayReport {
 ///
 /// ## Duplicates
 ///
-/// The server resumes from the last position it received. A relay killed (or cut off)
-/// publishes again what it published after that: at most the messages published during
-/// the last [`status_interval`](WalRelayConfig::status_interval) plus the batch in
-/// flight, or a whole transaction's messages when one transaction holds more. A
-/// retryable failure republishes the batch's messages after the failing one. A server
-/// that crashes (not a clean restart) may go back to the position of its last
-/// checkpoint. Publishers pass the message id as the broker's dedup id; consumers
-/// deduplicate.
+/// A relay resumes from the latest of three positions: the one the server received
+/// last, the one this relay confirmed (when it survived the failure), and the one
+/// relays save in [`POSITIONS_TABLE`](crate::POSITIONS_TABLE) (one upsert per
+/// [`status_interval`](WalRelayConfig::status_interval) at most). The saved position
+/// matters after a server restart or crash: before PostgreSQL 17 the server writes a
+/// logical slot's confirmed position to disk only when the slot's other state moves
+/// (and not at a clean shutdown), so on its own it may go back by many seconds.
+///
+/// So a relay killed (or cut off) publishes again what it published after the last
+/// position it reported: the messages of the transaction it was in (positions are
+/// confirmed at transaction ends), those settled during the last `status_interval`
+/// and the batch in flight. A retryable failure republishes the messages of the
+/// failing message's transaction published before it, and the batch's messages after
+/// it. Publishers pass the message id as the broker's dedup id; consumers deduplicate.
 ///
 /// ## Ordering
 ///
@@ -110,6 +117,9 @@ pub struct WalRelay {
     attempts: HashMap<MessageId, u32>,
     report: WalRelayReport,
     slot_label: String,
+    /// The highest position this relay confirmed: later sessions start there, as the
+    /// server may have gone back to an older one (a restart before PostgreSQL 17).
+    resume_from: Lsn,
 }
 
 /// Why a session ended without an error that stops the relay.
@@ -144,6 +154,7 @@ impl WalRelay {
             attempts: HashMap::new(),
             report: WalRelayReport::default(),
             slot_label,
+            resume_from: Lsn::ZERO,
         })
     }
 
@@ -167,61 +178,79 @@ impl WalRelay {
             self.config.reconnect_backoff.0,
             self.config.reconnect_backoff.1,
         );
-        let guard: Box<dyn LockGuard> = loop {
-            match lock.try_lock(&name).await {
-                Ok(Some(guard)) => break guard,
-                Ok(None) => {
-                    // A standby: keep the lag visible while another relay streams.
-                    if let Ok(Some(status)) = self.outbox.slot_status().await {
-                        self.export_lag(status.lag_bytes, None);
-                    }
-                    if sleep_or_shutdown(self.config.lock_retry, &shutdown).await {
-                        return Ok(self.report);
-                    }
-                }
-                Err(e) if e.is_retryable() => {
-                    tracing::warn!(error = %e.report(), "wal relay: taking the slot lock failed");
-                    if sleep_or_shutdown(backoff.next_delay(), &shutdown).await {
-                        return Ok(self.report);
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        };
-        let result = self.stream_until_done(&shutdown, &mut backoff).await;
-        if let Err(e) = guard.unlock().await {
-            tracing::warn!(error = %e.report(), "wal relay: releasing the slot lock failed");
-        }
-        result.map(|()| self.report)
-    }
-
-    async fn stream_until_done(
-        &mut self,
-        shutdown: &CancellationToken,
-        backoff: &mut Backoff,
-    ) -> Result<()> {
+        let mut held: Option<Box<dyn LockGuard>> = None;
         loop {
-            if shutdown.is_cancelled() {
-                return Ok(());
-            }
-            let wait = match self.session(shutdown, backoff).await {
-                Ok(SessionEnd::Shutdown) => return Ok(()),
+            let guard = match held.take() {
+                Some(guard) => guard,
+                None => match self.acquire(&lock, &name, &shutdown, &mut backoff).await? {
+                    Some(guard) => guard,
+                    None => return Ok(self.report),
+                },
+            };
+            let outcome = self.session(&shutdown, &mut backoff).await;
+            let wait = match outcome {
+                Ok(SessionEnd::Shutdown) => {
+                    release(guard).await;
+                    return Ok(self.report);
+                }
                 Ok(SessionEnd::Resume(wait, cause)) => {
+                    // The database was fine (a publish to retry): keep the lock.
+                    held = Some(guard);
                     tracing::info!(error = %cause.report(), ?wait, "wal relay: resuming from the confirmed position");
                     wait
                 }
                 Err(e) if e.is_retryable() => {
+                    // The stream or the database failed: the lock's session may be
+                    // gone with it (a server restart). Take the lock again before the
+                    // next session.
+                    release(guard).await;
                     tracing::warn!(error = %e.report(), "wal relay: stream failed; resuming from the confirmed position");
                     backoff.next_delay()
                 }
                 Err(e) => {
+                    release(guard).await;
                     tracing::error!(error = %e.report(), "wal relay: stopping");
                     return Err(e);
                 }
             };
             counter!(RECONNECTS, "slot" => self.slot_label.clone()).increment(1);
-            if sleep_or_shutdown(wait, shutdown).await {
-                return Ok(());
+            if sleep_or_shutdown(wait, &shutdown).await {
+                if let Some(guard) = held.take() {
+                    release(guard).await;
+                }
+                return Ok(self.report);
+            }
+        }
+    }
+
+    /// Take the slot's lock, waiting as a standby while another relay holds it;
+    /// `None` when shutdown came first.
+    async fn acquire(
+        &self,
+        lock: &PgDistributedLock,
+        name: &LockName,
+        shutdown: &CancellationToken,
+        backoff: &mut Backoff,
+    ) -> Result<Option<Box<dyn LockGuard>>> {
+        loop {
+            match lock.try_lock(name).await {
+                Ok(Some(guard)) => return Ok(Some(guard)),
+                Ok(None) => {
+                    // A standby: keep the lag visible while another relay streams.
+                    if let Ok(Some(status)) = self.outbox.slot_status().await {
+                        self.export_lag(status.lag_bytes, None);
+                    }
+                    if sleep_or_shutdown(self.config.lock_retry, shutdown).await {
+                        return Ok(None);
+                    }
+                }
+                Err(e) if e.is_retryable() => {
+                    tracing::warn!(error = %e.report(), "wal relay: taking the slot lock failed");
+                    if sleep_or_shutdown(backoff.next_delay(), shutdown).await {
+                        return Ok(None);
+                    }
+                }
+                Err(e) => return Err(e),
             }
         }
     }
@@ -239,8 +268,10 @@ impl WalRelay {
         )
         .with_port(t.port())
         .with_tls(TlsConfig::disabled())
-        // Zero: the server starts at the slot's confirmed position.
-        .with_start_lsn(Lsn::ZERO)
+        // Zero at first: the server starts at the slot's confirmed position. Later, the
+        // position this relay confirmed: the server forwards to it when its own is
+        // older (a restart may lose a logical slot's unsaved position before 17).
+        .with_start_lsn(self.resume_from)
         .with_status_interval(self.config.status_interval)
         .with_wakeup_interval(self.config.status_interval)
         .with_application_name(self.config.application_name.clone())
@@ -253,6 +284,9 @@ impl WalRelay {
         backoff: &mut Backoff,
     ) -> Result<SessionEnd> {
         self.outbox.check_slot().await?;
+        if let Some(saved) = self.outbox.load_position().await? {
+            self.resume_from = self.resume_from.max(saved);
+        }
         self.report.sessions += 1;
         let mut client = ReplicationClient::connect(self.replication_config())
             .await
@@ -261,9 +295,10 @@ impl WalRelay {
             () = shutdown.cancelled() => return Ok(SessionEnd::Shutdown),
             started = client.wait_started() => started.map_err(|e| from_wire("start replication", e))?,
         }
-        let mut stream = Stream::new();
+        let mut stream = Stream::new(self.resume_from);
         let mut lag_tick = tokio::time::interval(self.config.lag_interval);
         let mut published_once = false;
+        let mut saved = (self.resume_from, Instant::now());
         loop {
             let event = tokio::select! {
                 biased;
@@ -312,6 +347,10 @@ impl WalRelay {
                 }
             }
             self.confirm(&client, &mut stream);
+            if stream.confirmed > saved.0 && saved.1.elapsed() >= self.config.status_interval {
+                self.outbox.save_position(stream.confirmed).await?;
+                saved = (stream.confirmed, Instant::now());
+            }
         }
     }
 
@@ -471,7 +510,7 @@ impl WalRelay {
     }
 
     /// Report the settled position to the server (sent within `status_interval`).
-    fn confirm(&self, client: &ReplicationClient, stream: &mut Stream) {
+    fn confirm(&mut self, client: &ReplicationClient, stream: &mut Stream) {
         if stream.ready.is_empty() {
             if let Some(passed) = stream.passed.take() {
                 stream.settled_to = stream.settled_to.max(Some(passed));
@@ -481,6 +520,7 @@ impl WalRelay {
             if lsn > stream.confirmed {
                 client.update_applied_lsn(lsn);
                 stream.confirmed = lsn;
+                self.resume_from = self.resume_from.max(lsn);
             }
         }
     }
@@ -488,6 +528,9 @@ impl WalRelay {
     /// End the session, first waiting (up to twice the status interval) until the
     /// confirmed position has been sent, so a resume starts there.
     async fn close(&self, mut client: ReplicationClient, stream: &Stream) {
+        if let Err(e) = self.outbox.save_position(stream.confirmed).await {
+            tracing::warn!(error = %e.report(), "wal relay: saving the confirmed position failed");
+        }
         let metrics = client.metrics();
         let deadline =
             Instant::now() + self.config.status_interval * 2 + Duration::from_millis(500);
@@ -539,7 +582,7 @@ struct Stream {
 }
 
 impl Stream {
-    fn new() -> Self {
+    fn new(confirmed: Lsn) -> Self {
         Stream {
             in_txn: false,
             commit_time: SystemTime::UNIX_EPOCH,
@@ -548,7 +591,7 @@ impl Stream {
             ends: VecDeque::new(),
             passed: None,
             settled_to: None,
-            confirmed: Lsn::ZERO,
+            confirmed,
         }
     }
 
@@ -569,6 +612,13 @@ impl Stream {
     /// Commit time of the oldest message waiting.
     fn oldest(&self) -> Option<SystemTime> {
         self.ready.front().map(|m| m.created_at)
+    }
+}
+
+/// Release a slot lock; a lock whose session is gone is released already.
+async fn release(guard: Box<dyn LockGuard>) {
+    if let Err(e) = guard.unlock().await {
+        tracing::debug!(error = %e.report(), "wal relay: releasing the slot lock failed");
     }
 }
 
