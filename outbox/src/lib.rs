@@ -27,6 +27,12 @@ pub use outbox_sqlite as sqlite;
 #[cfg(feature = "postgres")]
 pub use outbox_postgres as postgres;
 
+/// The log-tailing relay for PostgreSQL (feature `postgres-wal`): messages enqueued as
+/// logical decoding messages and streamed from a replication slot. See the crate docs
+/// for when to choose it over the polling relay.
+#[cfg(feature = "postgres-wal")]
+pub use outbox_postgres_wal as postgres_wal;
+
 /// The SQL Server backend (feature `sqlserver`).
 #[cfg(feature = "sqlserver")]
 pub use outbox_sqlserver as sqlserver;
