@@ -11,7 +11,7 @@ check() {
 }
 check
 check --no-default-features
-for feature in sqlite postgres mysql sqlserver dynamodb nats rabbitmq testkit serde otel; do
+for feature in sqlite postgres postgres-wal mysql sqlserver dynamodb nats rabbitmq testkit serde otel; do
     check --no-default-features --features "$feature"
 done
 check --all-features
@@ -19,7 +19,7 @@ check --all-features
 # What a plain `outbox = "0.1"` compiles: the core and SQLite, no PostgreSQL driver.
 tree=$(cargo tree -p outbox --locked -e normal --prefix none)
 grep -q '^outbox-sqlite ' <<<"$tree" || { echo "default features lack outbox-sqlite" >&2; exit 1; }
-for absent in outbox-postgres sqlx-postgres outbox-mysql sqlx-mysql outbox-sqlserver tiberius outbox-dynamodb aws-sdk-dynamodb outbox-nats async-nats outbox-rabbitmq lapin outbox-testkit opentelemetry tracing-opentelemetry; do
+for absent in outbox-postgres outbox-postgres-wal pgwire-replication sqlx-postgres outbox-mysql sqlx-mysql outbox-sqlserver tiberius outbox-dynamodb aws-sdk-dynamodb outbox-nats async-nats outbox-rabbitmq lapin outbox-testkit opentelemetry tracing-opentelemetry; do
     if grep -q "^$absent " <<<"$tree"; then
         echo "default features compile $absent" >&2
         exit 1
@@ -28,6 +28,14 @@ done
 # And PostgreSQL alone does not compile SQLite.
 tree=$(cargo tree -p outbox --locked -e normal --prefix none --no-default-features --features postgres)
 for absent in outbox-sqlite sqlx-sqlite libsqlite3-sys; do
+    if grep -q "^$absent " <<<"$tree"; then
+        echo "--features postgres compiles $absent" >&2
+        exit 1
+    fi
+done
+# And the polling PostgreSQL backend alone does not compile the replication client.
+tree=$(cargo tree -p outbox --locked -e normal --prefix none --no-default-features --features postgres)
+for absent in outbox-postgres-wal pgwire-replication; do
     if grep -q "^$absent " <<<"$tree"; then
         echo "--features postgres compiles $absent" >&2
         exit 1

@@ -123,6 +123,37 @@ pub fn relay_config(name: &str) -> RelayConfig {
         .shutdown_grace(Duration::from_secs(1))
 }
 
+/// How often a log-tailing worker reports its confirmed position: with
+/// [`WAL_BATCH_SIZE`] and the test's transactions, what bounds its duplicate window.
+pub const WAL_STATUS_INTERVAL: Duration = Duration::from_millis(20);
+/// Messages per publish call of a log-tailing worker.
+pub const WAL_BATCH_SIZE: usize = 10;
+
+/// The log-tailing outbox of a chaos schema: slot, publication and message prefix are
+/// all named after the schema, dead letters live in its `outbox_messages` table.
+pub fn wal_outbox_config(schema: &str) -> outbox_postgres_wal::WalOutboxConfig {
+    outbox_postgres_wal::WalOutboxConfig::default()
+        .with_slot(schema)
+        .with_publication(schema)
+        .with_prefix(schema)
+        .with_dead_letters(outbox_postgres::PgOutboxConfig::default().with_schema(schema))
+}
+
+/// The settings of every log-tailing worker: small batches, frequent status updates,
+/// quick reconnects.
+pub fn wal_relay_config() -> outbox_postgres_wal::WalRelayConfig {
+    outbox_postgres_wal::WalRelayConfig::default()
+        .with_batch_size(WAL_BATCH_SIZE)
+        .with_status_interval(WAL_STATUS_INTERVAL)
+        .with_reconnect_backoff(Duration::from_millis(20), Duration::from_millis(500))
+        .with_lock_retry(Duration::from_millis(50))
+        .with_lag_interval(Duration::from_millis(500))
+        .with_retry(
+            RetryPolicy::with_max_attempts(20)
+                .backoff(Duration::from_millis(10), Duration::from_millis(200)),
+        )
+}
+
 /// DDL of `<schema>.published`, the record of every publish. `schema` must be a plain
 /// identifier (it is double-quoted, not escaped).
 pub fn published_ddl(schema: &str) -> String {

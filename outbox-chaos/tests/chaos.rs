@@ -227,6 +227,148 @@ async fn workers_resume_after_postgres_restarts() {
     pool.close().await;
 }
 
+/// Messages per enqueuing transaction in the tests (`support::enqueue_keyed*`).
+const TXN: usize = 100;
+
+/// The documented duplicate window of a log-tailing relay killed while the server
+/// stays up: what it published after the last position the server received. That
+/// position lags by the messages of a transaction not yet wholly settled (confirmed
+/// positions are transaction ends) and by those settled during the last status
+/// interval, plus the batch in flight: bounded here by two transactions and a batch.
+fn wal_window() -> usize {
+    2 * TXN + outbox_chaos::WAL_BATCH_SIZE
+}
+
+/// The log-tailing relay (`chaos-wal-worker`, one active and one standby on the lock)
+/// drains 3000 messages from a private cluster with `wal_level = logical` while a
+/// random worker is SIGKILLed four times and the cluster restarted twice: nothing
+/// lost or dead-lettered, first publishes in per-key (commit) order, duplicates within
+/// the documented windows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_relay_survives_sigkills_and_restarts() {
+    const MESSAGES: usize = 3000;
+    const KEYS: usize = 50;
+    const WORKERS: usize = 2;
+    /// What happens at each progress point: `true` kills a worker, `false` restarts
+    /// the cluster.
+    const EVENTS: [bool; 6] = [true, true, false, true, false, true];
+    if support::url("chaos: log-tailing relay").is_none() {
+        return;
+    }
+    let _serial = support::serial().await;
+    let started = Instant::now();
+    let cluster = match Cluster::start_with(&[
+        ("wal_level", "logical"),
+        ("max_wal_senders", "10"),
+        ("max_replication_slots", "10"),
+    ]) {
+        Ok(cluster) => cluster,
+        Err(Unavailable(why)) if outbox_testkit::integration_required() => {
+            panic!(
+                "cannot start a private PostgreSQL cluster but OUTBOX_REQUIRE_INTEGRATION=1: {why}"
+            )
+        }
+        Err(Unavailable(why)) => {
+            eprintln!("SKIPPED: chaos: log-tailing relay: {why}");
+            return;
+        }
+    };
+    let url = cluster.url();
+    let pool = support::connect(&url, 3).await;
+    let schema = support::schema_name();
+    let table = support::qualified(&schema, TABLE);
+    let outbox =
+        outbox_postgres_wal::WalOutbox::new(pool.clone(), outbox_chaos::wal_outbox_config(&schema))
+            .expect("a valid outbox config");
+    outbox.install().await.expect("install the slot");
+    sqlx::raw_sql(&outbox_chaos::published_ddl(&schema))
+        .execute(&pool)
+        .await
+        .expect("create the published table");
+    let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
+        .fetch_one(&pool)
+        .await
+        .expect("server version");
+    let sent = support::enqueue_keyed_wal(&outbox, MESSAGES, KEYS).await;
+    let spec = WorkerSpec {
+        url: url.clone(),
+        schema: schema.clone(),
+        table: TABLE.to_owned(),
+        order: KeyOrder::PerKey,
+        pool_size: 3,
+    };
+    let mut workers: Vec<Worker> = (0..WORKERS)
+        .map(|n| Worker::spawn_wal(&spec, format!("w{n}")))
+        .collect();
+
+    let mut bound = 0_i64;
+    let (mut kills, mut restarts) = (0, 0);
+    for (n, &kill) in EVENTS.iter().enumerate() {
+        let target = i64::try_from(MESSAGES * (n + 1) / (EVENTS.len() + 2)).unwrap();
+        let (p, sc) = (&pool, schema.as_str());
+        support::wait_with_workers(
+            &format!("{target} messages published before event {n}"),
+            &mut workers,
+            || async move { support::published_distinct(p, sc).await >= target },
+        )
+        .await;
+        if kill {
+            kills += 1;
+            let victim = fastrand::usize(..WORKERS);
+            workers[victim].kill().await;
+            workers[victim] = Worker::spawn_wal(&spec, format!("w{victim}.{n}"));
+            bound += i64::try_from(wal_window()).unwrap();
+        } else {
+            restarts += 1;
+            // The restart ends the active worker's session as a kill would; the
+            // worker survives and resumes from the position it confirmed itself
+            // (before PostgreSQL 17 the server may have gone back to an older one).
+            bound += i64::try_from(wal_window()).unwrap();
+            cluster.restart().await;
+        }
+        let published = support::published_distinct(&pool, &schema).await;
+        assert!(
+            published < i64::try_from(MESSAGES).unwrap(),
+            "event {n} came after the drain had finished"
+        );
+    }
+    let (p, sc) = (&pool, schema.as_str());
+    let all = i64::try_from(MESSAGES).unwrap();
+    support::wait_with_workers("every message published", &mut workers, || async move {
+        support::published_distinct(p, sc).await >= all
+    })
+    .await;
+    for worker in workers {
+        let id = worker.id.clone();
+        let status = worker.stop().await;
+        assert!(status.success(), "worker {id} stopped with {status}");
+    }
+    let delivery = support::check_delivery(&pool, &schema, &sent).await;
+    let dead = support::dead(&pool, &table).await;
+    println!(
+        "chaos wal: messages={MESSAGES} keys={KEYS} workers={WORKERS} kills={kills} \
+         restarts={restarts} server_version={version} lost={} duplicates={} bound={bound} \
+         dead={dead} elapsed={:.1?}",
+        delivery.lost,
+        delivery.duplicates,
+        started.elapsed()
+    );
+    assert_eq!(delivery.lost, 0, "messages lost: {delivery:?}");
+    assert_eq!(delivery.unexpected, 0, "{delivery:?}");
+    assert_eq!(dead, 0, "no message should be dead-lettered");
+    assert!(
+        delivery.duplicates <= bound,
+        "{} duplicates exceed the bound of {bound}",
+        delivery.duplicates
+    );
+    assert!(
+        delivery.order_violations.is_empty(),
+        "per-key order broken: {:#?}",
+        &delivery.order_violations[..delivery.order_violations.len().min(10)]
+    );
+    pool.close().await;
+}
+
 /// Rows no enqueue would write, planted with SQL under running workers (unordered and
 /// per key), are dead-lettered with a readable error, and the normal messages around
 /// them are delivered.

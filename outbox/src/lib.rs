@@ -30,6 +30,11 @@ pub use outbox_postgres as postgres;
 /// The MySQL / MariaDB backend (feature `mysql`).
 #[cfg(feature = "mysql")]
 pub use outbox_mysql as mysql;
+/// The log-tailing relay for PostgreSQL (feature `postgres-wal`): messages enqueued as
+/// logical decoding messages and streamed from a replication slot. See the crate docs
+/// for when to choose it over the polling relay.
+#[cfg(feature = "postgres-wal")]
+pub use outbox_postgres_wal as postgres_wal;
 
 /// The SQL Server backend (feature `sqlserver`).
 #[cfg(feature = "sqlserver")]

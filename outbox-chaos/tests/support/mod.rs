@@ -166,6 +166,37 @@ pub(crate) async fn enqueue_keyed(outbox: &PgOutbox, count: usize, keys: usize) 
     sent
 }
 
+/// As [`enqueue_keyed`], as logical decoding messages of a log-tailing outbox.
+pub(crate) async fn enqueue_keyed_wal(
+    outbox: &outbox_postgres_wal::WalOutbox,
+    count: usize,
+    keys: usize,
+) -> Vec<Sent> {
+    let mut sent = Vec::with_capacity(count);
+    let mut batch = Vec::new();
+    for n in 0..count {
+        let key = if n < keys { n } else { fastrand::usize(..keys) };
+        let key = format!("key-{key:03}");
+        let message = NewMessage::builder("chaos.events")
+            .partition_key(key.as_str())
+            .payload(format!("message {n}").into_bytes())
+            .build()
+            .expect("a valid message");
+        sent.push(Sent {
+            id: message.id().as_uuid(),
+            key,
+        });
+        batch.push(message);
+        if batch.len() == 100 || n + 1 == count {
+            let mut tx = outbox.pool().begin().await.expect("begin");
+            outbox.enqueue(&mut tx, &batch).await.expect("enqueue");
+            tx.commit().await.expect("commit");
+            batch.clear();
+        }
+    }
+    sent
+}
+
 /// Rows neither dispatched nor dead: pending or in flight.
 pub(crate) async fn undelivered(pool: &PgPool, table: &str) -> i64 {
     sqlx::query_scalar(&format!(
@@ -278,13 +309,22 @@ pub(crate) struct Worker {
 impl Worker {
     /// Start a worker; its stdout and stderr are kept in memory (the last lines).
     pub(crate) fn spawn(spec: &WorkerSpec, id: impl Into<String>) -> Worker {
+        Worker::spawn_bin(env!("CARGO_BIN_EXE_chaos-worker"), spec, id)
+    }
+
+    /// Start a log-tailing worker (`chaos-wal-worker`) on `spec.schema`'s slot.
+    pub(crate) fn spawn_wal(spec: &WorkerSpec, id: impl Into<String>) -> Worker {
+        Worker::spawn_bin(env!("CARGO_BIN_EXE_chaos-wal-worker"), spec, id)
+    }
+
+    fn spawn_bin(bin: &str, spec: &WorkerSpec, id: impl Into<String>) -> Worker {
         let id = id.into();
         let per_key = if spec.order == KeyOrder::PerKey {
             "1"
         } else {
             "0"
         };
-        let mut child = Command::new(env!("CARGO_BIN_EXE_chaos-worker"))
+        let mut child = Command::new(bin)
             .env(ENV_URL, &spec.url)
             .env(ENV_SCHEMA, &spec.schema)
             .env(ENV_TABLE, &spec.table)

@@ -1,0 +1,428 @@
+//! Settings: [`WalOutboxConfig`] (where messages go and what the log carries),
+//! [`WalRelayConfig`] (how the relay streams and publishes) and [`ReplicationTarget`]
+//! (where the relay's replication connection goes).
+
+use std::fmt;
+use std::time::Duration;
+
+use outbox_core::backend::validate_identifier;
+use outbox_core::{Error, MessageLimits, Result, RetryPolicy};
+use outbox_postgres::PgOutboxConfig;
+
+/// PostgreSQL's longest identifier, also the limit for slot and publication names.
+const MAX_NAME_LEN: usize = 63;
+
+/// Where a [`WalOutbox`](crate::WalOutbox) writes and what its relay reads.
+///
+/// ```
+/// use outbox_postgres_wal::WalOutboxConfig;
+///
+/// let config = WalOutboxConfig::default().with_slot("billing_outbox");
+/// config.validate()?;
+/// assert_eq!(config.prefix(), "outbox");
+/// assert_eq!(config.publication(), "outbox_wal");
+/// # Ok::<(), outbox_core::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WalOutboxConfig {
+    slot: String,
+    publication: String,
+    prefix: String,
+    limits: MessageLimits,
+    dead_letters: PgOutboxConfig,
+}
+
+impl Default for WalOutboxConfig {
+    /// Slot `outbox_wal`, publication `outbox_wal`, prefix `outbox`, default limits,
+    /// dead letters in `outbox-postgres`'s default table (`outbox.outbox_messages`).
+    fn default() -> Self {
+        WalOutboxConfig {
+            slot: "outbox_wal".to_owned(),
+            publication: "outbox_wal".to_owned(),
+            prefix: "outbox".to_owned(),
+            limits: MessageLimits::default(),
+            dead_letters: PgOutboxConfig::default(),
+        }
+    }
+}
+
+impl WalOutboxConfig {
+    /// The logical replication slot the relay reads (an identifier: `[a-z_][a-z0-9_]*`,
+    /// at most 63 bytes). One slot per relay; see the crate docs on scaling out.
+    #[must_use]
+    pub fn with_slot(mut self, slot: impl Into<String>) -> Self {
+        self.slot = slot.into();
+        self
+    }
+
+    /// The publication named to `pgoutput` (an identifier). The relay reads only
+    /// logical decoding messages, so the publication needs no tables;
+    /// [`WalOutbox::install`](crate::WalOutbox::install) creates it empty.
+    #[must_use]
+    pub fn with_publication(mut self, publication: impl Into<String>) -> Self {
+        self.publication = publication.into();
+        self
+    }
+
+    /// The logical decoding message prefix that marks this outbox's messages (an
+    /// identifier). Relays over the same slot publish only messages with their prefix
+    /// and skip every other message, so several outboxes can share a database.
+    #[must_use]
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The limits enqueue checks every message against (those of `outbox-core`).
+    #[must_use]
+    pub fn with_limits(mut self, limits: MessageLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The `outbox-postgres` table holding this outbox's dead letters, listed and
+    /// requeued with `PgOutbox`'s admin (`OutboxAdmin`).
+    #[must_use]
+    pub fn with_dead_letters(mut self, table: PgOutboxConfig) -> Self {
+        self.dead_letters = table;
+        self
+    }
+
+    /// The slot's name.
+    pub fn slot(&self) -> &str {
+        &self.slot
+    }
+
+    /// The publication's name.
+    pub fn publication(&self) -> &str {
+        &self.publication
+    }
+
+    /// The message prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The message limits.
+    pub fn limits(&self) -> &MessageLimits {
+        &self.limits
+    }
+
+    /// The dead-letter table's config.
+    pub fn dead_letters(&self) -> &PgOutboxConfig {
+        &self.dead_letters
+    }
+
+    /// Check every name.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a name that is not an
+    /// identifier, or an invalid dead-letter table config.
+    pub fn validate(&self) -> Result<()> {
+        let check = |what: &str, name: &str| {
+            validate_identifier(what, name, MAX_NAME_LEN)
+                .map_err(|e| Error::config(e.message().to_owned()))
+        };
+        check("replication slot", &self.slot)?;
+        check("publication", &self.publication)?;
+        check("message prefix", &self.prefix)?;
+        self.dead_letters.validate()
+    }
+}
+
+/// How a [`WalRelay`](crate::WalRelay) publishes and keeps its place.
+///
+/// ```
+/// use std::time::Duration;
+/// use outbox_postgres_wal::WalRelayConfig;
+///
+/// let config = WalRelayConfig::default()
+///     .with_batch_size(200)
+///     .with_status_interval(Duration::from_millis(100));
+/// config.validate()?;
+/// # Ok::<(), outbox_core::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct WalRelayConfig {
+    /// Most messages handed to one `Publisher::publish` call. Default 256.
+    pub batch_size: usize,
+    /// How often the confirmed position is reported to the server (standby status
+    /// updates). A relay killed between two reports republishes what it published since
+    /// the last one. Default 200 ms.
+    pub status_interval: Duration,
+    /// Attempts and backoff for retryable publish failures; after `max_attempts` the
+    /// message is dead-lettered. Default: `RetryPolicy::default()`.
+    pub retry: RetryPolicy,
+    /// First and longest wait before reconnecting after the stream or the database
+    /// failed. Defaults 100 ms and 30 s.
+    pub reconnect_backoff: (Duration, Duration),
+    /// How often a relay waiting for another relay's slot lock tries again. Default 1 s.
+    pub lock_retry: Duration,
+    /// How often the slot's lag is read, exported as gauges and checked for
+    /// invalidation. Default 5 s.
+    pub lag_interval: Duration,
+    /// The replication connection's `application_name`. Default `outbox-wal-relay`.
+    pub application_name: String,
+}
+
+impl Default for WalRelayConfig {
+    fn default() -> Self {
+        WalRelayConfig {
+            batch_size: 256,
+            status_interval: Duration::from_millis(200),
+            retry: RetryPolicy::default(),
+            reconnect_backoff: (Duration::from_millis(100), Duration::from_secs(30)),
+            lock_retry: Duration::from_secs(1),
+            lag_interval: Duration::from_secs(5),
+            application_name: "outbox-wal-relay".to_owned(),
+        }
+    }
+}
+
+impl WalRelayConfig {
+    /// Set [`batch_size`](Self::batch_size).
+    #[must_use]
+    pub fn with_batch_size(mut self, batch_size: usize) -> Self {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// Set [`status_interval`](Self::status_interval).
+    #[must_use]
+    pub fn with_status_interval(mut self, interval: Duration) -> Self {
+        self.status_interval = interval;
+        self
+    }
+
+    /// Set [`retry`](Self::retry).
+    #[must_use]
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Set [`reconnect_backoff`](Self::reconnect_backoff).
+    #[must_use]
+    pub fn with_reconnect_backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.reconnect_backoff = (first, max);
+        self
+    }
+
+    /// Set [`lock_retry`](Self::lock_retry).
+    #[must_use]
+    pub fn with_lock_retry(mut self, interval: Duration) -> Self {
+        self.lock_retry = interval;
+        self
+    }
+
+    /// Set [`lag_interval`](Self::lag_interval).
+    #[must_use]
+    pub fn with_lag_interval(mut self, interval: Duration) -> Self {
+        self.lag_interval = interval;
+        self
+    }
+
+    /// Check the values.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a zero batch size,
+    /// a batch above [`outbox_core::store::MAX_CLAIM_BATCH`], a zero interval, a
+    /// backoff whose first wait exceeds its longest, an invalid retry policy or an
+    /// empty application name.
+    pub fn validate(&self) -> Result<()> {
+        if self.batch_size == 0 || self.batch_size > outbox_core::store::MAX_CLAIM_BATCH {
+            return Err(Error::config(format!(
+                "batch size must be within 1..={}",
+                outbox_core::store::MAX_CLAIM_BATCH
+            )));
+        }
+        for (what, d) in [
+            ("status interval", self.status_interval),
+            ("lock retry interval", self.lock_retry),
+            ("lag interval", self.lag_interval),
+            ("first reconnect wait", self.reconnect_backoff.0),
+        ] {
+            if d.is_zero() {
+                return Err(Error::config(format!("{what} must be above zero")));
+            }
+        }
+        if self.reconnect_backoff.0 > self.reconnect_backoff.1 {
+            return Err(Error::config("first reconnect wait exceeds the longest"));
+        }
+        if self.application_name.trim().is_empty() {
+            return Err(Error::config("application name must not be empty"));
+        }
+        self.retry.validate()
+    }
+}
+
+/// Where the relay opens its replication connection: host, port, user, password and
+/// database, read from a `postgres://` URL. The user needs the `REPLICATION` attribute
+/// (or to be a superuser).
+///
+/// `Debug` hides the password.
+///
+/// ```
+/// use outbox_postgres_wal::ReplicationTarget;
+///
+/// let t = ReplicationTarget::from_url("postgres://relay:s3cret@db.internal:6432/shop")?;
+/// assert_eq!((t.host(), t.port(), t.user(), t.database()), ("db.internal", 6432, "relay", "shop"));
+/// assert!(!format!("{t:?}").contains("s3cret"));
+/// # Ok::<(), outbox_core::Error>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct ReplicationTarget {
+    host: String,
+    port: u16,
+    user: String,
+    password: String,
+    database: String,
+}
+
+impl ReplicationTarget {
+    /// Read a `postgres://user[:password]@host[:port][/database]` URL. The database
+    /// defaults to the user's name, the port to 5432.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a URL that does not
+    /// parse, another scheme, a missing host or user, or an `sslmode` that needs TLS
+    /// (the replication connection has no TLS; see the crate's limitations).
+    pub fn from_url(url: &str) -> Result<Self> {
+        let parsed = url::Url::parse(url)
+            .map_err(|e| Error::config(format!("replication URL does not parse: {e}")))?;
+        if !matches!(parsed.scheme(), "postgres" | "postgresql") {
+            return Err(Error::config(
+                "replication URL must start with postgres:// or postgresql://",
+            ));
+        }
+        let decode = |s: &str| {
+            url::form_urlencoded::parse(format!("x={s}").as_bytes())
+                .next()
+                .map(|(_, v)| v.into_owned())
+                .unwrap_or_default()
+        };
+        let host = parsed
+            .host_str()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| Error::config("replication URL has no host"))?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let user = decode(parsed.username());
+        if user.is_empty() {
+            return Err(Error::config("replication URL has no user"));
+        }
+        let password = parsed.password().map(decode).unwrap_or_default();
+        let database = match parsed.path().trim_start_matches('/') {
+            "" => user.clone(),
+            db => decode(db),
+        };
+        for (key, value) in parsed.query_pairs() {
+            if key == "sslmode" && !matches!(&*value, "disable" | "allow" | "prefer") {
+                return Err(Error::config(format!(
+                    "sslmode={value}: the replication connection has no TLS support"
+                )));
+            }
+        }
+        Ok(ReplicationTarget {
+            host,
+            port: parsed.port().unwrap_or(5432),
+            user,
+            password,
+            database,
+        })
+    }
+
+    /// The server's host name or address.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The user name.
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+
+    /// The database holding the slot.
+    pub fn database(&self) -> &str {
+        &self.database
+    }
+
+    pub(crate) fn password(&self) -> &str {
+        &self.password
+    }
+}
+
+impl fmt::Debug for ReplicationTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReplicationTarget")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("user", &self.user)
+            .field("database", &self.database)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use outbox_core::ErrorKind;
+
+    #[test]
+    fn names_must_be_identifiers() {
+        assert!(WalOutboxConfig::default().validate().is_ok());
+        for bad in [
+            WalOutboxConfig::default().with_slot("Bad-Slot"),
+            WalOutboxConfig::default().with_publication("p; drop"),
+            WalOutboxConfig::default().with_prefix(""),
+            WalOutboxConfig::default().with_slot("s".repeat(64)),
+        ] {
+            assert_eq!(bad.validate().unwrap_err().kind(), ErrorKind::Config);
+        }
+    }
+
+    #[test]
+    fn relay_config_bounds() {
+        assert!(WalRelayConfig::default().validate().is_ok());
+        for bad in [
+            WalRelayConfig::default().with_batch_size(0),
+            WalRelayConfig::default().with_batch_size(outbox_core::store::MAX_CLAIM_BATCH + 1),
+            WalRelayConfig::default().with_status_interval(Duration::ZERO),
+            WalRelayConfig::default()
+                .with_reconnect_backoff(Duration::from_secs(2), Duration::from_secs(1)),
+            WalRelayConfig::default().with_retry(RetryPolicy::with_max_attempts(0)),
+        ] {
+            assert_eq!(bad.validate().unwrap_err().kind(), ErrorKind::Config);
+        }
+    }
+
+    #[test]
+    fn urls() {
+        let t = ReplicationTarget::from_url("postgresql://u%40x:p%2Fw@127.0.0.1").unwrap();
+        assert_eq!(t.user(), "u@x");
+        assert_eq!(t.password(), "p/w");
+        assert_eq!(t.database(), "u@x");
+        assert_eq!(t.port(), 5432);
+        let t = ReplicationTarget::from_url("postgres://u@[::1]:7/db?sslmode=disable").unwrap();
+        assert_eq!((t.host(), t.port(), t.database()), ("::1", 7, "db"));
+        for bad in [
+            "mysql://u@h/db",
+            "postgres://h/db",
+            "not a url",
+            "postgres://u@h/db?sslmode=require",
+        ] {
+            assert_eq!(
+                ReplicationTarget::from_url(bad).unwrap_err().kind(),
+                ErrorKind::Config,
+                "{bad}"
+            );
+        }
+    }
+}

@@ -1,0 +1,397 @@
+//! [`WalOutbox`]: enqueue as logical decoding messages, install the slot and the
+//! publication, read the slot's state, write dead letters.
+
+use std::time::SystemTime;
+
+use outbox_core::backend::{bounded_error, check_enqueue};
+use outbox_core::{Error, ErrorKind, Message, NewMessage, Result};
+use outbox_postgres::PgOutbox;
+use sqlx::{PgConnection, PgPool};
+
+use pgwire_replication::Lsn;
+
+use crate::codec;
+use crate::config::WalOutboxConfig;
+use crate::error::from_sqlx;
+
+/// One statement per batch: each content becomes one transactional logical decoding
+/// message, in array order (the function scan reads the array in order and the
+/// aggregate consumes it as it comes).
+const ENQUEUE: &str =
+    "SELECT count(pg_logical_emit_message(true, $1, m))::int8 FROM unnest($2::bytea[]) AS t(m)";
+
+/// The table (in the dead letters' schema) where relays save each slot's confirmed
+/// position.
+pub const POSITIONS_TABLE: &str = "outbox_wal_positions";
+
+/// The slot's row, with the lag computed by the server.
+const SLOT_STATUS: &str = "SELECT plugin::text, database::text, active, wal_status, \
+     (restart_lsn IS NULL) AS no_restart, \
+     CASE WHEN pg_is_in_recovery() THEN NULL \
+          ELSE (pg_current_wal_lsn() - confirmed_flush_lsn)::int8 END AS lag_bytes \
+     FROM pg_replication_slots WHERE slot_name = $1";
+
+/// `SLOT_STATUS`'s columns.
+type SlotRow = (
+    Option<String>,
+    Option<String>,
+    bool,
+    Option<String>,
+    bool,
+    Option<i64>,
+);
+
+/// The log-tailing outbox: messages enqueued in the caller's transaction as
+/// transactional logical decoding messages (`pg_logical_emit_message(true, prefix,
+/// content)`), which the server writes to its log at no table's cost and hands to the
+/// slot's reader only once that transaction commits.
+///
+/// Dead letters go to an `outbox-postgres` table ([`dead_letters`](Self::dead_letters)),
+/// where `OutboxAdmin` lists, requeues and discards them as for the polling relay.
+#[derive(Debug, Clone)]
+pub struct WalOutbox {
+    pool: PgPool,
+    config: WalOutboxConfig,
+    dead_letters: PgOutbox,
+}
+
+/// A replication slot's state as [`WalOutbox::slot_status`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SlotStatus {
+    /// The slot's output plugin (`pgoutput` for slots this crate creates).
+    pub plugin: Option<String>,
+    /// The database the slot decodes.
+    pub database: Option<String>,
+    /// Whether a session streams from the slot now.
+    pub active: bool,
+    /// `pg_replication_slots.wal_status`: `reserved`, `extended`, `unreserved` or
+    /// `lost`.
+    pub wal_status: Option<String>,
+    /// Bytes of log between the server's current position and the slot's confirmed
+    /// position: what a relay still has to read. `None` on a standby.
+    pub lag_bytes: Option<u64>,
+    /// The slot can no longer serve changes: the server removed log it still needed
+    /// (`max_slot_wal_keep_size` exceeded). Messages committed after its confirmed
+    /// position are gone from the log; see the crate docs.
+    pub invalidated: bool,
+}
+
+impl WalOutbox {
+    /// An outbox on `pool`'s database.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for an invalid config.
+    pub fn new(pool: PgPool, config: WalOutboxConfig) -> Result<Self> {
+        config.validate()?;
+        let dead_letters = PgOutbox::new(pool.clone(), config.dead_letters().clone())?;
+        Ok(WalOutbox {
+            pool,
+            config,
+            dead_letters,
+        })
+    }
+
+    /// The config.
+    pub fn config(&self) -> &WalOutboxConfig {
+        &self.config
+    }
+
+    /// The pool statements run on.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The `outbox-postgres` outbox holding the dead letters: list, requeue and discard
+    /// them with its `OutboxAdmin`. A requeued dead letter becomes an ordinary row of
+    /// that table, delivered by a polling relay (`outbox_core::Relay`) over it.
+    pub fn dead_letters(&self) -> &PgOutbox {
+        &self.dead_letters
+    }
+
+    /// Create what is missing: the dead-letter table (`PgOutbox::install`), the
+    /// publication (empty: the relay reads no table changes) and the logical
+    /// replication slot (plugin `pgoutput`). Safe to run again and from several
+    /// processes at once.
+    ///
+    /// **Install before the first enqueue.** A slot sees only what is committed after
+    /// it was created: messages enqueued before are never streamed.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) when the server's
+    /// `wal_level` is not `logical`, or a slot of that name exists with another plugin
+    /// or database; [`ErrorKind::Storage`](outbox_core::ErrorKind::Storage) when it is
+    /// invalidated; mapped driver errors otherwise (the role needs `REPLICATION` and
+    /// `CREATE` on the database).
+    pub async fn install(&self) -> Result<()> {
+        let wal_level: String = sqlx::query_scalar("SELECT current_setting('wal_level')")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| from_sqlx("read wal_level", e))?;
+        if wal_level != "logical" {
+            return Err(Error::config(format!(
+                "the log-tailing outbox needs wal_level = logical (the server has {wal_level}); \
+                 set it in postgresql.conf and restart the server"
+            )));
+        }
+        self.dead_letters.install().await?;
+        // Names validated and quoted, as above.
+        let positions = format!(
+            "CREATE TABLE IF NOT EXISTS {} (slot text PRIMARY KEY, confirmed_lsn pg_lsn NOT NULL, \
+             updated_at timestamptz NOT NULL DEFAULT now())",
+            self.positions()
+        );
+        sqlx::raw_sql(&positions)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| from_sqlx("create the positions table", e))?;
+        // The name is a validated identifier, quoted: it cannot change the statement.
+        let create_publication = format!(
+            "DO $$ BEGIN CREATE PUBLICATION \"{}\"; \
+             EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+            self.config.publication()
+        );
+        sqlx::raw_sql(&create_publication)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| from_sqlx("create publication", e))?;
+        if self.slot_status().await?.is_none() {
+            let created = sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+                .bind(self.config.slot())
+                .execute(&self.pool)
+                .await;
+            match created {
+                Ok(_) => {}
+                // Another installer created it between the check and here.
+                Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42710") => {}
+                Err(e) => return Err(from_sqlx("create replication slot", e)),
+            }
+        }
+        self.check_slot().await.map(drop)
+    }
+
+    /// The slot's state, `None` when it does not exist.
+    ///
+    /// # Errors
+    /// Mapped driver errors.
+    pub async fn slot_status(&self) -> Result<Option<SlotStatus>> {
+        let row: Option<SlotRow> = sqlx::query_as(SLOT_STATUS)
+            .bind(self.config.slot())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| from_sqlx("read replication slot", e))?;
+        Ok(row.map(
+            |(plugin, database, active, wal_status, no_restart, lag)| SlotStatus {
+                invalidated: no_restart || wal_status.as_deref() == Some("lost"),
+                plugin,
+                database,
+                active,
+                wal_status,
+                lag_bytes: lag.map(|l| u64::try_from(l).unwrap_or(0)),
+            },
+        ))
+    }
+
+    /// The slot's state, or why a relay cannot stream from it: missing, another
+    /// plugin, another database ([`ErrorKind::Config`]), or invalidated
+    /// ([`ErrorKind::Storage`], permanent).
+    pub(crate) async fn check_slot(&self) -> Result<SlotStatus> {
+        let slot = self.config.slot();
+        let status = self.slot_status().await?.ok_or_else(|| {
+            Error::config(format!(
+                "replication slot {slot:?} does not exist: run WalOutbox::install first"
+            ))
+        })?;
+        if status.plugin.as_deref() != Some("pgoutput") {
+            return Err(Error::config(format!(
+                "replication slot {slot:?} uses plugin {:?}, not pgoutput",
+                status.plugin
+            )));
+        }
+        let database: String = sqlx::query_scalar("SELECT current_database()::text")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| from_sqlx("read current database", e))?;
+        if status.database.as_deref() != Some(database.as_str()) {
+            return Err(Error::config(format!(
+                "replication slot {slot:?} decodes database {:?}, not {database:?}",
+                status.database
+            )));
+        }
+        if status.invalidated {
+            return Err(invalidated(slot, status.wal_status.as_deref()));
+        }
+        Ok(status)
+    }
+
+    /// The table holding each slot's last confirmed position, beside the dead letters.
+    fn positions(&self) -> outbox_postgres::QualifiedName {
+        self.dead_letters.qualified_name().sibling(POSITIONS_TABLE)
+    }
+
+    /// The position a relay of this slot last saved.
+    pub(crate) async fn load_position(&self) -> Result<Option<Lsn>> {
+        let sql = format!(
+            "SELECT confirmed_lsn::text FROM {} WHERE slot = $1",
+            self.positions()
+        );
+        let text: Option<String> = sqlx::query_scalar(&sql)
+            .bind(self.config.slot())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| from_sqlx("read the saved position", e))?;
+        text.map(|t| {
+            Lsn::parse(&t)
+                .map_err(|e| Error::new(ErrorKind::Decode, format!("saved position {t:?}: {e}")))
+        })
+        .transpose()
+    }
+
+    /// Save `lsn` as the slot's confirmed position (never moving it back).
+    pub(crate) async fn save_position(&self, lsn: Lsn) -> Result<()> {
+        if lsn == Lsn::ZERO {
+            return Ok(());
+        }
+        let sql = format!(
+            "INSERT INTO {t} (slot, confirmed_lsn) VALUES ($1, $2::pg_lsn) \
+             ON CONFLICT (slot) DO UPDATE SET confirmed_lsn = greatest({t}.confirmed_lsn, excluded.confirmed_lsn), \
+             updated_at = now()",
+            t = self.positions()
+        );
+        sqlx::query(&sql)
+            .bind(self.config.slot())
+            .bind(lsn.to_pg_string())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| from_sqlx("save the confirmed position", e))?;
+        Ok(())
+    }
+
+    /// Enqueue `messages` in the caller's transaction (`conn` must be inside one:
+    /// outside, each message would be committed at once, which is allowed but not what
+    /// an outbox is for). One statement per batch; an empty batch sends none. Messages
+    /// reach the relay in commit order and, within a transaction, in slice order.
+    ///
+    /// # Errors
+    /// - [`ErrorKind::InvalidInput`](outbox_core::ErrorKind::InvalidInput) for a
+    ///   message over the config's limits, or one with a delay (the log carries no
+    ///   due time); [`ErrorKind::Conflict`](outbox_core::ErrorKind::Conflict) for an
+    ///   id given twice in the batch. Nothing was sent: the transaction is usable.
+    /// - Ids are not checked against earlier transactions: nothing is stored to check
+    ///   against. Keep ids fresh (`MessageId::new`, the default).
+    /// - Mapped driver errors otherwise; after them, roll the transaction back.
+    pub async fn enqueue(&self, conn: &mut PgConnection, messages: &[NewMessage]) -> Result<()> {
+        check_enqueue(messages, self.config.limits())?;
+        if let Some(delayed) = messages.iter().find(|m| !m.delay().is_zero()) {
+            return Err(Error::invalid_input(
+                "the log-tailing outbox cannot delay a message: the log carries no due time",
+            )
+            .with_ids(vec![delayed.id()]));
+        }
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let contents: Vec<Vec<u8>> = messages.iter().map(codec::encode).collect();
+        sqlx::query_scalar::<_, i64>(ENQUEUE)
+            .bind(self.config.prefix())
+            .bind(contents)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| from_sqlx("enqueue", e))?;
+        Ok(())
+    }
+
+    /// Enqueue one message; see [`enqueue`](Self::enqueue).
+    ///
+    /// # Errors
+    /// As [`enqueue`](Self::enqueue).
+    pub async fn enqueue_one(&self, conn: &mut PgConnection, message: &NewMessage) -> Result<()> {
+        self.enqueue(conn, std::slice::from_ref(message)).await
+    }
+
+    /// Write `letters` (a message and why it is dead) to the dead-letter table in one
+    /// transaction. A message whose id is there already is left as it is: a relay that
+    /// resumed before its position was confirmed meets the same message again.
+    pub(crate) async fn write_dead_letters(&self, letters: &[DeadLetterRow]) -> Result<()> {
+        if letters.is_empty() {
+            return Ok(());
+        }
+        let sql = format!(
+            "INSERT INTO {} (id, destination, partition_key, payload, content_type, headers, \
+             created_at, available_at, attempts, last_error, dead_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, now(), $8, $9, now()) \
+             ON CONFLICT (id) DO NOTHING",
+            self.dead_letters.qualified_name()
+        );
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(|e| from_sqlx("begin dead-letter write", e))?;
+        for letter in letters {
+            let m = &letter.message;
+            sqlx::query(&sql)
+                .bind(m.id.as_uuid())
+                .bind(&m.destination)
+                .bind(m.partition_key.as_deref())
+                .bind(&m.payload)
+                .bind(m.content_type.as_deref())
+                .bind(sqlx::types::Json(m.headers.to_json()))
+                .bind(chrono::DateTime::<chrono::Utc>::from(m.created_at))
+                .bind(i32::try_from(m.attempts).unwrap_or(i32::MAX - 1))
+                .bind(bounded_error(letter.reason.replace('\0', "\u{FFFD}")))
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| from_sqlx("write dead letter", e))?;
+        }
+        tx.commit()
+            .await
+            .map_err(|e| from_sqlx("commit dead letters", e))
+    }
+}
+
+/// A message the relay gives up on, and why.
+#[derive(Debug, Clone)]
+pub(crate) struct DeadLetterRow {
+    pub(crate) message: Message,
+    pub(crate) reason: String,
+}
+
+/// The error a relay stops with when its slot was invalidated.
+pub(crate) fn invalidated(slot: &str, wal_status: Option<&str>) -> Error {
+    Error::new(
+        ErrorKind::Storage,
+        format!(
+            "replication slot {slot:?} was invalidated (wal_status {}): the server removed \
+             log the slot still needed (max_slot_wal_keep_size exceeded), so messages \
+             committed after its confirmed position may be lost. Refusing to skip them: \
+             see the crate docs on invalidated slots",
+            wal_status.unwrap_or("unknown")
+        ),
+    )
+}
+
+/// `SystemTime` of a PostgreSQL timestamp in microseconds since 2000-01-01 UTC.
+pub(crate) fn pg_time(micros: i64) -> SystemTime {
+    /// 2000-01-01T00:00:00Z in microseconds since the Unix epoch.
+    const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
+    let unix = micros.saturating_add(PG_EPOCH_UNIX_MICROS);
+    match u64::try_from(unix) {
+        Ok(m) => SystemTime::UNIX_EPOCH + std::time::Duration::from_micros(m),
+        Err(_) => SystemTime::UNIX_EPOCH,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pg_epoch() {
+        assert_eq!(
+            pg_time(0),
+            SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(946_684_800)
+        );
+        assert_eq!(pg_time(i64::MIN), SystemTime::UNIX_EPOCH);
+    }
+}
