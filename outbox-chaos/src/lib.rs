@@ -1,4 +1,4 @@
-//! Process-level chaos tests for the PostgreSQL outbox.
+//! Process-level chaos tests for the PostgreSQL and MySQL / MariaDB outboxes.
 //!
 //! `tests/chaos.rs` drives `chaos-worker` processes (see `src/bin/chaos-worker.rs`),
 //! each running one [`Relay`](outbox_core::Relay) over a schema the test installed, with
@@ -25,6 +25,10 @@ use sqlx::PgPool;
 
 /// Environment variable: the PostgreSQL URL the worker connects to (required).
 pub const ENV_URL: &str = "OUTBOX_CHAOS_PG_URL";
+/// Environment variable: a MySQL / MariaDB URL; when set, the worker's outbox is a
+/// `MySqlOutbox` in the database named by [`ENV_SCHEMA`] on that server, and only the
+/// `published` table stays on PostgreSQL.
+pub const ENV_MYSQL_URL: &str = "OUTBOX_CHAOS_MYSQL_URL";
 /// Environment variable: the schema holding the outbox and `published` tables (required).
 pub const ENV_SCHEMA: &str = "OUTBOX_CHAOS_SCHEMA";
 /// Environment variable: the outbox table (default `outbox_messages`).
@@ -55,6 +59,8 @@ pub struct WorkerSettings {
     pub schema: String,
     /// Outbox table.
     pub table: String,
+    /// The MySQL / MariaDB URL of the outbox, if it is not on PostgreSQL.
+    pub mysql_url: Option<String>,
     /// Worker id, recorded in `published.worker`.
     pub worker: String,
     /// Claim ordering.
@@ -94,6 +100,7 @@ impl WorkerSettings {
             url: required(ENV_URL)?,
             schema: required(ENV_SCHEMA)?,
             table: var(ENV_TABLE).unwrap_or_else(|| "outbox_messages".to_owned()),
+            mysql_url: var(ENV_MYSQL_URL),
             worker: var(ENV_WORKER).unwrap_or_else(|| "worker".to_owned()),
             ordering: if var(ENV_PER_KEY).as_deref() == Some("1") {
                 KeyOrder::PerKey

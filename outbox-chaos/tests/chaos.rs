@@ -1,5 +1,5 @@
-//! Process-level chaos: `chaos-worker` relay processes SIGKILLed mid-drain, the
-//! PostgreSQL server restarted under them, poison rows planted beside normal messages.
+//! Process-level chaos: `chaos-worker` relay processes SIGKILLed mid-drain (on
+//! PostgreSQL and on MariaDB), the PostgreSQL server restarted under them, poison rows planted beside normal messages.
 //! Every publish is a row of `<schema>.published`, which is what the checks read.
 //!
 //! ```sh
@@ -53,6 +53,7 @@ async fn sigkilled_workers_lose_nothing() {
         table: TABLE.to_owned(),
         order: KeyOrder::PerKey,
         pool_size: 4,
+        mysql_url: None,
     };
     let mut workers: Vec<Worker> = (0..WORKERS)
         .map(|n| Worker::spawn(&spec, format!("w{n}")))
@@ -119,6 +120,99 @@ async fn sigkilled_workers_lose_nothing() {
     support::drop_schema(&pool, &schema).await;
 }
 
+/// As [`sigkilled_workers_lose_nothing`], with the outbox on MariaDB (or MySQL): three
+/// per-key workers drain 2000 messages over 40 keys while a random one is SIGKILLed
+/// and restarted eight times. Publishes are still recorded on PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkilled_workers_lose_nothing_on_mariadb() {
+    const MESSAGES: usize = 2000;
+    const KEYS: usize = 40;
+    const WORKERS: usize = 3;
+    const KILLS: usize = 8;
+    let Some(url) = support::url("chaos on MariaDB: the published table") else {
+        return;
+    };
+    let Some(mysql_url) = support::mariadb::url("chaos on MariaDB: SIGKILLed relay workers") else {
+        return;
+    };
+    let _serial = support::serial().await;
+    let started = Instant::now();
+    let pool = support::connect_shared(&url, 4).await;
+    let schema = support::schema_name();
+    sqlx::raw_sql(&format!(
+        "CREATE SCHEMA \"{schema}\"; {}",
+        outbox_chaos::published_ddl(&schema)
+    ))
+    .execute(&pool)
+    .await
+    .expect("create the published table");
+    let outbox = support::mariadb::install(&mysql_url, &schema, KeyOrder::PerKey).await;
+    let sent = support::mariadb::enqueue_keyed(&outbox, MESSAGES, KEYS).await;
+    let spec = WorkerSpec {
+        url: url.clone(),
+        schema: schema.clone(),
+        table: TABLE.to_owned(),
+        order: KeyOrder::PerKey,
+        pool_size: 4,
+        mysql_url: Some(mysql_url),
+    };
+    let mut workers: Vec<Worker> = (0..WORKERS)
+        .map(|n| Worker::spawn(&spec, format!("m{n}")))
+        .collect();
+    let undelivered = "dispatched_at IS NULL AND dead_at IS NULL";
+    let step = MESSAGES / (KILLS + 2);
+    for kill in 1..=KILLS {
+        let target = i64::try_from(step * kill + fastrand::usize(..step / 2)).unwrap();
+        let (pool, schema) = (&pool, schema.as_str());
+        support::wait_with_workers(
+            &format!("{target} messages published before kill {kill}"),
+            &mut workers,
+            || async move { support::published_distinct(pool, schema).await >= target },
+        )
+        .await;
+        let victim = fastrand::usize(..WORKERS);
+        workers[victim].kill().await;
+        let left = support::mariadb::count(&outbox, undelivered).await;
+        assert!(left > 0, "kill {kill} came after the drain had finished");
+        workers[victim] = Worker::spawn(&spec, format!("m{victim}.{kill}"));
+    }
+    let o = &outbox;
+    support::wait_with_workers("the outbox to drain", &mut workers, || async move {
+        support::mariadb::count(o, undelivered).await == 0
+    })
+    .await;
+    for worker in workers {
+        let id = worker.id.clone();
+        let status = worker.stop().await;
+        assert!(status.success(), "worker {id} stopped with {status}");
+    }
+    let delivery = support::check_delivery(&pool, &schema, &sent).await;
+    let dead = support::mariadb::count(&outbox, "dead_at IS NOT NULL").await;
+    let bound = i64::try_from(KILLS * window()).unwrap();
+    println!(
+        "chaos sigkill mariadb: messages={MESSAGES} keys={KEYS} workers={WORKERS} \
+         kills={KILLS} lost={} duplicates={} bound={bound} dead={dead} elapsed={:.1?}",
+        delivery.lost,
+        delivery.duplicates,
+        started.elapsed()
+    );
+    assert_eq!(delivery.lost, 0, "messages lost: {delivery:?}");
+    assert_eq!(delivery.unexpected, 0, "{delivery:?}");
+    assert_eq!(dead, 0, "no message should be dead-lettered");
+    assert!(
+        delivery.duplicates <= bound,
+        "{} duplicates exceed the bound of {bound}",
+        delivery.duplicates
+    );
+    assert!(
+        delivery.order_violations.is_empty(),
+        "per-key order broken: {:#?}",
+        &delivery.order_violations[..delivery.order_violations.len().min(10)]
+    );
+    support::mariadb::drop_database(&outbox).await;
+    support::drop_schema(&pool, &schema).await;
+}
+
 /// Two per-key workers drain a private PostgreSQL cluster that is restarted twice
 /// mid-drain: they resume on their own and nothing is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -156,6 +250,7 @@ async fn workers_resume_after_postgres_restarts() {
         table: TABLE.to_owned(),
         order: KeyOrder::PerKey,
         pool_size: 4,
+        mysql_url: None,
     };
     let mut workers: Vec<Worker> = (0..WORKERS)
         .map(|n| Worker::spawn(&spec, format!("w{n}")))
@@ -296,6 +391,7 @@ async fn wal_relay_survives_sigkills_and_restarts() {
         table: TABLE.to_owned(),
         order: KeyOrder::PerKey,
         pool_size: 3,
+        mysql_url: None,
     };
     let mut workers: Vec<Worker> = (0..WORKERS)
         .map(|n| Worker::spawn_wal(&spec, format!("w{n}")))
@@ -402,6 +498,7 @@ async fn poison_rows_do_not_stop_delivery() {
                 // One connection for the publisher and one for the relay's statements,
                 // so 34 workers stay well under the server's 100 connections.
                 pool_size: 1,
+                mysql_url: None,
             };
             let worker = Worker::spawn(&spec, format!("{prefix}-{}", poison.name));
             trials.push((outbox, table, poison, order, worker));

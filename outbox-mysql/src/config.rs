@@ -1,9 +1,5 @@
-//! Settings of [`MySqlOutbox`](crate::MySqlOutbox), [`MySqlDedupStore`](crate::MySqlDedupStore)
-//! and [`MySqlEntityStore`](crate::MySqlEntityStore), and the identifier rules
-//! ([`MySqlRules`]): the configs are the backend kit's `TableConfig`s.
-//!
-//! A "schema" is a MySQL database: `with_schema("billing")` puts the tables in the
-//! database `billing` (created by `install` when missing).
+//! The stores' configs (the kit's `TableConfig`s) and identifier rules ([`MySqlRules`]).
+//! A "schema" is a MySQL database, created by `install` when missing.
 
 use outbox_core::backend::{self, DedupTable, EntityTable, OutboxTable, SqlDialect, TableConfig};
 use outbox_core::{Error, MessageLimits, Result};

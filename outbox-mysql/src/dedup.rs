@@ -1,18 +1,10 @@
 //! [`MySqlDedupStore`]: an inbox table of processed message ids, usable inside the
 //! consumer's own transaction.
 //!
-//! # Protocol (idempotent consumer, same database)
-//!
-//! 1. Begin a transaction.
-//! 2. [`MySqlDedupStore::record_in`] the message id on it. A
-//!    [`Dedup::Duplicate`](outbox_core::Dedup::Duplicate) means it was processed:
-//!    commit (or roll back) and acknowledge it.
-//! 3. On [`Dedup::New`](outbox_core::Dedup::New), apply the handler's writes on the
-//!    same transaction, then commit: the writes and the id become visible together.
-//!
-//! [`MySqlDedupStore::process`] runs these steps in one call. Concurrent deliveries of
-//! one id are serialised by the primary key: the second `record_in` waits for the first
-//! transaction, then reports a duplicate (or `New` if the first rolled back).
+//! [`MySqlDedupStore::record_in`] records an id on your transaction, so the handler's
+//! writes and the id commit together ([`MySqlDedupStore::process`] runs begin, record,
+//! handler, commit in one call). Concurrent deliveries of one id are serialised by the
+//! primary key: the second waits for the first transaction, then reports a duplicate.
 //!
 //! The record is one `INSERT ... ON DUPLICATE KEY UPDATE`: an expired record is
 //! refreshed (and reported `New`); an unexpired one is left as it is and marks the
@@ -173,16 +165,11 @@ impl SqlxInbox for MySqlDedupStore {
 outbox_sqlx::sqlx_dedup_store! {
     store: MySqlDedupStore,
     conn: MySqlConnection,
-    /// Process message `id` for `consumer` exactly once in its own transaction: begin,
-    /// record the id, run `handler` on the transaction, commit. A duplicate runs nothing
-    /// and returns [`Processed::Duplicate`](outbox_core::consumer::Processed::Duplicate);
-    /// a handler error rolls back everything, the id included.
-    ///
-    /// The handler gets the transaction for `'c` only, so it must own what it uses.
+    /// Process message `id` for `consumer` once in its own transaction: begin, record,
+    /// run `handler` (which must own what it uses), commit; a duplicate runs nothing.
     ///
     /// # Errors
-    /// The handler's error, or mapped driver errors of begin, record and commit. An
-    /// error of the commit itself leaves the outcome unknown; the redelivered message
-    /// then reports a duplicate or runs again.
+    /// The handler's error or mapped driver errors; after a failed commit the outcome
+    /// is unknown.
     process
 }

@@ -1,17 +1,8 @@
-//! [`MySqlEntityStore`]: the entity store of the decoupled consumer
-//! ([`DecoupledConsumer`](outbox_core::consumer::DecoupledConsumer)) in a MySQL table.
-//!
-//! One row per entity: `state` and `outbox` as `JSON`, `version` for the optimistic
-//! check. A persist is one statement whose `WHERE` (or primary key) is the check: a
-//! create is a plain `INSERT` (a duplicate key is the conflict), a replace an `UPDATE`
-//! of the expected version; MySQL returns no row from either, so the persist counts the
-//! rows it changed.
-//!
-//! ## Limitations
-//!
-//! - Entity keys are `VARBINARY(255)`, compared byte for byte.
-//! - Do not delete the row of an entity that may still receive messages: re-created,
-//!   its versions start over at 1.
+//! [`MySqlEntityStore`]: one row per entity (`state`, `outbox` as `JSON`, `version` for
+//! the optimistic check). A create is a plain `INSERT` (a duplicate key is the
+//! conflict), a replace an `UPDATE` of the expected version; neither returns a row on
+//! MySQL, so the persist counts the rows changed. Keys are `VARBINARY(255)`. Do not
+//! delete the row of an entity that may still receive messages: its versions restart.
 
 use outbox_sqlx::{EntityStatements, Query, SqlxEntities};
 use serde::Serialize;

@@ -1,7 +1,5 @@
 //! [`MySqlDistributedLock`]: a [`DistributedLock`] on `GET_LOCK`.
 
-use std::fmt;
-
 use async_trait::async_trait;
 use sqlx::pool::PoolConnection;
 use sqlx::{MySql, MySqlPool};
@@ -75,13 +73,8 @@ impl DistributedLock for MySqlDistributedLock {
 }
 
 /// The pooled connection a [`MySqlDistributedLock`] is held on.
+#[derive(Debug)]
 struct Session(PoolConnection<MySql>);
-
-impl fmt::Debug for Session {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MySqlLockSession").finish_non_exhaustive()
-    }
-}
 
 #[async_trait]
 impl LockSession for Session {

@@ -32,9 +32,13 @@ pub(crate) fn time(row: &MySqlRow, column: &str) -> Result<SystemTime> {
     Ok(SystemTime::from(at.and_utc()))
 }
 
-/// Bytes as text, or why they are not.
-fn text(bytes: Vec<u8>, column: &str) -> std::result::Result<String, String> {
-    String::from_utf8(bytes).map_err(|_| format!("{column} is not UTF-8"))
+/// Bytes as text, or why they are not; `lossy` replaces what is not UTF-8 instead.
+fn text(bytes: Vec<u8>, column: &str, lossy: bool) -> std::result::Result<String, String> {
+    match String::from_utf8(bytes) {
+        Ok(text) => Ok(text),
+        Err(e) if lossy => Ok(String::from_utf8_lossy(e.as_bytes()).into_owned()),
+        Err(_) => Err(format!("{column} is not UTF-8")),
+    }
 }
 
 /// A claim's rows, checked against `limits`.
@@ -50,7 +54,7 @@ pub(crate) fn decode_claimed(
         let headers = Headers::from_json(get(row, "headers")?);
         let attempts: i32 = get(row, "attempts")?;
         let checked = match (headers, u32::try_from(attempts)) {
-            (Ok(headers), Ok(attempts)) => message(row, id, headers, attempts)?,
+            (Ok(headers), Ok(attempts)) => message(row, id, headers, attempts, false)?,
             (Err(reason), _) => Err(reason),
             (_, Err(_)) => Err(format!("attempts is {attempts}")),
         }
@@ -64,40 +68,28 @@ pub(crate) fn decode_claimed(
 /// A dead letter, listed with what decodes: headers that are strings, negative
 /// attempts as 0, text that is not UTF-8 replaced.
 pub(crate) fn decode_dead_letter(row: &MySqlRow) -> Result<DeadLetter> {
-    let id: Uuid = get(row, "id")?;
     let headers = Headers::from_json_lossy(get(row, "headers")?);
-    let attempts: i32 = get(row, "attempts")?;
-    let lossy = |c: &str| -> Result<Option<String>> {
-        let bytes: Option<Vec<u8>> = get(row, c)?;
-        Ok(bytes.map(|b| String::from_utf8_lossy(&b).into_owned()))
-    };
-    let message = Message::from(MessageParts {
-        id: MessageId::from_uuid(id),
-        destination: lossy("destination")?.unwrap_or_default(),
-        partition_key: lossy("partition_key")?,
-        payload: get(row, "payload")?,
-        content_type: lossy("content_type")?,
-        headers,
-        created_at: time(row, "created_at")?,
-        attempts: u32::try_from(attempts).unwrap_or(0),
-        last_error: get(row, "last_error")?,
-    });
+    let attempts = u32::try_from(get::<i32>(row, "attempts")?).unwrap_or(0);
+    let message = message(row, get(row, "id")?, headers, attempts, true)?;
+    let message =
+        message.map_err(|e| outbox_core::Error::new(outbox_core::ErrorKind::Decode, e))?;
     Ok(DeadLetter::new(message, time(row, "dead_at")?))
 }
 
-/// The message of a claimed row, or why its content does not make one.
+/// The message of a row, or why its content does not make one (never, with `lossy`).
 fn message(
     row: &MySqlRow,
     id: Uuid,
     headers: Headers,
     attempts: u32,
+    lossy: bool,
 ) -> Result<std::result::Result<Message, String>> {
     let optional = |c: &str| -> Result<std::result::Result<Option<String>, String>> {
         let bytes: Option<Vec<u8>> = get(row, c)?;
-        Ok(bytes.map(|b| text(b, c)).transpose())
+        Ok(bytes.map(|b| text(b, c, lossy)).transpose())
     };
     let parts = (
-        text(get(row, "destination")?, "destination"),
+        text(get(row, "destination")?, "destination", lossy),
         optional("partition_key")?,
         optional("content_type")?,
     );

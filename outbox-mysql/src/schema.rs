@@ -7,14 +7,8 @@
 //! with [`ErrorKind::Schema`](outbox_core::ErrorKind::Schema) when a table was installed
 //! at another version. Installs of one schema are serialised with `GET_LOCK` on a
 //! connection of their own, closed afterwards (DDL commits on its own in MySQL, so the
-//! lock, not a transaction, makes the check and the creation one step).
-//!
-//! # Server features
-//!
-//! Every table is InnoDB. The outbox needs `FOR UPDATE SKIP LOCKED` (MySQL 8.0.1,
-//! MariaDB 10.6), `STORED` generated columns with secondary indexes (MySQL 5.7, MariaDB
-//! 10.2) and `JSON` (MySQL's binary type, MariaDB's checked `LONGTEXT` alias); the
-//! admin statements read id lists with `JSON_TABLE` (MySQL 8.0.4, MariaDB 10.6).
+//! lock, not a transaction, makes the check and the creation one step). The server
+//! features each part needs are in the crate README.
 
 use sqlx::{Connection, Executor, MySqlPool};
 
@@ -32,10 +26,15 @@ const VERSION_TABLE: &str = "outbox_schema_versions";
 /// The complete, idempotent DDL of a table whose own statement is `objects`: the
 /// database, the version table, the table and its version record.
 pub(crate) fn ddl(name: &QualifiedName, objects: &str) -> String {
+    prelude(name) + &versioned(name, objects)
+}
+
+/// `objects` and the version record (the table name is a validated identifier, so
+/// writing it as a literal is safe).
+fn versioned(name: &QualifiedName, objects: &str) -> String {
     format!(
-        "{prelude}{objects}INSERT INTO {versions} (table_name, version) VALUES ('{table}', \
+        "{objects}INSERT INTO {versions} (table_name, version) VALUES ('{table}', \
          {SCHEMA_VERSION}) ON DUPLICATE KEY UPDATE version = version;\n",
-        prelude = prelude(name),
         versions = name.sibling(VERSION_TABLE),
         table = name.table(),
     )
@@ -152,12 +151,13 @@ pub(crate) async fn install(pool: &MySqlPool, name: &QualifiedName, objects: &st
             .await
             .map_err(err)?;
     if locked != Some(1) {
+        let held = format!(
+            "another install of {} held its lock for 60 s",
+            name.schema()
+        );
         return Err(outbox_core::Error::new(
             outbox_core::ErrorKind::Contention,
-            format!(
-                "another install of schema {} held its lock for 60 s",
-                name.schema()
-            ),
+            held,
         ));
     }
     conn.execute(sqlx::raw_sql(&prelude(name)))
@@ -181,15 +181,8 @@ pub(crate) async fn install(pool: &MySqlPool, name: &QualifiedName, objects: &st
             ))
         }
         None => {
-            conn.execute(sqlx::raw_sql(objects)).await.map_err(err)?;
-            sqlx::query(&format!(
-                "INSERT INTO {versions} (table_name, version) VALUES (?, ?)"
-            ))
-            .bind(name.table())
-            .bind(SCHEMA_VERSION)
-            .execute(&mut conn)
-            .await
-            .map_err(err)?;
+            let create = versioned(name, objects);
+            conn.execute(sqlx::raw_sql(&create)).await.map_err(err)?;
         }
     }
     conn.close().await.map_err(err)

@@ -31,33 +31,25 @@ const COLUMNS: &str = "id, destination, partition_key, payload, content_type, he
                        created_at, last_error";
 
 /// Prebuilt statement text; `{ids}` marks where an id list goes ([`with_ids`]).
+/// Parameters: `claim` lease µs, limit (`claim_ids`: lease µs, ids, limit); `lease`
+/// expiry, token, ids; `lock` lease µs (0 but for renewals), ids; `complete` and
+/// `release` ids; `renew` expiry, ids; `fail` error, dead, retry µs, dead, id;
+/// `dead_letter` error, id, token; `release_claim` token, ids.
 #[derive(Debug)]
 pub(crate) struct Statements {
-    /// `?` lease µs, `?` limit: select and lock due rows, with their lease expiry.
     pub(crate) claim: String,
-    /// `?` lease µs, ids, `?` limit.
     pub(crate) claim_ids: String,
-    /// `?` expiry, `?` token, ids: stamp the lease on claimed rows.
     pub(crate) lease: String,
-    /// `?` lease µs (0 but for renewals), ids: lock rows to settle, in id order.
     pub(crate) lock: String,
-    /// Ids: the settle's writes once the fence held (complete, release).
     pub(crate) complete: String,
-    /// Ids.
     pub(crate) release: String,
-    /// `?` expiry, ids.
     pub(crate) renew: String,
-    /// `?` error, `?` dead, `?` retry µs, `?` dead, `?` id (one row).
     pub(crate) fail: String,
-    /// `?` error, `?` id, `?` token: dead-letter a poison row.
     pub(crate) dead_letter: String,
-    /// `?` token, ids: give back a claim that cannot be returned.
     pub(crate) release_claim: String,
-    /// No parameters.
     pub(crate) stats: String,
-    /// By order and cursor, see [`Statements::dead_letters`].
+    /// Dead-letter pages by order and cursor, see [`Statements::dead_letters`].
     pages: [String; 4],
-    /// Count, requeue, discard and purge.
     pub(crate) admin: AdminStatements,
 }
 

@@ -60,15 +60,7 @@ use crate::sql::{padded, with_ids, Statements};
 /// `<table>_key`); dead letters do not block their key. Requeueing a dead letter does
 /// not restore its key's order around it (as on every backend).
 ///
-/// ## Limitations
-///
-/// - "Enqueue order" is `seq` (`AUTO_INCREMENT`), assigned at insert; two transactions
-///   enqueueing one key concurrently may commit in the other order.
-/// - Times are the server's `UTC_TIMESTAMP(6)` at the start of each statement.
-/// - Per-key claims walk past the due rows of blocked keys.
-/// - A row another tool wrote with a zero date (`0000-00-00`, refused under
-///   `NO_ZERO_DATE`) does not decode: the claims meeting it fail with
-///   [`ErrorKind::Decode`](outbox_core::ErrorKind::Decode) and give their rows back.
+/// Its limitations are in the [crate docs](crate#limitations).
 #[derive(Clone)]
 pub struct MySqlOutbox {
     pool: MySqlPool,
@@ -113,7 +105,6 @@ impl MySqlOutbox {
         let sql = Statements::new(&name, &config);
         let relay = MySqlPoolOptions::new()
             .max_connections(pool.options().get_max_connections())
-            .min_connections(0)
             .acquire_timeout(pool.options().get_acquire_timeout())
             .after_connect(|conn, _| {
                 Box::pin(async move {
@@ -251,18 +242,6 @@ impl MySqlOutbox {
         ))
     }
 
-    /// Enqueue one message; see [`enqueue`](Self::enqueue).
-    ///
-    /// # Errors
-    /// As [`enqueue`](Self::enqueue).
-    pub async fn enqueue_one(
-        &self,
-        conn: &mut MySqlConnection,
-        message: &NewMessage,
-    ) -> Result<()> {
-        self.enqueue(conn, std::slice::from_ref(message)).await
-    }
-
     pub(crate) fn statements(&self) -> &Statements {
         &self.inner.sql
     }
@@ -272,17 +251,12 @@ impl MySqlOutbox {
         let err = |e| from_sqlx("claim", e);
         let token = LeaseToken::new();
         let sql = &self.inner.sql;
-        let select = if ids.is_empty() {
-            sql.claim.clone()
-        } else {
-            with_ids(&sql.claim_ids, ids.len())
+        let select = match ids {
+            [] => sql.claim.clone(),
+            ids => with_ids(&sql.claim_ids, ids.len()),
         };
         let query = sqlx::query(&select).bind(micros("lease", lease)?);
-        let query = if ids.is_empty() {
-            query
-        } else {
-            padded(ids).fold(query, |q, id| q.bind(id))
-        };
+        let query = padded(ids).fold(query, |q, id| q.bind(id));
         let mut tx = self.relay.begin().await.map_err(err)?;
         let rows = query
             .bind(limit_param(limit))
@@ -343,45 +317,38 @@ impl MySqlOutbox {
             return Ok(applied);
         }
         let ids: Vec<Uuid> = applied.iter().map(|(id, _)| *id).collect();
-        let by_ids = |text: &str| with_ids(text, ids.len());
-        let statement = match write {
-            Write::Complete => by_ids(&sql.complete),
-            Write::Release => by_ids(&sql.release),
-            Write::Renew(_) => by_ids(&sql.renew),
-            Write::Fail(failures) => {
-                for failure in in_id_order(failures, |f| f.lease().id) {
-                    let id = failure.lease().id.as_uuid();
-                    if !ids.contains(&id) {
-                        continue;
-                    }
-                    let (dead, after) = match failure.disposition() {
-                        Disposition::Retry { after } => (false, after.min(MAX_DELAY)),
-                        Disposition::DeadLetter => (true, Duration::ZERO),
-                    };
-                    sqlx::query(&sql.fail)
-                        .bind(failure.error())
-                        .bind(dead)
-                        .bind(micros("retry delay", after)?)
-                        .bind(dead)
-                        .bind(id)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(err)?;
+        let (text, expiry) = match write {
+            Write::Complete => (&sql.complete, None),
+            Write::Release => (&sql.release, None),
+            Write::Renew(_) => (&sql.renew, Some(applied[0].1)),
+            // One statement per row (failures are rare), in id order.
+            Write::Fail(_) => (&sql.fail, None),
+        };
+        if let Write::Fail(failures) = write {
+            for failure in in_id_order(failures, |f| f.lease().id) {
+                let id = failure.lease().id.as_uuid();
+                let (dead, after) = match failure.disposition() {
+                    Disposition::Retry { after } => (false, after.min(MAX_DELAY)),
+                    Disposition::DeadLetter => (true, Duration::ZERO),
+                };
+                let query = sqlx::query(text).bind(failure.error()).bind(dead);
+                let query = query
+                    .bind(micros("retry delay", after)?)
+                    .bind(dead)
+                    .bind(id);
+                if ids.contains(&id) {
+                    query.execute(&mut *tx).await.map_err(err)?;
                 }
-                tx.commit().await.map_err(err)?;
-                return Ok(applied);
             }
-        };
-        let query = sqlx::query(&statement);
-        let query = match write {
-            Write::Renew(_) => query.bind(applied[0].1),
-            _ => query,
-        };
-        padded(&ids)
-            .fold(query, |q, id| q.bind(id))
-            .execute(&mut *tx)
-            .await
-            .map_err(err)?;
+        } else {
+            let text = with_ids(text, ids.len());
+            let query = match expiry {
+                Some(at) => sqlx::query(&text).bind(at),
+                None => sqlx::query(&text),
+            };
+            let query = padded(&ids).fold(query, |q, id| q.bind(id));
+            query.execute(&mut *tx).await.map_err(err)?;
+        }
         tx.commit().await.map_err(err)?;
         Ok(applied)
     }

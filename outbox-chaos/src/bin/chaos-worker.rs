@@ -20,7 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_chaos::{relay_config, storage_error, TablePublisher, WorkerSettings};
-use outbox_core::{DispatchReport, Relay};
+use outbox_core::{DispatchReport, OutboxStore, Relay};
+use outbox_mysql::{MySqlOutbox, MySqlOutboxConfig};
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::signal::unix::{signal, SignalKind};
@@ -78,13 +79,25 @@ async fn run(settings: WorkerSettings) -> outbox_core::Result<DispatchReport> {
         .with_ordering(settings.ordering)
         .with_relay_connections(settings.pool_size);
     // Validates the schema name before the publisher formats it into SQL.
-    let outbox = PgOutbox::new(pool.clone(), config)?;
+    let outbox: Arc<dyn OutboxStore> = match &settings.mysql_url {
+        None => Arc::new(PgOutbox::new(pool.clone(), config)?),
+        Some(url) => {
+            let options = url
+                .parse()
+                .map_err(|e| storage_error("parsing the MySQL URL", e))?;
+            let mysql = outbox_mysql::sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(settings.pool_size)
+                .acquire_timeout(Duration::from_secs(2))
+                .connect_lazy_with(options);
+            let config = MySqlOutboxConfig::default()
+                .with_schema(settings.schema.as_str())
+                .with_table(settings.table.as_str())
+                .with_ordering(settings.ordering);
+            Arc::new(MySqlOutbox::new(mysql, config)?)
+        }
+    };
     let publisher = TablePublisher::new(pool, &settings.schema, settings.worker.as_str());
-    let relay = Relay::new(
-        Arc::new(outbox),
-        Arc::new(publisher),
-        relay_config(&settings.worker),
-    )?;
+    let relay = Relay::new(outbox, Arc::new(publisher), relay_config(&settings.worker))?;
     let handle = relay.spawn();
     println!("chaos-worker {} running: {settings:?}", settings.worker);
     let why = stop_requested().await;

@@ -3,6 +3,7 @@
 
 /// The private cluster the restart test runs on, shared with `pg_bench`'s soak.
 pub(crate) use outbox_testkit::pg_cluster as cluster;
+pub(crate) mod mariadb;
 pub(crate) mod poison;
 
 use std::collections::{HashMap, VecDeque};
@@ -12,7 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use outbox_chaos::{
-    published_ddl, ENV_PER_KEY, ENV_POOL_SIZE, ENV_SCHEMA, ENV_TABLE, ENV_URL, ENV_WORKER,
+    published_ddl, ENV_MYSQL_URL, ENV_PER_KEY, ENV_POOL_SIZE, ENV_SCHEMA, ENV_TABLE, ENV_URL,
+    ENV_WORKER,
 };
 use outbox_core::{KeyOrder, NewMessage};
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
@@ -295,6 +297,8 @@ pub(crate) struct WorkerSpec {
     pub(crate) table: String,
     pub(crate) order: KeyOrder,
     pub(crate) pool_size: u32,
+    /// The MySQL / MariaDB server of the outbox, if not PostgreSQL.
+    pub(crate) mysql_url: Option<String>,
 }
 
 /// A `chaos-worker` process. Dropping it kills the process.
@@ -324,7 +328,11 @@ impl Worker {
         } else {
             "0"
         };
-        let mut child = Command::new(bin)
+        let mut command = Command::new(bin);
+        if let Some(url) = &spec.mysql_url {
+            command.env(ENV_MYSQL_URL, url);
+        }
+        let mut child = command
             .env(ENV_URL, &spec.url)
             .env(ENV_SCHEMA, &spec.schema)
             .env(ENV_TABLE, &spec.table)
