@@ -430,14 +430,32 @@ async fn enqueue(cluster: &Cluster, pool: &PgPool, plan: Plan) -> Res<()> {
                 tasks.push(tokio::spawn(async move {
                     for i in 0..per {
                         let mut tx = pool.begin().await?;
-                        sqlx::query("INSERT INTO bench_orders (id, total) VALUES ($1, $2)")
-                            .bind(uuid::Uuid::now_v7())
-                            .bind(i64::try_from(i).unwrap_or(0))
+                        let id = uuid::Uuid::now_v7();
+                        let total = i64::try_from(i).unwrap_or(0);
+                        if k == 2 {
+                            // The business insert and the message in one statement.
+                            let contents = wal.contents(&[message(i as u64)])?;
+                            sqlx::query(
+                                "WITH o AS (INSERT INTO bench_orders (id, total) VALUES ($1, $2) \
+                                 RETURNING 1) SELECT pg_logical_emit_message(true, $3, c) \
+                                 FROM o, unnest($4::bytea[]) AS c",
+                            )
+                            .bind(id)
+                            .bind(total)
+                            .bind(wal.config().prefix())
+                            .bind(contents)
                             .execute(&mut *tx)
                             .await?;
+                        } else {
+                            sqlx::query("INSERT INTO bench_orders (id, total) VALUES ($1, $2)")
+                                .bind(id)
+                                .bind(total)
+                                .execute(&mut *tx)
+                                .await?;
+                        }
                         match k {
                             1 => wal.enqueue(&mut tx, &[message(i as u64)]).await?,
-                            2 => rows.enqueue(&mut tx, &[message(i as u64)]).await?,
+                            3 => rows.enqueue(&mut tx, &[message(i as u64)]).await?,
                             _ => {}
                         }
                         tx.commit().await?;
