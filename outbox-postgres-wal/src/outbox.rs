@@ -281,17 +281,10 @@ impl WalOutbox {
     ///   against. Keep ids fresh (`MessageId::new`, the default).
     /// - Mapped driver errors otherwise; after them, roll the transaction back.
     pub async fn enqueue(&self, conn: &mut PgConnection, messages: &[NewMessage]) -> Result<()> {
-        check_enqueue(messages, self.config.limits())?;
-        if let Some(delayed) = messages.iter().find(|m| !m.delay().is_zero()) {
-            return Err(Error::invalid_input(
-                "the log-tailing outbox cannot delay a message: the log carries no due time",
-            )
-            .with_ids(vec![delayed.id()]));
-        }
-        if messages.is_empty() {
+        let contents = self.contents(messages)?;
+        if contents.is_empty() {
             return Ok(());
         }
-        let contents: Vec<Vec<u8>> = messages.iter().map(codec::encode).collect();
         sqlx::query_scalar::<_, i64>(ENQUEUE)
             .bind(self.config.prefix())
             .bind(contents)
@@ -299,6 +292,43 @@ impl WalOutbox {
             .await
             .map_err(|e| from_sqlx("enqueue", e))?;
         Ok(())
+    }
+
+    /// The logical decoding message contents of `messages`, checked as
+    /// [`enqueue`](Self::enqueue) checks them, for emitting them in a statement of your
+    /// own and so saving enqueue's round trip: pass them with the config's
+    /// [`prefix`](WalOutboxConfig::prefix) to `pg_logical_emit_message(true, prefix,
+    /// content)`, in order, in the transaction that makes the business change.
+    ///
+    /// ```no_run
+    /// # async fn demo(outbox: &outbox_postgres_wal::WalOutbox, tx: &mut sqlx::PgConnection,
+    /// #     messages: &[outbox_core::NewMessage]) -> Result<(), Box<dyn std::error::Error>> {
+    /// let contents = outbox.contents(messages)?;
+    /// // One statement: the business insert and the messages.
+    /// sqlx::query(
+    ///     "WITH o AS (INSERT INTO orders (id, total) VALUES ($1, $2) RETURNING 1) \
+    ///      SELECT pg_logical_emit_message(true, $3, c) FROM o, unnest($4::bytea[]) AS c",
+    /// )
+    /// .bind(42_i64)
+    /// .bind(1_000_i64)
+    /// .bind(outbox.config().prefix())
+    /// .bind(contents)
+    /// .execute(&mut *tx)
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`enqueue`](Self::enqueue)'s checks: nothing is sent.
+    pub fn contents(&self, messages: &[NewMessage]) -> Result<Vec<Vec<u8>>> {
+        check_enqueue(messages, self.config.limits())?;
+        if let Some(delayed) = messages.iter().find(|m| !m.delay().is_zero()) {
+            return Err(Error::invalid_input(
+                "the log-tailing outbox cannot delay a message: the log carries no due time",
+            )
+            .with_ids(vec![delayed.id()]));
+        }
+        Ok(messages.iter().map(codec::encode).collect())
     }
 
     /// Enqueue one message; see [`enqueue`](Self::enqueue).

@@ -1,0 +1,821 @@
+//! The log-tailing relay against the polling relay and pgbench, in one run, on one
+//! private PostgreSQL cluster with `wal_level = logical` (fsync off, as every private
+//! cluster of the testkit):
+//!
+//! 1. **Drain**: a backlog of 100,000 messages (payload 100 bytes, committed 1,000 per
+//!    transaction) published into a no-op publisher by the log-tailing relay, by the
+//!    polling relay (`outbox-postgres`, 1 and 2 relays) and by `pgbench` running the
+//!    minimal claim + delete statements (1 and 2 clients): the polling ceiling. Batches
+//!    of 100 everywhere. The systems take turns, round after round; medians.
+//! 2. **Enqueue**: transactions of one business `INSERT`, alone, with a log-tailing
+//!    enqueue of one message, and with an `outbox-postgres` row enqueue (the table-row
+//!    variant's write), 4 concurrent connections, the log-tailing relay streaming
+//!    meanwhile; rounds taking turns.
+//! 3. **Latency**: one message per transaction at 1,000 transactions/s for 10 s; the
+//!    time from the commit (the commit record's timestamp) to the publisher call.
+//!
+//! CPU per message: this process and every `postgres` process, from `/proc`.
+//!
+//! ```sh
+//! cargo bench -p outbox-postgres-wal --bench wal_bench        # about two minutes
+//! OUTBOX_BENCH_QUICK=1 cargo bench -p outbox-postgres-wal --bench wal_bench
+//! ```
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use async_trait::async_trait;
+use outbox_core::{Message, NewMessage, PublishOutcome, Publisher, Relay, RelayConfig};
+use outbox_postgres::{PgOutbox, PgOutboxConfig};
+use outbox_postgres_wal::{
+    ReplicationTarget, WalOutbox, WalOutboxConfig, WalRelay, WalRelayConfig,
+};
+use outbox_testkit::pg_cluster::Cluster;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+const BATCH: usize = 100;
+
+#[derive(Clone, Copy)]
+struct Plan {
+    backlog: u64,
+    rounds: usize,
+    enqueue_txns: usize,
+    latency_secs: u64,
+}
+
+fn main() -> Res<()> {
+    let quick = std::env::var("OUTBOX_BENCH_QUICK").is_ok_and(|v| v == "1");
+    let plan = if quick {
+        Plan {
+            backlog: 20_000,
+            rounds: 1,
+            enqueue_txns: 1_000,
+            latency_secs: 3,
+        }
+    } else {
+        Plan {
+            backlog: 100_000,
+            rounds: 3,
+            enqueue_txns: 4_000,
+            latency_secs: 10,
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let cluster = match Cluster::start_with(&[
+        ("wal_level", "logical"),
+        ("max_wal_senders", "10"),
+        ("max_replication_slots", "10"),
+        ("shared_buffers", "256MB"),
+        ("autovacuum", "off"),
+    ]) {
+        Ok(c) => c,
+        Err(why) => {
+            println!("SKIPPED: wal_bench needs a private PostgreSQL cluster: {why}");
+            return Ok(());
+        }
+    };
+    runtime.block_on(run(&cluster, plan))
+}
+
+async fn run(cluster: &Cluster, plan: Plan) -> Res<()> {
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        .connect(&cluster.url())
+        .await?;
+    let version: String = sqlx::query_scalar("SHOW server_version")
+        .fetch_one(&pool)
+        .await?;
+    println!(
+        "wal_bench: PostgreSQL {version}, private cluster (wal_level = logical, fsync off), \
+         {} cores, backlog {}, batch {BATCH}, rounds {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        plan.backlog,
+        plan.rounds
+    );
+    drain(cluster, &pool, plan).await?;
+    enqueue(cluster, &pool, plan).await?;
+    latency(cluster, &pool, plan).await?;
+    match std::env::var("OUTBOX_NATS_URL") {
+        Ok(url) if !url.trim().is_empty() => nats(cluster, &pool, plan, &url).await?,
+        _ => println!("\n4. NATS JetStream: SKIPPED (OUTBOX_NATS_URL is not set)"),
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// Publisher
+
+/// Counts what it is handed, optionally recording commit-to-publish latency.
+#[derive(Debug, Default)]
+struct Counting {
+    count: AtomicU64,
+    latencies_us: Option<Mutex<Vec<u64>>>,
+}
+
+#[async_trait]
+impl Publisher for Counting {
+    async fn publish(&self, batch: &[Message]) -> outbox_core::Result<Vec<PublishOutcome>> {
+        if let Some(lat) = &self.latencies_us {
+            let now = SystemTime::now();
+            let mut lat = lat.lock().unwrap();
+            for m in batch {
+                let us = now
+                    .duration_since(m.created_at)
+                    .unwrap_or_default()
+                    .as_micros();
+                lat.push(u64::try_from(us).unwrap_or(u64::MAX));
+            }
+        }
+        self.count.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        Ok(vec![PublishOutcome::Published; batch.len()])
+    }
+}
+
+impl Counting {
+    async fn wait_for(&self, n: u64, timeout: Duration) -> Res<()> {
+        let start = Instant::now();
+        while self.count.load(Ordering::Relaxed) < n {
+            if start.elapsed() > timeout {
+                return Err(format!(
+                    "published {} of {n} within {timeout:?}",
+                    self.count.load(Ordering::Relaxed)
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_micros(500)).await;
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Drain
+
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    rate: f64,
+    client_us: f64,
+    server_us: f64,
+}
+
+fn message(n: u64) -> NewMessage {
+    NewMessage::builder("bench.events")
+        .partition_key(format!("k{}", n % 64))
+        .payload(vec![b'x'; 100])
+        .build()
+        .expect("a valid message")
+}
+
+async fn drain(cluster: &Cluster, pool: &PgPool, plan: Plan) -> Res<()> {
+    let systems = [
+        "log-tailing relay",
+        "polling relay x1",
+        "polling relay x2",
+        "pgbench claim+delete x1",
+        "pgbench claim+delete x2",
+    ];
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); systems.len()];
+    let pgbench_ok = std::process::Command::new("pgbench")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    for round in 0..plan.rounds {
+        for (i, system) in systems.iter().enumerate() {
+            let run = match i {
+                0 => drain_wal(cluster, pool, plan.backlog, round).await?,
+                1 | 2 => drain_polling(pool, plan.backlog, u32::try_from(i).unwrap()).await?,
+                _ if !pgbench_ok => continue,
+                _ => {
+                    drain_pgbench(cluster, pool, plan.backlog, u32::try_from(i - 2).unwrap())
+                        .await?
+                }
+            };
+            println!(
+                "  round {} {system:<26} {:>9.0} msgs/s  client {:>6.2} µs/msg  server {:>6.2} µs/msg",
+                round + 1,
+                run.rate,
+                run.client_us,
+                run.server_us
+            );
+            runs[i].push(run);
+        }
+    }
+    let med = |v: &[Run]| -> Option<Run> {
+        if v.is_empty() {
+            return None;
+        }
+        let mut v = v.to_vec();
+        v.sort_by(|a, b| a.rate.total_cmp(&b.rate));
+        Some(v[v.len() / 2])
+    };
+    let meds: Vec<Option<Run>> = runs.iter().map(|r| med(r)).collect();
+    let wal = meds[0].expect("log-tailing runs");
+    println!(
+        "\n1. Drain of {} messages into a no-op publisher (medians of {}):\n",
+        plan.backlog, plan.rounds
+    );
+    println!("| system | msgs/s | client CPU µs/msg | server CPU µs/msg | log-tailing / this |");
+    println!("|---|---:|---:|---:|---:|");
+    for (name, m) in systems.iter().zip(&meds) {
+        if let Some(m) = m {
+            println!(
+                "| {name} | {:.0} | {:.2} | {:.2} | {:.2} |",
+                m.rate,
+                m.client_us,
+                m.server_us,
+                wal.rate / m.rate
+            );
+        } else {
+            println!("| {name} | not run (no pgbench) | | | |");
+        }
+    }
+    println!();
+    Ok(())
+}
+
+/// A fresh slot, the backlog enqueued, then one relay until it published everything.
+async fn drain_wal(cluster: &Cluster, pool: &PgPool, n: u64, round: usize) -> Res<Run> {
+    let name = format!("bench_drain_{round}");
+    let outbox = wal_outbox(pool, &name).await?;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1_000) {
+        let messages: Vec<NewMessage> = chunk.iter().map(|&i| message(i)).collect();
+        let mut tx = pool.begin().await?;
+        outbox.enqueue(&mut tx, &messages).await?;
+        tx.commit().await?;
+    }
+    let publisher = Arc::new(Counting::default());
+    let before = cpu::sample();
+    let start = Instant::now();
+    let stop = CancellationToken::new();
+    let relay = WalRelay::new(
+        outbox.clone(),
+        ReplicationTarget::from_url(&cluster.url())?,
+        publisher.clone(),
+        WalRelayConfig::default().with_batch_size(BATCH),
+    )?;
+    let task = tokio::spawn(relay.run(stop.clone()));
+    publisher.wait_for(n, Duration::from_secs(300)).await?;
+    let elapsed = start.elapsed();
+    let spent = cpu::since(before);
+    stop.cancel();
+    task.await??;
+    drop_slot(pool, &name).await?;
+    Ok(spent.run(n, elapsed))
+}
+
+async fn wal_outbox(pool: &PgPool, name: &str) -> Res<WalOutbox> {
+    let config = WalOutboxConfig::default()
+        .with_slot(name)
+        .with_publication(name)
+        .with_prefix(name)
+        .with_dead_letters(PgOutboxConfig::default().with_schema(name));
+    let outbox = WalOutbox::new(pool.clone(), config)?;
+    outbox.install().await?;
+    Ok(outbox)
+}
+
+async fn drop_slot(pool: &PgPool, name: &str) -> Res<()> {
+    sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(name)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// A fresh outbox table loaded with the backlog, vacuumed; `relays` relays until empty.
+async fn load_table(pool: &PgPool, n: u64) -> Res<PgOutbox> {
+    sqlx::raw_sql("DROP SCHEMA IF EXISTS bench_poll CASCADE")
+        .execute(pool)
+        .await?;
+    let outbox = PgOutbox::new(
+        pool.clone(),
+        PgOutboxConfig::default().with_schema("bench_poll"),
+    )?;
+    outbox.install().await?;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1_000) {
+        let messages: Vec<NewMessage> = chunk.iter().map(|&i| message(i)).collect();
+        let mut tx = pool.begin().await?;
+        outbox.enqueue(&mut tx, &messages).await?;
+        tx.commit().await?;
+    }
+    sqlx::raw_sql("VACUUM ANALYZE bench_poll.outbox_messages")
+        .execute(pool)
+        .await?;
+    Ok(outbox)
+}
+
+async fn drain_polling(pool: &PgPool, n: u64, relays: u32) -> Res<Run> {
+    let outbox = load_table(pool, n).await?;
+    let outbox = PgOutbox::new(
+        pool.clone(),
+        outbox.config().clone().with_relay_connections(4 * relays),
+    )?;
+    let publisher = Arc::new(Counting::default());
+    let before = cpu::sample();
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for r in 0..relays {
+        let config = RelayConfig::default()
+            .name(format!("poll{r}"))
+            .batch_size(BATCH)
+            .publish(BATCH, 1);
+        let relay = Relay::new(Arc::new(outbox.clone()), publisher.clone(), config)?;
+        handles.push(relay.spawn());
+    }
+    publisher.wait_for(n, Duration::from_secs(300)).await?;
+    let elapsed = start.elapsed();
+    let spent = cpu::since(before);
+    for h in handles {
+        h.shutdown().await?;
+    }
+    outbox.relay_pool().close().await;
+    Ok(spent.run(n, elapsed))
+}
+
+/// The minimal polling protocol: claim 100 due rows (`FOR UPDATE SKIP LOCKED`, a lease
+/// stamped), then delete them by id; pgbench, prepared, `clients` clients.
+async fn drain_pgbench(cluster: &Cluster, pool: &PgPool, n: u64, clients: u32) -> Res<Run> {
+    load_table(pool, n).await?;
+    let script = "WITH c AS (SELECT id FROM bench_poll.outbox_messages \
+         WHERE dispatched_at IS NULL AND dead_at IS NULL AND available_at <= now() \
+         ORDER BY available_at, seq LIMIT 100 FOR UPDATE SKIP LOCKED), \
+         u AS (UPDATE bench_poll.outbox_messages m SET lease_token = gen_random_uuid(), \
+         available_at = now() + interval '30 seconds' FROM c WHERE m.id = c.id RETURNING m.id) \
+         SELECT array_agg(id)::text AS ids FROM u \\gset\n\
+         DELETE FROM bench_poll.outbox_messages WHERE id = ANY(:ids::uuid[]);\n";
+    let dir = std::env::temp_dir().join(format!("wal_bench_{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("claim_delete.sql");
+    std::fs::write(&path, script)?;
+    let per_client = n / (BATCH as u64) / u64::from(clients);
+    let before = cpu::sample();
+    let start = Instant::now();
+    let out = tokio::process::Command::new("pgbench")
+        .args([
+            "-n",
+            "-M",
+            "prepared",
+            "-c",
+            &clients.to_string(),
+            "-j",
+            &clients.to_string(),
+        ])
+        .args(["-t", &per_client.to_string(), "-f"])
+        .arg(&path)
+        .arg(cluster.url())
+        .output()
+        .await?;
+    let elapsed = start.elapsed();
+    let spent = cpu::since(before);
+    if !out.status.success() {
+        return Err(format!("pgbench failed: {}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM bench_poll.outbox_messages")
+        .fetch_one(pool)
+        .await?;
+    if left != 0 {
+        return Err(format!("pgbench left {left} rows").into());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(spent.run(n, elapsed))
+}
+
+// ---------------------------------------------------------------------------------
+// Enqueue
+
+async fn enqueue(cluster: &Cluster, pool: &PgPool, plan: Plan) -> Res<()> {
+    sqlx::raw_sql(
+        "DROP TABLE IF EXISTS bench_orders; \
+         CREATE TABLE bench_orders (id uuid PRIMARY KEY, total bigint NOT NULL, note text)",
+    )
+    .execute(pool)
+    .await?;
+    let wal = wal_outbox(pool, "bench_enqueue").await?;
+    sqlx::raw_sql("DROP SCHEMA IF EXISTS bench_rows CASCADE")
+        .execute(pool)
+        .await?;
+    let rows = PgOutbox::new(
+        pool.clone(),
+        PgOutboxConfig::default().with_schema("bench_rows"),
+    )?;
+    rows.install().await?;
+    // The log-tailing relay streams meanwhile, as in production.
+    let publisher = Arc::new(Counting::default());
+    let stop = CancellationToken::new();
+    let relay = WalRelay::new(
+        wal.clone(),
+        ReplicationTarget::from_url(&cluster.url())?,
+        publisher.clone(),
+        WalRelayConfig::default(),
+    )?;
+    let task = tokio::spawn(relay.run(stop.clone()));
+    let kinds = [
+        "business insert alone",
+        "+ log-tailing enqueue",
+        "+ log-tailing, one statement",
+        "+ outbox row enqueue",
+    ];
+    let mut rates: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); kinds.len()];
+    for round in 0..plan.rounds.max(3) {
+        for (k, kind) in kinds.iter().enumerate() {
+            let before = cpu::sample();
+            let start = Instant::now();
+            let mut tasks = Vec::new();
+            for _ in 0..4 {
+                let (pool, wal, rows) = (pool.clone(), wal.clone(), rows.clone());
+                let per = plan.enqueue_txns / 4;
+                tasks.push(tokio::spawn(async move {
+                    for i in 0..per {
+                        let mut tx = pool.begin().await?;
+                        let id = uuid::Uuid::now_v7();
+                        let total = i64::try_from(i).unwrap_or(0);
+                        if k == 2 {
+                            // The business insert and the message in one statement.
+                            let contents = wal.contents(&[message(i as u64)])?;
+                            sqlx::query(
+                                "WITH o AS (INSERT INTO bench_orders (id, total) VALUES ($1, $2) \
+                                 RETURNING 1) SELECT pg_logical_emit_message(true, $3, c) \
+                                 FROM o, unnest($4::bytea[]) AS c",
+                            )
+                            .bind(id)
+                            .bind(total)
+                            .bind(wal.config().prefix())
+                            .bind(contents)
+                            .execute(&mut *tx)
+                            .await?;
+                        } else {
+                            sqlx::query("INSERT INTO bench_orders (id, total) VALUES ($1, $2)")
+                                .bind(id)
+                                .bind(total)
+                                .execute(&mut *tx)
+                                .await?;
+                        }
+                        match k {
+                            1 => wal.enqueue(&mut tx, &[message(i as u64)]).await?,
+                            3 => rows.enqueue(&mut tx, &[message(i as u64)]).await?,
+                            _ => {}
+                        }
+                        tx.commit().await?;
+                    }
+                    Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+                }));
+            }
+            for t in tasks {
+                t.await??;
+            }
+            let elapsed = start.elapsed();
+            let spent = cpu::since(before);
+            let n = (plan.enqueue_txns / 4 * 4) as u64;
+            let run = spent.run(n, elapsed);
+            println!(
+                "  round {} {kind:<24} {:>8.0} txn/s  client {:>6.2} µs/txn  server {:>6.2} µs/txn",
+                round + 1,
+                run.rate,
+                run.client_us,
+                run.server_us
+            );
+            rates[k].push((run.rate, run.client_us, run.server_us));
+        }
+    }
+    stop.cancel();
+    task.await??;
+    drop_slot(pool, "bench_enqueue").await?;
+    let med = |v: &[(f64, f64, f64)]| {
+        let mut v = v.to_vec();
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        v[v.len() / 2]
+    };
+    let base = med(&rates[0]).0;
+    println!(
+        "\n2. Enqueue: transactions of one business INSERT (+ one message), 4 connections, \
+         {} transactions per run, medians:\n",
+        plan.enqueue_txns
+    );
+    println!("| transaction | txn/s | vs business alone | client CPU µs/txn | server CPU µs/txn |");
+    println!("|---|---:|---:|---:|---:|");
+    for (kind, r) in kinds.iter().zip(&rates) {
+        let m = med(r);
+        println!(
+            "| {kind} | {:.0} | {:.2} | {:.2} | {:.2} |",
+            m.0,
+            m.0 / base,
+            m.1,
+            m.2
+        );
+    }
+    println!();
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// Latency
+
+async fn latency(cluster: &Cluster, pool: &PgPool, plan: Plan) -> Res<()> {
+    let outbox = wal_outbox(pool, "bench_latency").await?;
+    let publisher = Arc::new(Counting {
+        count: AtomicU64::new(0),
+        latencies_us: Some(Mutex::new(Vec::new())),
+    });
+    let stop = CancellationToken::new();
+    let relay = WalRelay::new(
+        outbox.clone(),
+        ReplicationTarget::from_url(&cluster.url())?,
+        publisher.clone(),
+        WalRelayConfig::default(),
+    )?;
+    let task = tokio::spawn(relay.run(stop.clone()));
+    let n = plan.latency_secs * 1_000;
+    let mut conn = pool.acquire().await?;
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let before = cpu::sample();
+    let start = Instant::now();
+    for i in 0..n {
+        tick.tick().await;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        outbox.enqueue(&mut tx, &[message(i)]).await?;
+        tx.commit().await?;
+    }
+    let produced_in = start.elapsed();
+    publisher.wait_for(n, Duration::from_secs(60)).await?;
+    let spent = cpu::since(before);
+    stop.cancel();
+    task.await??;
+    drop_slot(pool, "bench_latency").await?;
+    let mut lat = publisher
+        .latencies_us
+        .as_ref()
+        .unwrap()
+        .lock()
+        .unwrap()
+        .clone();
+    lat.sort_unstable();
+    // Percentile p (in thousandths): nearest rank.
+    let pct = |permille: usize| {
+        let i = (lat.len() - 1) * permille / 1000;
+        lat[i] as f64 / 1000.0
+    };
+    let (client, server) = spent.per(n);
+    println!(
+        "3. Commit-to-publish latency, log-tailing relay, one message per transaction at \
+         {:.0} msgs/s for {:.1?}:\n",
+        n as f64 / produced_in.as_secs_f64(),
+        produced_in
+    );
+    println!(
+        "| messages | p50 ms | p90 ms | p99 ms | max ms | client CPU µs/msg | server CPU µs/msg |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| {n} | {:.2} | {:.2} | {:.2} | {:.2} | {client:.2} | {server:.2} |",
+        pct(500),
+        pct(900),
+        pct(990),
+        pct(1000)
+    );
+    println!(
+        "\n(client and server CPU here include the producer's transactions; latency runs from the \
+         commit record's timestamp, by the server's clock, to the publisher call, by this \
+         process's, on one host)"
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// NATS JetStream
+
+/// Counts what the inner publisher accepted.
+#[derive(Debug)]
+struct CountingInner {
+    inner: Arc<dyn Publisher>,
+    count: Arc<Counting>,
+}
+
+#[async_trait]
+impl Publisher for CountingInner {
+    async fn publish(&self, batch: &[Message]) -> outbox_core::Result<Vec<PublishOutcome>> {
+        let outcomes = self.inner.publish(batch).await?;
+        let ok = outcomes
+            .iter()
+            .filter(|o| **o == PublishOutcome::Published)
+            .count();
+        self.count.count.fetch_add(ok as u64, Ordering::Relaxed);
+        Ok(outcomes)
+    }
+}
+
+fn stored(m: &NewMessage) -> Message {
+    Message::from(outbox_core::message::MessageParts {
+        id: m.id(),
+        destination: m.destination().to_owned(),
+        partition_key: m.partition_key().map(str::to_owned),
+        payload: m.payload().to_vec(),
+        content_type: m.content_type().map(str::to_owned),
+        headers: m.headers().clone(),
+        created_at: SystemTime::now(),
+        attempts: 1,
+        last_error: None,
+    })
+}
+
+/// The log-tailing relay draining into NATS JetStream (a file-stored stream) through
+/// `NatsPublisher`, against that publisher alone (batch-sized calls one at a time, no
+/// database), taking turns.
+async fn nats(cluster: &Cluster, pool: &PgPool, plan: Plan, url: &str) -> Res<()> {
+    use outbox_nats::async_nats::jetstream::{self, stream::StorageType};
+    use outbox_nats::{NatsPublisher, NatsPublisherConfig};
+
+    let n = plan.backlog / 5;
+    let client = outbox_nats::async_nats::connect(url).await?;
+    let js = jetstream::new(client);
+    let stream = format!("obx_bench_wal_{}", std::process::id());
+    js.create_stream(jetstream::stream::Config {
+        name: stream.clone(),
+        subjects: vec![format!("{stream}.>")],
+        storage: StorageType::File,
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await?;
+    let publisher: Arc<dyn Publisher> = Arc::new(
+        NatsPublisher::connect(NatsPublisherConfig::new(url).with_subject_prefix(&stream)).await?,
+    );
+    let mut alone = Vec::new();
+    let mut relay = Vec::new();
+    for round in 0..plan.rounds {
+        let messages: Vec<NewMessage> = (0..n).map(message).collect();
+        let batch: Vec<Message> = messages.iter().map(stored).collect();
+        let before = cpu::sample();
+        let start = Instant::now();
+        for chunk in batch.chunks(BATCH) {
+            let outcomes = publisher.publish(chunk).await?;
+            if outcomes.iter().any(|o| *o != PublishOutcome::Published) {
+                return Err(format!("NATS refused a message: {outcomes:?}").into());
+            }
+        }
+        let a = cpu::since(before).run(n, start.elapsed());
+        js.get_stream(&stream).await?.purge().await?;
+
+        let name = format!("bench_nats_{round}");
+        let outbox = wal_outbox(pool, &name).await?;
+        for chunk in (0..n).collect::<Vec<_>>().chunks(1_000) {
+            let messages: Vec<NewMessage> = chunk.iter().map(|&i| message(i)).collect();
+            let mut tx = pool.begin().await?;
+            outbox.enqueue(&mut tx, &messages).await?;
+            tx.commit().await?;
+        }
+        let count = Arc::new(Counting::default());
+        let counting = Arc::new(CountingInner {
+            inner: publisher.clone(),
+            count: count.clone(),
+        });
+        let stop = CancellationToken::new();
+        let wal = WalRelay::new(
+            outbox.clone(),
+            ReplicationTarget::from_url(&cluster.url())?,
+            counting,
+            WalRelayConfig::default().with_batch_size(BATCH),
+        )?;
+        let before = cpu::sample();
+        let start = Instant::now();
+        let task = tokio::spawn(wal.run(stop.clone()));
+        count.wait_for(n, Duration::from_secs(300)).await?;
+        let b = cpu::since(before).run(n, start.elapsed());
+        stop.cancel();
+        task.await??;
+        drop_slot(pool, &name).await?;
+        js.get_stream(&stream).await?.purge().await?;
+        println!(
+            "  round {} NatsPublisher alone {:>8.0} msgs/s, log-tailing relay into it {:>8.0} msgs/s",
+            round + 1,
+            a.rate,
+            b.rate
+        );
+        alone.push(a);
+        relay.push(b);
+    }
+    js.delete_stream(&stream).await?;
+    let med = |v: &mut Vec<Run>| {
+        v.sort_by(|a, b| a.rate.total_cmp(&b.rate));
+        v[v.len() / 2]
+    };
+    let (a, b) = (med(&mut alone), med(&mut relay));
+    println!(
+        "\n4. NATS JetStream (file storage), {n} messages, batch {BATCH}, medians of {}:\n",
+        plan.rounds
+    );
+    println!("| system | msgs/s | vs publisher alone | client CPU µs/msg | server (PostgreSQL) CPU µs/msg |");
+    println!("|---|---:|---:|---:|---:|");
+    println!(
+        "| NatsPublisher alone (no database) | {:.0} | 1.00 | {:.2} | {:.2} |",
+        a.rate, a.client_us, a.server_us
+    );
+    println!(
+        "| log-tailing relay into NatsPublisher | {:.0} | {:.2} | {:.2} | {:.2} |",
+        b.rate,
+        b.rate / a.rate,
+        b.client_us,
+        b.server_us
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// CPU
+
+mod cpu {
+    //! CPU time of this process (and the children it waited for) and of every
+    //! `postgres` process (with their reaped children), from `/proc`. Linux only.
+
+    use std::fs;
+    use std::time::Duration;
+
+    #[derive(Debug, Clone, Copy)]
+    pub(crate) struct Sample {
+        own: u64,
+        server: u64,
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    pub(crate) struct Spent {
+        client_us: f64,
+        server_us: f64,
+    }
+
+    impl Spent {
+        pub(crate) fn per(&self, n: u64) -> (f64, f64) {
+            (self.client_us / n as f64, self.server_us / n as f64)
+        }
+
+        pub(crate) fn run(&self, n: u64, elapsed: Duration) -> super::Run {
+            let (client_us, server_us) = self.per(n);
+            super::Run {
+                rate: n as f64 / elapsed.as_secs_f64(),
+                client_us,
+                server_us,
+            }
+        }
+    }
+
+    pub(crate) fn sample() -> Sample {
+        let own = fs::read_to_string("/proc/self/stat")
+            .map(|t| fields(&t).iter().sum())
+            .unwrap_or(0);
+        let mut server = 0;
+        if let Ok(entries) = fs::read_dir("/proc") {
+            for entry in entries.flatten() {
+                if !entry
+                    .file_name()
+                    .to_string_lossy()
+                    .bytes()
+                    .all(|b| b.is_ascii_digit())
+                {
+                    continue;
+                }
+                let Ok(text) = fs::read_to_string(entry.path().join("stat")) else {
+                    continue;
+                };
+                if comm(&text) == Some("postgres") {
+                    server += fields(&text).iter().sum::<u64>();
+                }
+            }
+        }
+        Sample { own, server }
+    }
+
+    pub(crate) fn since(before: Sample) -> Spent {
+        let after = sample();
+        let us = |ticks: u64| ticks as f64 * 1e6 / 100.0;
+        Spent {
+            client_us: us(after.own.saturating_sub(before.own)),
+            server_us: us(after.server.saturating_sub(before.server)),
+        }
+    }
+
+    fn comm(stat: &str) -> Option<&str> {
+        let open = stat.find('(')?;
+        let close = stat.rfind(')')?;
+        stat.get(open + 1..close)
+    }
+
+    /// utime, stime, cutime, cstime.
+    fn fields(stat: &str) -> Vec<u64> {
+        let Some(close) = stat.rfind(')') else {
+            return Vec::new();
+        };
+        stat[close + 1..]
+            .split_whitespace()
+            .skip(11)
+            .take(4)
+            .map(|f| f.parse().unwrap_or(0))
+            .collect()
+    }
+}
