@@ -1,0 +1,408 @@
+//! Benchmarks of the MySQL / MariaDB outbox against a real server, each compared in
+//! the same run with a baseline, the two taking turns:
+//!
+//! 1. **Drain**: relays (batch {10, 100, 1000} x relays {1, 2, 4}, a no-op publisher)
+//!    empty a pre-loaded outbox, against the library's own claim + complete statements
+//!    (`MySqlOutbox::relay_sql`) driven by a minimal loop on the same connections (the
+//!    outbox's relay pool), by as many workers: the ceiling without the relay,
+//!    decoding and bookkeeping.
+//! 2. **Enqueue**: transactions of one business insert plus one enqueued message,
+//!    against the business insert alone, by 4 concurrent writers.
+//!
+//! Each row also gives the CPU per message of this process and of the server
+//! (`mariadbd` / `mysqld` on this machine, read from `/proc`).
+//!
+//! ```text
+//! cargo bench -p outbox-mysql --bench mysql_bench               # median of 3
+//! cargo bench -p outbox-mysql --bench mysql_bench -- --quick    # one run each, fewer messages
+//! ```
+//!
+//! Environment: `OUTBOX_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/outbox_test`).
+//! Every run gets its own `obx_bench_*` database, dropped afterwards.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use chrono::NaiveDateTime;
+use outbox_core::{Message, NewMessage, PublishOutcome, Publisher, Relay, RelayConfig, Result};
+use outbox_mysql::{MySqlOutbox, MySqlOutboxConfig};
+use sqlx::mysql::MySqlPoolOptions;
+use sqlx::{MySqlPool, Row};
+use tokio::sync::watch;
+use uuid::Uuid;
+
+const BATCHES: [usize; 3] = [10, 100, 1000];
+const RELAYS: [usize; 3] = [1, 2, 4];
+const LEASE: Duration = Duration::from_secs(60);
+const WRITERS: usize = 4;
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<()> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let repeats = if quick { 1 } else { 3 };
+    let url = std::env::var("OUTBOX_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/outbox_test".to_owned());
+    let pool = MySqlPoolOptions::new()
+        .max_connections(12)
+        .connect(&url)
+        .await
+        .map_err(storage)?;
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(&pool)
+        .await
+        .map_err(storage)?;
+    println!(
+        "outbox-mysql on {version}, {} mode, median of {repeats}; CPU in µs per message \
+         (client = this process, server = the database process)\n",
+        if quick { "quick" } else { "full" }
+    );
+    println!("## Drain: relays vs the library's claim + complete SQL in a minimal loop\n");
+    println!(
+        "| batch | relays | msgs | library msg/s | raw SQL msg/s | library/raw | \
+         library CPU client/server | raw CPU client/server |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for batch in BATCHES {
+        let messages: u64 = match (batch, quick) {
+            (10, true) => 3_000,
+            (100, true) => 10_000,
+            (_, true) => 20_000,
+            (10, false) => 10_000,
+            (_, false) => 40_000,
+        };
+        for relays in RELAYS {
+            let (mut library, mut raw) = (Vec::new(), Vec::new());
+            for _ in 0..repeats {
+                library.push(drain(&pool, messages, batch, relays, false).await?);
+                raw.push(drain(&pool, messages, batch, relays, true).await?);
+            }
+            let (library, raw) = (median(library), median(raw));
+            println!(
+                "| {batch} | {relays} | {messages} | {:.0} | {:.0} | {:.2} | {} | {} |",
+                library.rate,
+                raw.rate,
+                library.rate / raw.rate,
+                library.cpu(),
+                raw.cpu()
+            );
+        }
+    }
+    println!("\n## Enqueue: business insert + one message vs the business insert alone\n");
+    println!(
+        "| writers | txns | with outbox tx/s | insert alone tx/s | ratio | \
+         with outbox CPU client/server | alone CPU client/server |\n\
+         |---:|---:|---:|---:|---:|---:|---:|"
+    );
+    let txns = if quick { 4_000 } else { 20_000 };
+    let (mut with, mut alone) = (Vec::new(), Vec::new());
+    for _ in 0..repeats {
+        with.push(enqueue(&pool, txns, true).await?);
+        alone.push(enqueue(&pool, txns, false).await?);
+    }
+    let (with, alone) = (median(with), median(alone));
+    println!(
+        "| {WRITERS} | {txns} | {:.0} | {:.0} | {:.2} | {} | {} |",
+        with.rate,
+        alone.rate,
+        with.rate / alone.rate,
+        with.cpu(),
+        alone.cpu()
+    );
+    Ok(())
+}
+
+/// A rate and the CPU spent per unit.
+#[derive(Debug, Clone, Copy)]
+struct Figure {
+    rate: f64,
+    client_us: f64,
+    server_us: f64,
+}
+
+impl Figure {
+    fn cpu(&self) -> String {
+        format!("{:.0} / {:.0}", self.client_us, self.server_us)
+    }
+}
+
+fn median(mut sample: Vec<Figure>) -> Figure {
+    sample.sort_by(|a, b| a.rate.total_cmp(&b.rate));
+    sample[sample.len() / 2]
+}
+
+/// CPU time (µs) of this process and of the server process so far.
+fn cpu_now() -> (f64, f64) {
+    let ticks = |stat: String| -> f64 {
+        // Fields after the command's closing parenthesis: utime is the 12th, stime 13th.
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<f64> = rest
+            .split_whitespace()
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        (f.get(11).unwrap_or(&0.0) + f.get(12).unwrap_or(&0.0)) * 10_000.0
+    };
+    let own = ticks(std::fs::read_to_string("/proc/self/stat").unwrap_or_default());
+    let server = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .find(|e| {
+            let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+            matches!(comm.trim(), "mariadbd" | "mysqld")
+        })
+        .map_or(0.0, |e| {
+            ticks(std::fs::read_to_string(e.path().join("stat")).unwrap_or_default())
+        });
+    (own, server)
+}
+
+/// Time `work`, which handles `units` things; its rate and CPU per unit.
+async fn measure<F: std::future::Future<Output = Result<()>>>(
+    units: u64,
+    work: F,
+) -> Result<Figure> {
+    let (client, server) = cpu_now();
+    let started = Instant::now();
+    work.await?;
+    let elapsed = started.elapsed().as_secs_f64();
+    let (client_after, server_after) = cpu_now();
+    let per = |a: f64, b: f64| (b - a) / units as f64;
+    Ok(Figure {
+        rate: units as f64 / elapsed,
+        client_us: per(client, client_after),
+        server_us: per(server, server_after),
+    })
+}
+
+/// An installed outbox in a fresh database.
+async fn outbox(pool: &MySqlPool) -> Result<MySqlOutbox> {
+    let schema = format!("obx_bench_{}", &Uuid::new_v4().simple().to_string()[..12]);
+    let outbox = MySqlOutbox::new(
+        pool.clone(),
+        MySqlOutboxConfig::default().with_schema(schema),
+    )?;
+    outbox.install().await?;
+    Ok(outbox)
+}
+
+async fn drop_database(outbox: &MySqlOutbox) -> Result<()> {
+    let schema = outbox.qualified_name().quoted_schema();
+    sqlx::raw_sql(&format!("DROP DATABASE {schema}"))
+        .execute(outbox.pool())
+        .await
+        .map_err(storage)?;
+    Ok(())
+}
+
+/// Load `messages`, then drain them with relays or with the raw loop.
+async fn drain(
+    pool: &MySqlPool,
+    messages: u64,
+    batch: usize,
+    workers: usize,
+    raw: bool,
+) -> Result<Figure> {
+    let outbox = outbox(pool).await?;
+    let mut left = messages;
+    while left > 0 {
+        let n = left.min(1000);
+        let chunk: Vec<NewMessage> = (0..n)
+            .map(|i| {
+                NewMessage::builder("bench.drain")
+                    .payload(format!("message {i}").into_bytes())
+                    .build()
+            })
+            .collect::<Result<_>>()?;
+        let mut tx = pool.begin().await.map_err(storage)?;
+        outbox.enqueue(&mut tx, &chunk).await?;
+        tx.commit().await.map_err(storage)?;
+        left -= n;
+    }
+    let figure = if raw {
+        measure(messages, drain_raw(&outbox, batch, workers)).await?
+    } else {
+        measure(messages, drain_library(&outbox, batch, workers, messages)).await?
+    };
+    let sql = format!("SELECT COUNT(*) FROM {}", outbox.qualified_name());
+    let rest: i64 = sqlx::query_scalar(&sql)
+        .fetch_one(pool)
+        .await
+        .map_err(storage)?;
+    assert_eq!(rest, 0, "the drain left rows behind");
+    drop_database(&outbox).await?;
+    Ok(figure)
+}
+
+/// Publishes nothing, counts what it was given.
+#[derive(Debug)]
+struct Counting(watch::Sender<u64>);
+
+#[async_trait]
+impl Publisher for Counting {
+    async fn publish(&self, batch: &[Message]) -> Result<Vec<PublishOutcome>> {
+        self.0.send_modify(|n| *n += batch.len() as u64);
+        Ok(vec![PublishOutcome::Published; batch.len()])
+    }
+}
+
+async fn drain_library(
+    outbox: &MySqlOutbox,
+    batch: usize,
+    relays: usize,
+    messages: u64,
+) -> Result<()> {
+    let (count, mut counted) = watch::channel(0);
+    let publisher = Arc::new(Counting(count));
+    let config = RelayConfig::default()
+        .batch_size(batch)
+        .lease(LEASE)
+        .publish(batch, 1)
+        .poll(Duration::from_millis(1), Duration::from_millis(10));
+    let handles: Vec<_> = (0..relays)
+        .map(|i| {
+            Relay::new(
+                Arc::new(outbox.clone()),
+                publisher.clone(),
+                config.clone().name(format!("bench-{i}")),
+            )
+            .map(|relay| relay.spawn())
+        })
+        .collect::<Result<_>>()?;
+    let _ = counted.wait_for(|n| *n >= messages).await;
+    for handle in handles {
+        handle.shutdown().await?;
+    }
+    Ok(())
+}
+
+/// The library's statements in the order a claim and a complete run them, on the
+/// outbox's relay connections, by `workers` tasks until nothing is due.
+async fn drain_raw(outbox: &MySqlOutbox, batch: usize, workers: usize) -> Result<()> {
+    let tasks: Vec<_> = (0..workers)
+        .map(|_| {
+            let outbox = outbox.clone();
+            tokio::spawn(async move { raw_worker(&outbox, batch).await })
+        })
+        .collect();
+    for task in tasks {
+        task.await.map_err(|e| {
+            outbox_core::Error::new(outbox_core::ErrorKind::Panicked, e.to_string())
+        })??;
+    }
+    Ok(())
+}
+
+async fn raw_worker(outbox: &MySqlOutbox, batch: usize) -> Result<()> {
+    let pool = outbox.relay_pool();
+    let sql = |name: &str, n: usize| outbox.relay_sql(name, n).expect("a relay statement");
+    let claim = sql("claim", 1);
+    let limit = i64::try_from(batch).unwrap_or(i64::MAX);
+    loop {
+        let mut tx = pool.begin().await.map_err(storage)?;
+        let rows: Vec<(Uuid, NaiveDateTime)> = sqlx::query(&claim)
+            .bind(60_000_000_i64)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(storage)?
+            .iter()
+            .map(|r| (r.get("id"), r.get("lease_expires_at")))
+            .collect();
+        if rows.is_empty() {
+            tx.commit().await.map_err(storage)?;
+            return Ok(());
+        }
+        let ids: Vec<Uuid> = rows.iter().map(|(id, _)| *id).collect();
+        let n = ids.len().next_power_of_two();
+        let [lease, lock, complete] = ["lease", "lock", "complete"].map(|s| sql(s, ids.len()));
+        let token = Uuid::new_v4();
+        pad(&ids, n, sqlx::query(&lease).bind(rows[0].1).bind(token))
+            .execute(&mut *tx)
+            .await
+            .map_err(storage)?;
+        tx.commit().await.map_err(storage)?;
+        // Complete: lock by id, check the token, delete.
+        let mut tx = pool.begin().await.map_err(storage)?;
+        let locked: Vec<(Uuid, Option<Uuid>, bool, NaiveDateTime)> =
+            pad_as(&ids, n, sqlx::query_as(&lock).bind(0_i64))
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(storage)?;
+        assert!(locked
+            .iter()
+            .all(|(_, t, live, _)| *live && *t == Some(token)));
+        pad(&ids, n, sqlx::query(&complete))
+            .execute(&mut *tx)
+            .await
+            .map_err(storage)?;
+        tx.commit().await.map_err(storage)?;
+    }
+}
+
+type Query<'q> = sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>;
+type QueryAs<'q, T> = sqlx::query::QueryAs<'q, sqlx::MySql, T, sqlx::mysql::MySqlArguments>;
+
+/// `ids` bound, the last repeated up to `n`, as the store pads its lists.
+fn pad<'q>(ids: &[Uuid], n: usize, query: Query<'q>) -> Query<'q> {
+    (0..n).fold(query, |q, i| q.bind(ids[i.min(ids.len() - 1)]))
+}
+
+fn pad_as<'q, T>(ids: &[Uuid], n: usize, query: QueryAs<'q, T>) -> QueryAs<'q, T> {
+    (0..n).fold(query, |q, i| q.bind(ids[i.min(ids.len() - 1)]))
+}
+
+/// `txns` transactions by [`WRITERS`] tasks: a business insert, and with `outbox` one
+/// enqueued message.
+async fn enqueue(pool: &MySqlPool, txns: u64, with_outbox: bool) -> Result<Figure> {
+    let outbox = outbox(pool).await?;
+    let orders = format!("{}.orders", outbox.qualified_name().quoted_schema());
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE {orders} (id BIGINT AUTO_INCREMENT PRIMARY KEY, item VARCHAR(64) NOT NULL, \
+         amount BIGINT NOT NULL) ENGINE = InnoDB"
+    ))
+    .execute(pool)
+    .await
+    .map_err(storage)?;
+    let insert = format!("INSERT INTO {orders} (item, amount) VALUES (?, ?)");
+    let per_writer = txns / WRITERS as u64;
+    let figure = measure(per_writer * WRITERS as u64, async {
+        let tasks: Vec<_> = (0..WRITERS)
+            .map(|_| {
+                let (pool, outbox, insert) = (pool.clone(), outbox.clone(), insert.clone());
+                tokio::spawn(async move {
+                    for n in 0..per_writer {
+                        let mut tx = pool.begin().await.map_err(storage)?;
+                        sqlx::query(&insert)
+                            .bind("book")
+                            .bind(i64::try_from(n).unwrap_or(0))
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(storage)?;
+                        if with_outbox {
+                            let message = NewMessage::builder("orders.created")
+                                .payload(b"{\"item\":\"book\"}".to_vec())
+                                .build()?;
+                            outbox.enqueue(&mut tx, &[message]).await?;
+                        }
+                        tx.commit().await.map_err(storage)?;
+                    }
+                    Ok::<(), outbox_core::Error>(())
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.map_err(|e| {
+                outbox_core::Error::new(outbox_core::ErrorKind::Panicked, e.to_string())
+            })??;
+        }
+        Ok(())
+    })
+    .await?;
+    drop_database(&outbox).await?;
+    Ok(figure)
+}
+
+fn storage(e: sqlx::Error) -> outbox_core::Error {
+    outbox_core::Error::new(outbox_core::ErrorKind::Storage, "bench plumbing").with_source(e)
+}
