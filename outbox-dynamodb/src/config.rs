@@ -50,7 +50,11 @@ pub struct DynamoOutboxConfig {
     retention: Retention,
     limits: MessageLimits,
     body_ttl: Duration,
+    shard_lease: Option<Duration>,
 }
+
+/// Default [`DynamoOutboxConfig::with_shard_leases`]: 10-second shard leases.
+pub const DEFAULT_SHARD_LEASE: Duration = Duration::from_secs(10);
 
 /// Default [`DynamoOutboxConfig::with_body_ttl`]: 14 days.
 pub const DEFAULT_BODY_TTL: Duration = Duration::from_secs(14 * 24 * 3600);
@@ -66,6 +70,7 @@ impl Default for DynamoOutboxConfig {
             retention: Retention::Delete,
             limits: MessageLimits::default().with_max_payload_bytes(DEFAULT_MAX_PAYLOAD_BYTES),
             body_ttl: DEFAULT_BODY_TTL,
+            shard_lease: Some(DEFAULT_SHARD_LEASE),
         }
     }
 }
@@ -108,6 +113,21 @@ impl DynamoOutboxConfig {
         self.body_ttl = ttl;
         self
     }
+    /// Whether and how relays divide the shards: with `Some(lease)` (the default,
+    /// [`DEFAULT_SHARD_LEASE`]) each store (each [`DynamoOutbox::new`](crate::DynamoOutbox::new),
+    /// not each clone) is a worker that holds leases on its share of the shards, renews
+    /// them every third of `lease` and claims only from them; a dead worker's shards
+    /// are taken over once its leases lapse (see the crate docs). `None`: every claim
+    /// reads every shard and racing relays are sorted out by refused writes. At least
+    /// one second.
+    pub fn with_shard_leases(mut self, lease: Option<Duration>) -> Self {
+        self.shard_lease = lease;
+        self
+    }
+    /// The shard lease, if relays divide the shards.
+    pub fn shard_lease(&self) -> Option<Duration> {
+        self.shard_lease
+    }
     /// The body time to live.
     pub fn body_ttl(&self) -> Duration {
         self.body_ttl
@@ -133,10 +153,17 @@ impl DynamoOutboxConfig {
     ///
     /// # Errors
     /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad table name, a
-    /// shard count out of range, a `Keep` window of zero or a body TTL under an hour.
+    /// shard count out of range, a `Keep` window of zero, a body TTL under an hour or a
+    /// shard lease under a second.
     pub fn validate(&self) -> Result<()> {
         validate_table_name("outbox", &self.table)?;
         check_shards("outbox", self.shards)?;
+        if self.shard_lease.is_some_and(|l| l < Duration::from_secs(1)) {
+            return Err(Error::config(format!(
+                "shard lease {:?} is under one second",
+                self.shard_lease
+            )));
+        }
         if self.body_ttl < Duration::from_secs(3600) {
             return Err(Error::config(format!(
                 "body TTL {:?} is under one hour",
@@ -298,6 +325,7 @@ mod tests {
             DynamoOutboxConfig::default().with_shards(MAX_SHARDS + 1),
             DynamoOutboxConfig::default().with_table("x"),
             DynamoOutboxConfig::default().with_body_ttl(Duration::from_secs(60)),
+            DynamoOutboxConfig::default().with_shard_leases(Some(Duration::from_millis(10))),
             DynamoOutboxConfig::default().with_retention(Retention::Keep {
                 window: Duration::ZERO,
             }),

@@ -134,6 +134,25 @@
 //! deletes of state items with the same condition: each statement is its own
 //! conditional write, so a lost lease fails alone.
 //!
+//! ## Relays divide the shards (shard leases)
+//!
+//! With [`with_shard_leases`](DynamoOutboxConfig::with_shard_leases) (on by default,
+//! 10-second leases) every store (each [`DynamoOutbox::new`], not each clone) is a
+//! worker, as in the Kinesis Client Library: it heartbeats an item `pk = w`,
+//! `sk = <worker id>`, holds lease items `pk = l`, `sk = <shard>` (`owner`, `counter`,
+//! `expires_us`) on about ⌈shards ÷ live workers⌉ shards, renews them with conditional
+//! writes every third of the lease, takes free and lapsed leases, and steals from the
+//! most loaded worker while that one holds more than its share. Its claims read only the
+//! shards it holds, so in steady state relays do not meet each other's messages and
+//! refuse no writes. A worker that dies stops renewing; its leases lapse and the others
+//! take its shards (nothing is lost: its claimed messages come back when their message
+//! leases lapse). [`DynamoOutbox::release_shards`] hands a worker's shards over at once
+//! on shutdown. Run one store per relay process; with more relays than shards the extra
+//! ones stand by. Stealing is decided by the lease's conditional write; until the old
+//! owner's next renewal both may claim from the shard, which costs refused writes, not
+//! correctness. A maintenance round costs one heartbeat write, two strongly consistent
+//! queries and one write per held lease.
+//!
 //! ## Capacity per message (design minimum)
 //!
 //! A write unit covers 1 KB, a strongly consistent read unit 4 KB (an eventually
@@ -245,11 +264,13 @@ mod markers;
 mod metrics;
 mod schema;
 mod settle;
+mod shards;
 mod store;
 
 pub use config::{
     validate_table_name, DynamoDedupConfig, DynamoEntityConfig, DynamoLockConfig,
-    DynamoOutboxConfig, DynamoRules, DEFAULT_BODY_TTL, DEFAULT_MAX_PAYLOAD_BYTES, MAX_SHARDS,
+    DynamoOutboxConfig, DynamoRules, DEFAULT_BODY_TTL, DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_SHARD_LEASE, MAX_SHARDS,
 };
 pub use dedup::DynamoDedupStore;
 pub use entity::DynamoEntityStore;

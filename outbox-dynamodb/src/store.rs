@@ -77,6 +77,8 @@ pub(crate) struct Inner {
     pub(crate) contended_until: AtomicU64,
     /// Index entries this store claimed moments ago: id → (due, when, microseconds).
     pub(crate) recent: std::sync::Mutex<HashMap<MessageId, (u128, u64)>>,
+    /// This store's shard leases, when relays divide the shards.
+    pub(crate) leases: Option<crate::shards::ShardLeases>,
 }
 
 /// The enqueue sequence: microseconds of this process's clock, strictly increasing
@@ -159,10 +161,11 @@ impl DynamoOutbox {
         Ok(DynamoOutbox {
             inner: Arc::new(Inner {
                 client,
-                config,
                 metrics: Metrics::default(),
                 contended_until: AtomicU64::new(0),
                 recent: std::sync::Mutex::new(HashMap::new()),
+                leases: config.shard_lease().map(crate::shards::ShardLeases::new),
+                config,
             }),
         })
     }
@@ -205,11 +208,6 @@ impl DynamoOutbox {
     /// Mapped SDK errors.
     pub async fn drop_table(&self) -> Result<()> {
         crate::schema::drop_table(&self.inner.client, self.table()).await
-    }
-
-    /// The shards this store's claims read: every shard.
-    pub(crate) async fn claim_shards(&self) -> Result<Vec<u16>> {
-        Ok((0..self.shards()).collect())
     }
 
     pub(crate) fn table(&self) -> &str {
