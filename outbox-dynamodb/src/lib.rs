@@ -162,7 +162,7 @@
 //!
 //! | operation | writes | write units | read units |
 //! |---|---|---|---|
-//! | enqueue (in your transaction) | put state + `due` entry, put body | 2 × (1 + 1) + 2 × ⌈P⌉ | 0 |
+//! | enqueue (in your transaction) | put state + `due` entry, put body | 2 + 1 + 2 × ⌈P + 0.1⌉ | 0 |
 //! | claim | update state, move `due` entry | 1 + 2 = **3** | index page share + ⌈P / 4⌉ / 2 for the body |
 //! | complete (`Delete`) | delete state, delete `due` entry | 1 + 1 = **2** | 0 |
 //! | fail with retry / release | update state, move `due` entry | **3** | 0 |
@@ -221,11 +221,13 @@
 //! Strong consistency holds within one region only: a strongly consistent read sees the
 //! writes of its own region's replica, and concurrent writes in two regions are settled
 //! by "last writer wins" after the fact, so two regions could each claim one message,
-//! record one id as new, or grant one lock. [`DynamoDistributedLock::install`] and
-//! [`DynamoDedupStore::install`] refuse a table that lists replicas; the outbox and
-//! entity stores do not check yet. DynamoDB Local cannot create replicas, so the
-//! refusal is tested on described tables, not end to end. Keep these tables in
-//! one region.
+//! record one id as new, or grant one lock. Every store's `install`
+//! ([`DynamoOutbox::install`], [`DynamoDedupStore::install`],
+//! [`DynamoEntityStore::install`], [`DynamoDistributedLock::install`]) refuses a table
+//! whose description lists replicas with
+//! [`ErrorKind::Config`](outbox_core::ErrorKind::Config); a table made global after the
+//! install is not detected. DynamoDB Local cannot create replicas, so the refusal is
+//! tested on described tables, not end to end. Keep these tables in one region.
 //!
 //! ## Limitations
 //!

@@ -192,14 +192,17 @@ impl DynamoOutbox {
     ///
     /// # Errors
     /// [`ErrorKind::Schema`](outbox_core::ErrorKind::Schema) when the table exists with
-    /// another layout (a layout-1 table: see the crate docs' migration note); mapped SDK
-    /// errors otherwise.
+    /// another layout (a layout-1 table: see the crate docs' migration note);
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) when it is a Global Table
+    /// (it lists replicas: claims are conditional writes, atomic only within a region);
+    /// mapped SDK errors otherwise.
     pub async fn install(&self) -> Result<()> {
         crate::schema::install(
             &self.inner.client,
             &crate::schema::outbox_table(self.table()),
         )
-        .await
+        .await?;
+        crate::schema::refuse_replicas(&self.inner.client, self.table(), "outbox").await
     }
 
     /// Delete the table and everything in it. A missing table is not an error.
