@@ -3,17 +3,24 @@
 //! 1. dedup `record` of new ids and of duplicates, at concurrency 1, 8 and 64, against
 //!    the same raw SDK calls (the same conditional `PutItem`) in the same run, rounds
 //!    interleaved so both see the same machine;
-//! 2. outbox drain: messages per second with 1, 2 and 4 relays over one table;
-//! 3. consumed capacity units per message for enqueue, claim and complete
-//!    (`ReturnConsumedCapacity = TOTAL`), and refused conditional writes per message;
-//! 4. capacity units per operation with 1 KB and 100 KB payloads: enqueue, claim,
-//!    complete, fail (retry) and a dedup record, ending with the line
+//! 2. relays: 1, 2, 4 and 8 relays (each a store of its own, dividing the shards with
+//!    shard leases) draining a backlog of 20,000 messages: messages per second, capacity
+//!    units per message, and refused conditional writes per message over the whole
+//!    drain and in steady state (between 25% and 90% published), with the same drain
+//!    without shard leases (every relay reading every shard) as the baseline in the
+//!    same run; ends with the line `refused writes per message (4 relays): <x>`
+//!    (steady state, shard leases);
+//! 3. capacity units per operation with 1 KB and 100 KB payloads: enqueue, claim,
+//!    complete, fail (retry) and a dedup record, next to the design minimum of the crate
+//!    docs, ending with the line
 //!    `write units per claim+complete (100 KB payload): <y>`.
 //!
-//! Run: `eval "$(scripts/services.sh)" && cargo bench -p outbox-dynamodb --bench dynamodb_bench -- --quick`
-//! (`--quick` runs a tenth of the operations; `--capacity` only the capacity table, also
-//! as `cargo test -p outbox-dynamodb --bench dynamodb_bench -- --capacity`). Figures from DynamoDB Local measure the
-//! library's overhead and request counts, not DynamoDB's latency.
+//! Run: `eval "$(scripts/services.sh)" && cargo bench -p outbox-dynamodb --bench dynamodb_bench`
+//! (`--quick` runs a tenth of the operations and a backlog of 2,000; `--capacity` only
+//! the capacity table, also as `cargo test -p outbox-dynamodb --bench dynamodb_bench --
+//! --capacity`; `--relays` only the relay table). Figures from DynamoDB Local measure the
+//! library's overhead, request counts and capacity as DynamoDB Local reports it, not
+//! DynamoDB's latency.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -23,7 +30,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
 use aws_sdk_dynamodb::Client;
 use outbox_core::{
     ClaimRequest, ConsumerName, Dedup, DedupStore, Disposition, Failure, MessageId, NewMessage,
-    OutboxAdmin, OutboxStore, OutboxStoreExt, Relay, RelayConfig,
+    OutboxStore, OutboxStoreExt, Relay, RelayConfig,
 };
 use outbox_dynamodb::{DynamoDedupConfig, DynamoDedupStore, DynamoOutbox, DynamoOutboxConfig};
 use outbox_testkit::RecordingPublisher;
@@ -192,76 +199,162 @@ async fn dedup_bench(client: &Client, scale: usize) {
     store.drop_table().await.unwrap();
 }
 
-async fn drain_bench(client: &Client, scale: usize) {
-    let messages = 500 * scale;
-    println!("\n## outbox drain ({messages} messages, 16 shards, batch 100)\n");
-    println!("| relays | msgs/s | enqueue CU/msg | claim CU/msg (read + write) | complete CU/msg | refused writes/msg |");
-    println!("|---:|---:|---:|---:|---:|---:|");
-    for relays in [1usize, 2, 4] {
-        let outbox = DynamoOutbox::new(
-            client.clone(),
-            DynamoOutboxConfig::default().with_table(table("bench_outbox")),
-        )
-        .unwrap();
-        outbox.install().await.unwrap();
-        let batch: Vec<NewMessage> = (0..messages)
+/// CPU time of this process so far (user + system), from `/proc/self/stat`; zero where
+/// that file does not exist.
+fn process_cpu() -> Duration {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return Duration::ZERO;
+    };
+    // Fields after the parenthesised command name; utime and stime are the 12th and
+    // 13th of them, in clock ticks (100 per second on Linux).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+}
+
+/// One relay run: `relays` stores (shard leases on or off) draining `backlog`
+/// messages. Returns (msgs/s, refused per message whole run, refused per message in
+/// steady state, claim+complete write units per message, claim read units per message,
+/// this process's CPU microseconds per message while draining).
+async fn relay_run(
+    client: &Client,
+    relays: usize,
+    backlog: usize,
+    leases: bool,
+) -> (f64, f64, f64, f64, f64, f64) {
+    let config = DynamoOutboxConfig::default()
+        .with_table(table("bench_relays"))
+        .with_shards(16)
+        .with_shard_leases(leases.then_some(Duration::from_secs(6)));
+    let writer = DynamoOutbox::new(client.clone(), config.clone()).unwrap();
+    writer.install().await.unwrap();
+    let batch: Arc<Vec<NewMessage>> = Arc::new(
+        (0..backlog)
             .map(|i| {
                 NewMessage::builder("bench")
                     .payload(format!("{{\"n\":{i},\"pad\":\"{}\"}}", "x".repeat(200)).into_bytes())
                     .build()
                     .unwrap()
             })
-            .collect();
-        for chunk in batch.chunks(25) {
-            outbox.enqueue(Vec::new(), chunk).await.unwrap();
+            .collect(),
+    );
+    let chunks = backlog.div_ceil(50);
+    let (w, b) = (writer.clone(), Arc::clone(&batch));
+    rate(chunks, 8, move |i| {
+        let (w, b) = (w.clone(), Arc::clone(&b));
+        async move {
+            let end = ((i + 1) * 50).min(b.len());
+            w.enqueue(Vec::new(), &b[i * 50..end]).await.unwrap();
         }
-        let publisher = RecordingPublisher::new();
-        let start = Instant::now();
-        let handles: Vec<_> = (0..relays)
-            .map(|i| {
-                let config = RelayConfig::default()
-                    .name(format!("bench-{i}"))
-                    .batch_size(100)
-                    .publish(100, 4)
-                    .poll(Duration::from_millis(5), Duration::from_millis(50));
-                Relay::new(
-                    Arc::new(outbox.clone()),
-                    Arc::new(publisher.clone()),
-                    config,
-                )
+    })
+    .await;
+    let stores: Vec<DynamoOutbox> = (0..relays)
+        .map(|_| DynamoOutbox::new(client.clone(), config.clone()).unwrap())
+        .collect();
+    let publisher = RecordingPublisher::new();
+    let start = Instant::now();
+    let cpu_start = process_cpu();
+    let handles: Vec<_> = stores
+        .iter()
+        .enumerate()
+        .map(|(i, store)| {
+            let config = RelayConfig::default()
+                .name(format!("bench-{i}"))
+                .batch_size(100)
+                .publish(100, 4)
+                .poll(Duration::from_millis(5), Duration::from_millis(50));
+            Relay::new(Arc::new(store.clone()), Arc::new(publisher.clone()), config)
                 .unwrap()
                 .spawn()
-            })
-            .collect();
-        publisher
-            .wait_for_unique(messages, Duration::from_secs(600))
-            .await
-            .unwrap();
-        let elapsed = start.elapsed();
-        for h in handles {
-            h.shutdown().await.unwrap();
-        }
-        let m = outbox.metrics();
-        let per = |x: f64, n: u64| x / n.max(1) as f64;
-        println!(
-            "| {relays} | {:.0} | {:.2} | {:.2} ({:.2} + {:.2}) | {:.2} | {:.3} |",
-            messages as f64 / elapsed.as_secs_f64(),
-            per(m.enqueue_units, m.enqueued),
-            per(m.claim_read_units + m.claim_write_units, m.claimed),
-            per(m.claim_read_units, m.claimed),
-            per(m.claim_write_units, m.claimed),
-            per(m.settle_units, m.claimed),
-            m.refused_writes as f64 / m.claimed.max(1) as f64,
-        );
-        assert_eq!(publisher.duplicates(), 0);
-        assert_eq!(outbox.stats().await.unwrap().pending, 0);
-        outbox.drop_table().await.unwrap();
+        })
+        .collect();
+    let totals = |stores: &[DynamoOutbox]| {
+        stores.iter().fold((0u64, 0u64), |(r, c), s| {
+            let m = s.metrics();
+            (r + m.refused_writes, c + m.claimed)
+        })
+    };
+    publisher
+        .wait_for_unique(backlog / 4, Duration::from_secs(1200))
+        .await
+        .unwrap();
+    let (refused_a, claimed_a) = totals(&stores);
+    publisher
+        .wait_for_unique(backlog * 9 / 10, Duration::from_secs(1200))
+        .await
+        .unwrap();
+    let (refused_b, claimed_b) = totals(&stores);
+    publisher
+        .wait_for_unique(backlog, Duration::from_secs(1200))
+        .await
+        .unwrap();
+    let elapsed = start.elapsed();
+    let cpu = process_cpu().saturating_sub(cpu_start);
+    for h in handles {
+        h.shutdown().await.unwrap();
     }
+    assert_eq!(publisher.duplicates(), 0);
+    let (refused, claimed) = totals(&stores);
+    let (mut writes, mut reads) = (0.0, 0.0);
+    for s in &stores {
+        let m = s.metrics();
+        writes += m.claim_write_units + m.settle_units;
+        reads += m.claim_read_units;
+    }
+    writer.drop_table().await.unwrap();
+    let per = |x: f64, n: u64| x / n.max(1) as f64;
+    (
+        backlog as f64 / elapsed.as_secs_f64(),
+        per(refused as f64, claimed),
+        per((refused_b - refused_a) as f64, claimed_b - claimed_a),
+        per(writes, claimed),
+        per(reads, claimed),
+        cpu.as_secs_f64() * 1e6 / backlog as f64,
+    )
+}
+
+async fn relay_bench(client: &Client, backlog: usize) -> f64 {
     println!(
-        "\nDesign minimum per message: enqueue 2 WCU (one transactional put ≤ 1 KB), claim 1 WCU \
-         (one conditional update) plus a share of one 0.5 RCU query per shard, complete 1 WCU \
-         (one conditional delete); local-index entries add to the figures DynamoDB reports."
+        "\n## relays draining a backlog of {backlog} messages (16 shards, batch 100, 250-byte payloads)\n"
     );
+    println!(
+        "Each relay is a store of its own. `leases`: relays divide the shards with shard \
+              leases (6 s); `all shards`: the baseline, every relay claims from every shard. \
+              Steady state: between 25% and 90% of the backlog published. The two modes take \
+              turns for each relay count. Bench CPU: this process (library, SDK, relays, \
+              publisher), not DynamoDB Local.\n"
+    );
+    println!(
+        "| relays | mode | msgs/s | vs 1 relay | refused writes/msg (whole drain) | refused writes/msg (steady state) | claim+complete WCU/msg | claim RCU/msg | bench CPU µs/msg |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut four = f64::NAN;
+    let mut one = [f64::NAN; 2];
+    for relays in [1usize, 2, 4, 8] {
+        for (slot, leases) in [(0usize, true), (1, false)] {
+            let (rate, refused, steady, writes, reads, cpu) =
+                relay_run(client, relays, backlog, leases).await;
+            if relays == 1 {
+                one[slot] = rate;
+            }
+            if relays == 4 && leases {
+                four = steady;
+            }
+            println!(
+                "| {relays} | {} | {rate:.0} | {:.2}x | {refused:.3} | {steady:.3} | {writes:.2} | {reads:.2} | {cpu:.0} |",
+                if leases { "leases" } else { "all shards" },
+                rate / one[slot],
+            );
+        }
+    }
+    println!("\nrefused writes per message (4 relays): {four:.3}");
+    four
 }
 
 /// Capacity units per operation, from the store's `ConsumedCapacity` counters (deltas
@@ -353,35 +446,51 @@ async fn capacity_row(client: &Client, payload: usize, messages: usize) -> f64 {
     let half_failed = failed.len().max(1) as f64;
     let claim_write = after_claim.claim_write_units / n;
     let complete = (after_complete.settle_units - after_claim.settle_units) / half_done;
+    let kb = payload.div_ceil(1024) as f64;
     println!(
-        "| {} KB | {:.1} | {:.1} + {:.2} | {:.1} | {:.1} | {:.1} |",
+        "| {} KB | measured | {:.1} | {:.1} | {:.2} + {:.2} | {:.1} | {:.1} | {:.1} |",
         payload / 1024,
         after_enqueue.enqueue_units / n,
         claim_write,
         after_claim.claim_read_units / n,
+        after_claim.body_read_units / n,
         complete,
         (after_fail.settle_units - after_complete.settle_units) / half_failed,
         dedup_units,
     );
+    // The crate docs' table: enqueue 2 (transactional state put) + 1 (due entry) +
+    // 2 × body KB (the body item carries ~64 bytes besides the payload); a claim 3; body
+    // read ⌈KB / 4⌉ / 2 (eventually consistent); complete 2; fail 3; dedup 1.
+    let body_kb = (payload + 64).div_ceil(1024) as f64;
+    println!(
+        "| {} KB | design minimum | {:.1} | 3.0 | share of a page + {:.2} | 2.0 | 3.0 | 1.0 |",
+        payload / 1024,
+        3.0 + 2.0 * body_kb,
+        (kb / 4.0).ceil() / 2.0,
+    );
     claim_write + complete
 }
 
-async fn capacity_bench(client: &Client) {
-    println!("\n## capacity units per operation (unordered, Retention::Delete, 20 messages)\n");
+async fn capacity_bench(client: &Client) -> f64 {
     println!(
-        "| payload | enqueue | claim (write + read) | complete | fail (retry) | dedup record |"
+        "\n## capacity units per operation (unordered, Retention::Delete, 20 messages, 4 shards)\n"
     );
-    println!("|---:|---:|---:|---:|---:|---:|");
-    capacity_row(client, 1024, 20).await;
+    println!(
+        "Measured: the `ConsumedCapacity` DynamoDB Local returns (TOTAL: table and index \
+              writes), per message. Claim reads: index pages and state reads + body reads.\n"
+    );
+    println!(
+        "| payload | row | enqueue | claim write | claim read (index + body) | complete | fail (retry) | dedup record |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|");
+    let small = capacity_row(client, 1024, 20).await;
     let big = capacity_row(client, 100 * 1024, 20).await;
-    println!("\nwrite units per claim+complete (100 KB payload): {big:.1}");
     println!(
-        "\nA complete of 0.0 means the endpoint returned no ConsumedCapacity for the \
-         PartiQL BatchExecuteStatement deletes (DynamoDB Local does not); DynamoDB bills a \
-         delete by the deleted item's size, so add about the payload in KB there. Claims \
-         and fails rewrite the whole item (payload included): the cost issue 23's \
-         split of state items from payload items removes."
+        "\nclaim+complete write units: 1 KB {small:.1}, 100 KB {big:.1} (ratio {:.2}; target at most 1.5)",
+        big / small
     );
+    println!("\nwrite units per claim+complete (100 KB payload): {big:.1}");
+    big
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -399,10 +508,29 @@ async fn main() {
         "# outbox-dynamodb bench against {url}{}",
         if quick { " (--quick)" } else { "" }
     );
-    // `--capacity` runs only the capacity table (quick, and meaningful in a debug build).
-    if !std::env::args().any(|a| a == "--capacity") {
+    let only = |flag: &str| std::env::args().any(|a| a == flag);
+    // `--capacity` runs only the capacity table (quick, and meaningful in a debug build);
+    // `--relays` only the relay table.
+    let (capacity, relays) = (only("--capacity"), only("--relays"));
+    let all = !capacity && !relays;
+    if all {
         dedup_bench(&client, scale).await;
-        drain_bench(&client, scale).await;
     }
-    capacity_bench(&client).await;
+    let four = if all || relays {
+        Some(relay_bench(&client, 2_000 * scale).await)
+    } else {
+        None
+    };
+    let big = if all || capacity {
+        Some(capacity_bench(&client).await)
+    } else {
+        None
+    };
+    println!("\n## the two lines to read first\n");
+    if let Some(four) = four {
+        println!("refused writes per message (4 relays): {four:.3}");
+    }
+    if let Some(big) = big {
+        println!("write units per claim+complete (100 KB payload): {big:.1}");
+    }
 }

@@ -1,12 +1,14 @@
-//! [`OutboxAdmin`] for [`DynamoOutbox`]: counts and listings from strongly consistent
-//! queries of the sparse local indexes of every shard (`due` for undelivered, `dead`
-//! for dead letters, `done` for kept dispatched messages); changes by primary key,
-//! each a conditional write on the state it changes.
+//! [`OutboxAdmin`] for [`DynamoOutbox`]: counts and listings from queries of the sparse
+//! global indexes of every shard (`due` for undelivered, `dead` for dead letters, `done`
+//! for kept dispatched messages; eventually consistent, as global indexes are);
+//! changes by primary key, each a conditional write on the state item it changes.
 
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::types::{Put, ReturnConsumedCapacity, Select, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{
+    Put, ReturnConsumedCapacity, ReturnValue, Select, TransactWriteItem, Update,
+};
 use outbox_core::backend::{dead_target, purge_limit, DeadTarget};
 use outbox_core::{
     DeadLetter, DeadLetterFilter, DeadLetterOrder, DeadLetterPage, DeadLetterSelection, MessageId,
@@ -15,13 +17,13 @@ use outbox_core::{
 
 use crate::error::{build_error, from_sdk, is_condition_failed};
 use crate::item::{
-    self, decode_lossy, get_n, id_text, message_partition, n, now_us, s, Item, ATTEMPTS, AVAILABLE,
-    CREATED, DEAD_AT, DEAD_ID, DEAD_INDEX, DONE_AT, DONE_INDEX, DUE, DUE_INDEX, DUE_SCALE,
-    PARTITION_KEY, PK, SEQ, TOKEN,
+    self, body_key, decode_lossy, get_n, id_text, message_partition, n, now_us, s, Item, ATTEMPTS,
+    AVAILABLE, CREATED, DEAD_AT, DEAD_ID, DEAD_INDEX, DONE_AT, DONE_INDEX, DUE, DUE_INDEX,
+    DUE_SCALE, PARTITION_KEY, PARTS, SEQ, SHARD, TOKEN,
 };
 use crate::store::{bounded, DynamoOutbox};
 
-/// One strongly consistent query of one shard's index, every page.
+/// One query of one shard's global index, every page.
 #[derive(Debug, Clone)]
 struct IndexQuery {
     index: &'static str,
@@ -49,7 +51,6 @@ impl DynamoOutbox {
                 .query()
                 .table_name(self.table())
                 .index_name(q.index)
-                .consistent_read(true)
                 .set_expression_attribute_names(Some(item::names(&[&q.condition])))
                 .key_condition_expression(&q.condition)
                 .expression_attribute_values(":pk", s(message_partition(shard)))
@@ -91,7 +92,7 @@ impl DynamoOutbox {
         limit: usize,
     ) -> Result<Vec<DeadLetter>> {
         let forward = order == DeadLetterOrder::Ascending;
-        let mut condition = format!("#{PK} = :pk");
+        let mut condition = format!("#{SHARD} = :pk");
         let mut values = Vec::new();
         if let Some(after) = after {
             condition.push_str(&format!(
@@ -138,6 +139,19 @@ impl DynamoOutbox {
         Ok(all)
     }
 
+    /// `letter` with what its body holds: the state item read strongly consistent (for
+    /// the part count and the latest error), then the body items.
+    async fn with_body(&self, letter: DeadLetter) -> Result<DeadLetter> {
+        let Some(state) = self.read(letter.message.id).await? else {
+            return Ok(letter);
+        };
+        let body = self.read_body(letter.message.id, &state).await?;
+        Ok(match decode_lossy(&state, &body) {
+            Some(message) => DeadLetter::new(message, letter.dead_at),
+            None => letter,
+        })
+    }
+
     async fn selected(&self, selection: &DeadLetterSelection) -> Result<Vec<MessageId>> {
         Ok(match dead_target(selection)? {
             None => Vec::new(),
@@ -151,7 +165,24 @@ impl DynamoOutbox {
         })
     }
 
+    /// Requeue dead letter `id`, then give its body its time to live back (a failure of
+    /// that leaves the body without one: logged).
     async fn requeue_one(&self, id: MessageId) -> Result<bool> {
+        if !self.requeue_state(id).await? {
+            return Ok(false);
+        }
+        let Some(state) = self.read(id).await? else {
+            return Ok(true);
+        };
+        let parts = get_n::<usize>(&state, PARTS).ok().flatten().unwrap_or(1);
+        let ttl = (now_us() + item::duration_us(self.inner.config.body_ttl())).div_ceil(1_000_000);
+        if let Err(e) = self.set_body_ttl(id, parts, Some(ttl)).await {
+            tracing::warn!(%id, error = %e.report(), "requeued message's body left without a time to live");
+        }
+        Ok(true)
+    }
+
+    async fn requeue_state(&self, id: MessageId) -> Result<bool> {
         let now = now_us();
         let update = format!(
             "SET #{AVAILABLE} = :now, #{DUE} = :base + #{SEQ}, #{ATTEMPTS} = :zero \
@@ -222,7 +253,15 @@ impl DynamoOutbox {
         }
     }
 
-    async fn delete_if(&self, id: MessageId, attribute: &str, what: &str) -> Result<bool> {
+    /// Delete message `id`'s state item while it has `attribute`; with `bodies`, then
+    /// its body items too (a dead letter's body has no time to live).
+    async fn delete_if(
+        &self,
+        id: MessageId,
+        attribute: &str,
+        what: &str,
+        bodies: bool,
+    ) -> Result<bool> {
         let condition = format!("attribute_exists(#{attribute})");
         let sent = self
             .inner
@@ -232,10 +271,33 @@ impl DynamoOutbox {
             .set_key(Some(self.key_of(id)))
             .set_expression_attribute_names(Some(item::names(&[&condition])))
             .condition_expression(condition)
+            .return_values(ReturnValue::AllOld)
             .send()
             .await;
         match sent {
-            Ok(_) => Ok(true),
+            Ok(out) => {
+                if bodies {
+                    let old = out.attributes.unwrap_or_default();
+                    let parts = get_n::<usize>(&old, PARTS).ok().flatten().unwrap_or(1);
+                    let deletes: Vec<_> = (0..parts)
+                        .map(|part| async move {
+                            self.inner
+                                .client
+                                .delete_item()
+                                .table_name(self.table())
+                                .set_key(Some(body_key(id, part)))
+                                .send()
+                                .await
+                                .map(|_| ())
+                                .map_err(|e| from_sdk(what, e))
+                        })
+                        .collect();
+                    if let Err(e) = bounded(deletes).await {
+                        tracing::warn!(%id, error = %e.report(), "discarded dead letter's body left behind");
+                    }
+                }
+                Ok(true)
+            }
             Err(e) if is_condition_failed(&e) => Ok(false),
             Err(e) => Err(from_sdk(what, e)),
         }
@@ -254,7 +316,7 @@ impl DynamoOutbox {
         let cutoff = now_us().saturating_sub(item::duration_us(older_than));
         IndexQuery {
             index: DONE_INDEX,
-            condition: format!("#{PK} = :pk AND #{DONE_AT} < :cutoff"),
+            condition: format!("#{SHARD} = :pk AND #{DONE_AT} < :cutoff"),
             values: vec![(":cutoff", n(cutoff))],
             forward: true,
             count_only,
@@ -269,8 +331,10 @@ impl DynamoOutbox {
     }
 }
 
+/// A dead letter as its state item tells it: no payload, headers or content type
+/// until `with_body` reads its body.
 fn dead_letter(entry: &Item) -> Option<DeadLetter> {
-    let message = decode_lossy(entry)?;
+    let message = decode_lossy(entry, &[])?;
     let dead_at = get_n::<u64>(entry, DEAD_AT).ok().flatten().unwrap_or(0);
     Some(DeadLetter::new(message, item::from_micros(dead_at)))
 }
@@ -281,14 +345,14 @@ impl OutboxAdmin for DynamoOutbox {
         let now = now_us();
         let due = IndexQuery {
             index: DUE_INDEX,
-            condition: format!("#{PK} = :pk"),
+            condition: format!("#{SHARD} = :pk"),
             values: vec![],
             forward: true,
             count_only: false,
         };
         let dead = IndexQuery {
             index: DEAD_INDEX,
-            condition: format!("#{PK} = :pk"),
+            condition: format!("#{SHARD} = :pk"),
             values: vec![],
             forward: true,
             count_only: true,
@@ -347,8 +411,10 @@ impl OutboxAdmin for DynamoOutbox {
     }
 
     async fn dead_letters(&self, page: &DeadLetterPage) -> Result<Vec<DeadLetter>> {
-        self.matching_dead(page.filter(), page.after_id(), page.order(), page.limit())
-            .await
+        let listed = self
+            .matching_dead(page.filter(), page.after_id(), page.order(), page.limit())
+            .await?;
+        bounded(listed.into_iter().map(|l| self.with_body(l)).collect()).await
     }
 
     async fn count_dead(&self, filter: &DeadLetterFilter) -> Result<u64> {
@@ -365,8 +431,10 @@ impl OutboxAdmin for DynamoOutbox {
 
     async fn discard_dead(&self, selection: &DeadLetterSelection) -> Result<u64> {
         let ids = self.selected(selection).await?;
-        self.for_each_id(ids, |id| self.delete_if(id, DEAD_ID, "discard dead letter"))
-            .await
+        self.for_each_id(ids, |id| {
+            self.delete_if(id, DEAD_ID, "discard dead letter", true)
+        })
+        .await
     }
 
     async fn purge_dispatched(&self, older_than: Duration, limit: usize) -> Result<u64> {
@@ -399,8 +467,10 @@ impl OutboxAdmin for DynamoOutbox {
         oldest.sort();
         oldest.truncate(limit);
         let ids = oldest.into_iter().map(|(_, id)| id).collect();
-        self.for_each_id(ids, |id| self.delete_if(id, DONE_AT, "purge dispatched"))
-            .await
+        self.for_each_id(ids, |id| {
+            self.delete_if(id, DONE_AT, "purge dispatched", false)
+        })
+        .await
     }
 
     async fn count_dispatched(&self, older_than: Duration) -> Result<u64> {

@@ -1,7 +1,10 @@
-//! Claims: find due messages on the sparse `due` index of every shard (strongly
-//! consistent queries, sorted by availability then enqueue order), then one conditional
-//! `UpdateItem` per message whose condition is the lease. The conditional write is the
-//! claim: of two relays racing for a message, DynamoDB lets exactly one write through.
+//! Claims: find due messages on the sparse global `due` index of the shards this store
+//! claims from (eventually consistent queries, sorted by availability then enqueue
+//! order, reading about as many entries as wanted), then one conditional `UpdateItem`
+//! per message on its small state item, whose condition is the lease. The conditional
+//! write is the claim: of two relays racing for a message, DynamoDB lets exactly one
+//! write through, and a stale index entry only costs a refused write. The body is read
+//! once, after the claim.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -14,8 +17,9 @@ use outbox_core::{
 
 use crate::error::{from_sdk, is_condition_failed};
 use crate::item::{
-    self, candidate, decode_message, get_s, marker_partition, marker_prefix, message_partition, n,
-    now_us, s, shard_of, Candidate, Item, AVAILABLE, DUE, DUE_INDEX, DUE_SCALE, MARKED_ID, PK, SK,
+    self, candidate, decode_message, get_n, get_s, marker_partition, marker_prefix,
+    message_partition, message_pk, n, now_us, s, shard_of, Candidate, Item, AVAILABLE, DUE,
+    DUE_INDEX, DUE_SCALE, MARKED_ID, PARTS, PK, SHARD, SK, TTL,
 };
 use crate::store::{bounded, DynamoOutbox};
 
@@ -32,6 +36,10 @@ struct Cursor {
     exhausted: bool,
     /// Pages read again after a refused write showed this one stale.
     rereads: u32,
+    /// Pages of this shard read by this claim so far: each next page is twice as long,
+    /// so a claim walking past blocked keys needs few round trips while one that takes
+    /// what it reads first reads little.
+    pages: u32,
 }
 
 /// What one claim write came to.
@@ -51,6 +59,13 @@ const SPREAD_WINDOW: usize = 4;
 const SPREAD_FOR_US: u64 = 1_000_000;
 /// Most times one claim reads a shard again after refused writes.
 const MAX_REREADS: u32 = 3;
+/// Index entries read per shard beyond the shard's share of the claim: the slack that
+/// covers blocked keys and entries gone stale.
+const PAGE_SLACK: usize = 2;
+/// How long (microseconds) a claim by this store keeps hiding the index entry it took
+/// from this store's next claims: the global index is updated asynchronously, so for a
+/// moment it may still show a message this store just claimed.
+const RECENT_FOR_US: u64 = 5_000_000;
 
 impl DynamoOutbox {
     /// Claim up to `request.limit()` due messages, oldest `due` first across shards.
@@ -62,14 +77,19 @@ impl DynamoOutbox {
     /// instead of queueing behind each other's refused writes.
     pub(crate) async fn claim_due(&self, request: ClaimRequest) -> Result<Claimed> {
         let now = now_us();
-        let page = i32::try_from((request.limit() * 4).clamp(100, 1000)).unwrap_or(1000);
-        let mut cursors: Vec<Cursor> = (0..self.shards())
+        let shards = self.claim_shards().await?;
+        if shards.is_empty() {
+            return Ok(Claimed::default());
+        }
+        let mut cursors: Vec<Cursor> = shards
+            .into_iter()
             .map(|shard| Cursor {
                 shard,
                 buffered: VecDeque::new(),
                 next: None,
                 exhausted: false,
                 rereads: 0,
+                pages: 0,
             })
             .collect();
         let mut heads: HashMap<String, Option<MessageId>> = HashMap::new();
@@ -79,6 +99,7 @@ impl DynamoOutbox {
             let want = request.limit() - claimed.len();
             let spread = self.inner.contended_until.load(Ordering::Relaxed) > now_us();
             let window = if spread { want * SPREAD_WINDOW } else { want };
+            let page = window.div_ceil(cursors.len().max(1)) + PAGE_SLACK;
             let mut batch = Vec::new();
             while batch.len() < window {
                 self.refill(&mut cursors, now, page).await?;
@@ -92,6 +113,9 @@ impl DynamoOutbox {
                 let Some(c) = next.buffered.pop_front() else {
                     break;
                 };
+                if self.recently_taken(&c) {
+                    continue;
+                }
                 if self.is_head(&c, &mut heads).await? {
                     batch.push(c);
                 }
@@ -109,6 +133,7 @@ impl DynamoOutbox {
                 .iter()
                 .map(|c| (self.shard_of_id(c.id), c.due))
                 .collect();
+            self.remember_taken(&batch);
             let taken: Vec<Taken> =
                 bounded(batch.into_iter().map(|c| self.take(c, lease)).collect()).await?;
             for (outcome, (shard, due)) in taken.into_iter().zip(placed) {
@@ -119,11 +144,12 @@ impl DynamoOutbox {
                         self.inner
                             .contended_until
                             .fetch_max(now_us() + SPREAD_FOR_US, Ordering::Relaxed);
-                        let cursor = &mut cursors[usize::from(shard)];
-                        cursor.buffered.clear();
-                        cursor.next = None;
-                        cursor.rereads += 1;
-                        cursor.exhausted = cursor.rereads > MAX_REREADS;
+                        if let Some(cursor) = cursors.iter_mut().find(|c| c.shard == shard) {
+                            cursor.buffered.clear();
+                            cursor.next = None;
+                            cursor.rereads += 1;
+                            cursor.exhausted = cursor.rereads > MAX_REREADS;
+                        }
                     }
                 }
             }
@@ -140,8 +166,34 @@ impl DynamoOutbox {
         shard_of(&[item::id_text(id).as_bytes()], self.shards())
     }
 
+    /// Whether this store took `c` (at this very `due`) moments ago, so the index entry
+    /// is one the asynchronous global index has not updated yet.
+    fn recently_taken(&self, c: &Candidate) -> bool {
+        let recent = self
+            .inner
+            .recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        recent.get(&c.id).is_some_and(|(due, _)| *due == c.due)
+    }
+
+    /// Remember the index entries of `batch` as taken by this store (see
+    /// [`recently_taken`](Self::recently_taken)), forgetting old ones.
+    fn remember_taken(&self, batch: &[Candidate]) {
+        let now = now_us();
+        let mut recent = self
+            .inner
+            .recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        recent.retain(|_, (_, at)| now.saturating_sub(*at) < RECENT_FOR_US);
+        for c in batch {
+            recent.insert(c.id, (c.due, now));
+        }
+    }
+
     /// Fetch the next page of every shard whose buffer ran dry and that has more.
-    async fn refill(&self, cursors: &mut [Cursor], now: u64, page: i32) -> Result<()> {
+    async fn refill(&self, cursors: &mut [Cursor], now: u64, page: usize) -> Result<()> {
         let upper = (u128::from(now) + 1) * DUE_SCALE;
         let dry: Vec<&mut Cursor> = cursors
             .iter_mut()
@@ -153,19 +205,20 @@ impl DynamoOutbox {
         let futures: Vec<_> = dry
             .into_iter()
             .map(|cursor| async move {
+                let grown = page.saturating_mul(1 << cursor.pages.min(10)).min(1000);
+                cursor.pages += 1;
                 let out = self
                     .inner
                     .client
                     .query()
                     .table_name(self.table())
                     .index_name(DUE_INDEX)
-                    .consistent_read(true)
-                    .key_condition_expression("#pk = :pk AND #due < :upper")
-                    .expression_attribute_names("#pk", PK)
+                    .key_condition_expression("#shard = :pk AND #due < :upper")
+                    .expression_attribute_names("#shard", SHARD)
                     .expression_attribute_names("#due", DUE)
                     .expression_attribute_values(":pk", s(message_partition(cursor.shard)))
                     .expression_attribute_values(":upper", n(upper))
-                    .limit(page)
+                    .limit(i32::try_from(grown).unwrap_or(1000))
                     .set_exclusive_start_key(cursor.next.take())
                     .return_consumed_capacity(ReturnConsumedCapacity::Total)
                     .send()
@@ -278,7 +331,7 @@ impl DynamoOutbox {
             .is_some_and(|item| item.contains_key(DUE)))
     }
 
-    /// Read message `id`'s item, strongly consistent.
+    /// Read message `id`'s state item, strongly consistent.
     pub(crate) async fn read(&self, id: MessageId) -> Result<Option<Item>> {
         let out = self
             .inner
@@ -296,6 +349,67 @@ impl DynamoOutbox {
             out.consumed_capacity(),
         );
         Ok(out.item)
+    }
+
+    /// The body items of message `id` whose state item is `state`, in part order: an
+    /// eventually consistent query of the message's partition (the body was committed
+    /// with the state, long before in most cases), read again strongly consistent when
+    /// parts are missing. Empty when the body is gone.
+    pub(crate) async fn read_body(&self, id: MessageId, state: &Item) -> Result<Vec<Item>> {
+        let parts = get_n::<usize>(state, PARTS).ok().flatten().unwrap_or(1);
+        let mut body = self.query_body(id, false).await?;
+        if body.len() < parts {
+            body = self.query_body(id, true).await?;
+        }
+        Ok(body)
+    }
+
+    async fn query_body(&self, id: MessageId, consistent: bool) -> Result<Vec<Item>> {
+        let mut body = Vec::new();
+        let mut start = None;
+        loop {
+            let out = self
+                .inner
+                .client
+                .query()
+                .table_name(self.table())
+                .consistent_read(consistent)
+                .key_condition_expression("#pk = :pk AND begins_with(#sk, :b)")
+                .expression_attribute_names("#pk", PK)
+                .expression_attribute_names("#sk", SK)
+                .expression_attribute_values(":pk", s(message_pk(id)))
+                .expression_attribute_values(":b", s("b#"))
+                .set_exclusive_start_key(start.take())
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                .send()
+                .await
+                .map_err(|e| from_sdk("read message body", e))?;
+            self.record_capacity(&self.inner.metrics.body_read_units, out.consumed_capacity());
+            body.extend(out.items.unwrap_or_default());
+            match out.last_evaluated_key {
+                Some(next) if !next.is_empty() => start = Some(next),
+                _ => return Ok(body),
+            }
+        }
+    }
+
+    /// Push the time to live of a body with less than half of
+    /// [`body_ttl`](crate::DynamoOutboxConfig::with_body_ttl) left out by a full
+    /// period: one write per body item, billed at its size, only for messages that
+    /// stayed undelivered that long. Best effort: a failure is logged.
+    async fn renew_body_ttl(&self, id: MessageId, body: &[Item]) {
+        let ttl_s = self.inner.config.body_ttl().as_secs();
+        let now_s = now_us() / 1_000_000;
+        let left = body
+            .first()
+            .and_then(|f| get_n::<u64>(f, TTL).ok().flatten())
+            .map(|t| t.saturating_sub(now_s));
+        if left.is_none_or(|left| left >= ttl_s / 2) {
+            return;
+        }
+        if let Err(e) = self.set_body_ttl(id, body.len(), Some(now_s + ttl_s)).await {
+            tracing::warn!(%id, error = %e.report(), "body time to live not renewed");
+        }
     }
 
     /// The conditional write that claims `c`: due (undelivered, available) at the time
@@ -360,8 +474,12 @@ impl DynamoOutbox {
             token,
             expires_at: item::from_micros(expires),
         };
-        let checked = decode_message(&item)
+        let body = self.read_body(c.id, &item).await?;
+        let checked = decode_message(&item, &body)
             .and_then(|m| m.check_stored(self.inner.config.limits()).map(|()| m));
+        if checked.is_ok() {
+            self.renew_body_ttl(c.id, &body).await;
+        }
         match checked {
             Ok(message) => {
                 self.inner.metrics.claimed.fetch_add(1, Ordering::Relaxed);

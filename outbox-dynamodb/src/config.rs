@@ -49,11 +49,19 @@ pub struct DynamoOutboxConfig {
     ordering: KeyOrder,
     retention: Retention,
     limits: MessageLimits,
+    body_ttl: Duration,
+    shard_lease: Option<Duration>,
 }
+
+/// Default [`DynamoOutboxConfig::with_shard_leases`]: 10-second shard leases.
+pub const DEFAULT_SHARD_LEASE: Duration = Duration::from_secs(10);
+
+/// Default [`DynamoOutboxConfig::with_body_ttl`]: 14 days.
+pub const DEFAULT_BODY_TTL: Duration = Duration::from_secs(14 * 24 * 3600);
 
 impl Default for DynamoOutboxConfig {
     /// Table `outbox`, 16 shards, unordered, delete on complete, payloads up to
-    /// [`DEFAULT_MAX_PAYLOAD_BYTES`].
+    /// [`DEFAULT_MAX_PAYLOAD_BYTES`], bodies kept [`DEFAULT_BODY_TTL`].
     fn default() -> Self {
         DynamoOutboxConfig {
             table: "outbox".into(),
@@ -61,6 +69,8 @@ impl Default for DynamoOutboxConfig {
             ordering: KeyOrder::Unordered,
             retention: Retention::Delete,
             limits: MessageLimits::default().with_max_payload_bytes(DEFAULT_MAX_PAYLOAD_BYTES),
+            body_ttl: DEFAULT_BODY_TTL,
+            shard_lease: Some(DEFAULT_SHARD_LEASE),
         }
     }
 }
@@ -92,6 +102,36 @@ impl DynamoOutboxConfig {
         self.limits = limits;
         self
     }
+    /// How long after its availability a message's body items may be deleted by
+    /// DynamoDB's time to live (at least one hour). Completing a message deletes only its
+    /// small state item (one write unit whatever the payload); the body, written once at
+    /// enqueue and never updated, is left to TTL, which deletes for free. A claim renews
+    /// the TTL of a body with less than half of it left, and dead-lettering removes it,
+    /// so only a message that no relay claims for this long loses its body (it is then
+    /// dead-lettered naming the missing body). Set it above your longest relay outage.
+    pub fn with_body_ttl(mut self, ttl: Duration) -> Self {
+        self.body_ttl = ttl;
+        self
+    }
+    /// Whether and how relays divide the shards: with `Some(lease)` (the default,
+    /// [`DEFAULT_SHARD_LEASE`]) each store (each [`DynamoOutbox::new`](crate::DynamoOutbox::new),
+    /// not each clone) is a worker that holds leases on its share of the shards, renews
+    /// them every third of `lease` and claims only from them; a dead worker's shards
+    /// are taken over once its leases lapse (see the crate docs). `None`: every claim
+    /// reads every shard and racing relays are sorted out by refused writes. At least
+    /// one second.
+    pub fn with_shard_leases(mut self, lease: Option<Duration>) -> Self {
+        self.shard_lease = lease;
+        self
+    }
+    /// The shard lease, if relays divide the shards.
+    pub fn shard_lease(&self) -> Option<Duration> {
+        self.shard_lease
+    }
+    /// The body time to live.
+    pub fn body_ttl(&self) -> Duration {
+        self.body_ttl
+    }
     /// The table name.
     pub fn table(&self) -> &str {
         &self.table
@@ -113,10 +153,23 @@ impl DynamoOutboxConfig {
     ///
     /// # Errors
     /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad table name, a
-    /// shard count out of range or a `Keep` window of zero.
+    /// shard count out of range, a `Keep` window of zero, a body TTL under an hour or a
+    /// shard lease under a second.
     pub fn validate(&self) -> Result<()> {
         validate_table_name("outbox", &self.table)?;
         check_shards("outbox", self.shards)?;
+        if self.shard_lease.is_some_and(|l| l < Duration::from_secs(1)) {
+            return Err(Error::config(format!(
+                "shard lease {:?} is under one second",
+                self.shard_lease
+            )));
+        }
+        if self.body_ttl < Duration::from_secs(3600) {
+            return Err(Error::config(format!(
+                "body TTL {:?} is under one hour",
+                self.body_ttl
+            )));
+        }
         if let Retention::Keep { window } = self.retention {
             if window.is_zero() {
                 return Err(Error::config("a Keep retention window must be above zero"));
@@ -271,6 +324,8 @@ mod tests {
             DynamoOutboxConfig::default().with_shards(0),
             DynamoOutboxConfig::default().with_shards(MAX_SHARDS + 1),
             DynamoOutboxConfig::default().with_table("x"),
+            DynamoOutboxConfig::default().with_body_ttl(Duration::from_secs(60)),
+            DynamoOutboxConfig::default().with_shard_leases(Some(Duration::from_millis(10))),
             DynamoOutboxConfig::default().with_retention(Retention::Keep {
                 window: Duration::ZERO,
             }),

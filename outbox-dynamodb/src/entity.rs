@@ -75,14 +75,16 @@ impl DynamoEntityStore {
     /// Create the table if missing (on-demand billing) and wait until it is active.
     ///
     /// # Errors
-    /// [`ErrorKind::Schema`] when the table exists with another key; mapped SDK errors
-    /// otherwise.
+    /// [`ErrorKind::Schema`] when the table exists with another key;
+    /// [`ErrorKind::Config`] when it is a Global Table (it lists replicas: versioned
+    /// conditional writes do not hold across regions); mapped SDK errors otherwise.
     pub async fn install(&self) -> Result<()> {
         crate::schema::install(
             &self.client,
             &crate::schema::entity_table(self.config.table()),
         )
-        .await
+        .await?;
+        crate::schema::refuse_replicas(&self.client, self.config.table(), "entity store").await
     }
 
     /// Delete the table. A missing table is not an error.

@@ -44,11 +44,23 @@ pub(crate) const DEAD_ID: &str = "dead_id";
 pub(crate) const DEAD_AT: &str = "dead_us";
 pub(crate) const DONE_AT: &str = "done_us";
 pub(crate) const MARKED_ID: &str = "mid";
+/// The state item's shard (`q#<n>`): the partition key of the three global indexes.
+pub(crate) const SHARD: &str = "shard";
+/// How many body items a message has (state item).
+pub(crate) const PARTS: &str = "parts";
+/// The body items' time to live, epoch seconds (the table's TTL attribute).
+pub(crate) const TTL: &str = "ttl";
+/// The sort key of a message's state item.
+pub(crate) const STATE_SK: &str = "s";
 
-// Local secondary indexes of the outbox table.
+// Global secondary indexes of the outbox table (all keyed by `shard`).
 pub(crate) const DUE_INDEX: &str = "due";
 pub(crate) const DEAD_INDEX: &str = "dead";
 pub(crate) const DONE_INDEX: &str = "done";
+
+/// Most payload bytes one body item carries; a longer payload is split over several
+/// body items (the split layout), each well under the 400 KB item limit.
+pub(crate) const PART_BYTES: usize = 300 * 1024;
 
 /// Stable 64-bit FNV-1a: shard numbers must not change between builds or processes.
 pub(crate) fn fnv1a(parts: &[&[u8]]) -> u64 {
@@ -124,14 +136,35 @@ pub(crate) fn b(v: &[u8]) -> AttributeValue {
     AttributeValue::B(Blob::new(v.to_vec()))
 }
 
-/// The primary key of the message `id` in a table of `shards` shards.
-pub(crate) fn message_key(id: MessageId, shards: u16) -> Item {
-    let text = id_text(id);
-    let shard = shard_of(&[text.as_bytes()], shards);
+/// The partition key of every item of message `id`: `m#<id>`.
+pub(crate) fn message_pk(id: MessageId) -> String {
+    format!("m#{}", id_text(id))
+}
+
+/// The primary key of message `id`'s state item.
+pub(crate) fn state_key(id: MessageId) -> Item {
     HashMap::from([
-        (PK.to_owned(), s(message_partition(shard))),
-        (SK.to_owned(), s(text)),
+        (PK.to_owned(), s(message_pk(id))),
+        (SK.to_owned(), s(STATE_SK)),
     ])
+}
+
+/// The sort key of body item `part` (`b#000`, `b#001`, ...).
+pub(crate) fn body_sk(part: usize) -> String {
+    format!("b#{part:03}")
+}
+
+/// The primary key of body item `part` of message `id`.
+pub(crate) fn body_key(id: MessageId, part: usize) -> Item {
+    HashMap::from([
+        (PK.to_owned(), s(message_pk(id))),
+        (SK.to_owned(), s(body_sk(part))),
+    ])
+}
+
+/// The shard (`q#<n>`) message `id` is discovered in.
+pub(crate) fn shard_value(id: MessageId, shards: u16) -> String {
+    message_partition(shard_of(&[id_text(id).as_bytes()], shards))
 }
 
 /// The bytes DynamoDB counts for an item: attribute names plus values (strings and
@@ -183,9 +216,10 @@ pub(crate) fn get_n<T: std::str::FromStr>(item: &Item, name: &str) -> Result<Opt
     }
 }
 
-/// The id an item's sort key holds.
+/// The id an item's partition key (`m#<id>`) holds.
 pub(crate) fn candidate_id(item: &Item) -> Option<MessageId> {
-    get_s(item, SK)
+    get_s(item, PK)
+        .and_then(|t| t.strip_prefix("m#"))
         .and_then(|t| Uuid::parse_str(t).ok())
         .map(MessageId::from_uuid)
 }
@@ -236,10 +270,7 @@ impl Candidate {
 /// The candidate an index entry or item describes; `None` for a malformed one, which
 /// the claim then cannot order (its shape is a schema problem).
 pub(crate) fn candidate(item: &Item) -> Result<Candidate> {
-    let id = get_s(item, SK)
-        .and_then(|t| Uuid::parse_str(t).ok())
-        .map(MessageId::from_uuid)
-        .ok_or_else(|| shape("has no message id sort key"))?;
+    let id = candidate_id(item).ok_or_else(|| shape("has no message id partition key"))?;
     let due = get_n::<u128>(item, DUE)?.ok_or_else(|| shape("has no due"))?;
     let attempts = get_n::<u64>(item, ATTEMPTS)?.unwrap_or(0);
     Ok(Candidate {
@@ -250,22 +281,42 @@ pub(crate) fn candidate(item: &Item) -> Result<Candidate> {
     })
 }
 
-/// The message an item holds, or why it is not a valid one (the reason a claim
-/// dead-letters it with).
-pub(crate) fn decode_message(item: &Item) -> std::result::Result<Message, String> {
-    let id = get_s(item, SK)
-        .and_then(|t| Uuid::parse_str(t).ok())
-        .map(MessageId::from_uuid)
-        .ok_or("the id does not decode")?;
-    let destination = get_s(item, DESTINATION)
+/// The payload of a message's body items, in part order, or why it does not decode.
+fn payload_of(state: &Item, body: &[Item]) -> std::result::Result<Vec<u8>, String> {
+    let parts = get_n::<usize>(state, PARTS)
+        .map_err(|e| e.message().to_owned())?
+        .unwrap_or(1);
+    if body.is_empty() {
+        return Err("the body is missing (deleted, or removed by its time to live)".into());
+    }
+    if body.len() != parts {
+        return Err(format!("the body has {} of its {parts} parts", body.len()));
+    }
+    let mut payload = Vec::new();
+    for (i, part) in body.iter().enumerate() {
+        if get_s(part, SK) != Some(body_sk(i).as_str()) {
+            return Err(format!("body part {i} is missing"));
+        }
+        match part.get(PAYLOAD) {
+            Some(AttributeValue::B(blob)) => payload.extend_from_slice(blob.as_ref()),
+            None => {}
+            Some(_) => return Err("the payload is not binary".into()),
+        }
+    }
+    Ok(payload)
+}
+
+/// The message a state item and its body items (sorted by sort key) hold, or why they
+/// do not make a valid one (the reason a claim dead-letters it with).
+pub(crate) fn decode_message(state: &Item, body: &[Item]) -> std::result::Result<Message, String> {
+    let id = candidate_id(state).ok_or("the id does not decode")?;
+    let payload = payload_of(state, body)?;
+    let first = &body[0];
+    let destination = get_s(state, DESTINATION)
+        .or_else(|| get_s(first, DESTINATION))
         .ok_or("the destination is missing")?
         .to_owned();
-    let payload = match item.get(PAYLOAD) {
-        Some(AttributeValue::B(blob)) => blob.as_ref().to_vec(),
-        None => Vec::new(),
-        Some(_) => return Err("the payload is not binary".into()),
-    };
-    let headers = match get_s(item, HEADERS) {
+    let headers = match get_s(first, HEADERS) {
         None => Headers::new(),
         Some(text) => {
             let json: serde_json::Value =
@@ -273,7 +324,7 @@ pub(crate) fn decode_message(item: &Item) -> std::result::Result<Message, String
             Headers::from_json(json).map_err(|e| format!("the headers do not decode: {e}"))?
         }
     };
-    let number = |name: &str| get_n::<u64>(item, name).map_err(|e| e.message().to_owned());
+    let number = |name: &str| get_n::<u64>(state, name).map_err(|e| e.message().to_owned());
     let created = number(CREATED)?.ok_or("created_us is missing")?;
     let attempts = number(ATTEMPTS)?.unwrap_or(0);
     let attempts =
@@ -281,42 +332,45 @@ pub(crate) fn decode_message(item: &Item) -> std::result::Result<Message, String
     Ok(Message::from(MessageParts {
         id,
         destination,
-        partition_key: get_s(item, PARTITION_KEY).map(str::to_owned),
+        partition_key: get_s(state, PARTITION_KEY).map(str::to_owned),
         payload,
-        content_type: get_s(item, CONTENT_TYPE).map(str::to_owned),
+        content_type: get_s(first, CONTENT_TYPE).map(str::to_owned),
         headers,
         created_at: from_micros(created),
         attempts,
-        last_error: get_s(item, LAST_ERROR).map(str::to_owned),
+        last_error: get_s(state, LAST_ERROR).map(str::to_owned),
     }))
 }
 
-/// What an operator can still read of a dead letter whose content does not decode.
-pub(crate) fn decode_lossy(item: &Item) -> Option<Message> {
-    if let Ok(m) = decode_message(item) {
+/// What an operator can still read of a dead letter whose content does not decode (or
+/// whose body was not read: `body` empty).
+pub(crate) fn decode_lossy(state: &Item, body: &[Item]) -> Option<Message> {
+    if let Ok(m) = decode_message(state, body) {
         return Some(m);
     }
-    let id = get_s(item, SK)
-        .and_then(|t| Uuid::parse_str(t).ok())
-        .map(MessageId::from_uuid)?;
-    let headers = get_s(item, HEADERS)
+    let id = candidate_id(state)?;
+    let first = body.first();
+    let headers = first
+        .and_then(|f| get_s(f, HEADERS))
         .and_then(|t| serde_json::from_str(t).ok())
         .map(Headers::from_json_lossy)
         .unwrap_or_default();
-    let attempts = get_n::<u64>(item, ATTEMPTS).ok().flatten().unwrap_or(0);
+    let attempts = get_n::<u64>(state, ATTEMPTS).ok().flatten().unwrap_or(0);
     Some(Message::from(MessageParts {
         id,
-        destination: get_s(item, DESTINATION).unwrap_or_default().to_owned(),
-        partition_key: get_s(item, PARTITION_KEY).map(str::to_owned),
-        payload: match item.get(PAYLOAD) {
-            Some(AttributeValue::B(blob)) => blob.as_ref().to_vec(),
-            _ => Vec::new(),
-        },
-        content_type: get_s(item, CONTENT_TYPE).map(str::to_owned),
+        destination: get_s(state, DESTINATION)
+            .or_else(|| first.and_then(|f| get_s(f, DESTINATION)))
+            .unwrap_or_default()
+            .to_owned(),
+        partition_key: get_s(state, PARTITION_KEY).map(str::to_owned),
+        payload: payload_of(state, body).unwrap_or_default(),
+        content_type: first
+            .and_then(|f| get_s(f, CONTENT_TYPE))
+            .map(str::to_owned),
         headers,
-        created_at: from_micros(get_n::<u64>(item, CREATED).ok().flatten().unwrap_or(0)),
+        created_at: from_micros(get_n::<u64>(state, CREATED).ok().flatten().unwrap_or(0)),
         attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
-        last_error: get_s(item, LAST_ERROR).map(str::to_owned),
+        last_error: get_s(state, LAST_ERROR).map(str::to_owned),
     }))
 }
 
@@ -334,7 +388,10 @@ mod tests {
             }
         }
         let id = MessageId::new();
-        assert_eq!(message_key(id, 16), message_key(id, 16));
+        assert_eq!(shard_value(id, 16), shard_value(id, 16));
+        assert_eq!(candidate_id(&state_key(id)), Some(id));
+        assert_eq!(candidate_id(&body_key(id, 2)), Some(id));
+        assert_eq!(body_sk(2), "b#002");
     }
 
     #[test]
@@ -383,21 +440,32 @@ mod tests {
     #[test]
     fn malformed_items_give_reasons() {
         let id = MessageId::new();
-        let mut item: Item = HashMap::from([
-            (SK.to_owned(), s(id_text(id))),
-            (DESTINATION.to_owned(), s("d")),
-            (CREATED.to_owned(), n(5)),
-            (HEADERS.to_owned(), s("[1]")),
-        ]);
-        let reason = decode_message(&item).unwrap_err();
+        let mut state = state_key(id);
+        state.insert(DESTINATION.to_owned(), s("d"));
+        state.insert(CREATED.to_owned(), n(5));
+        let mut first = body_key(id, 0);
+        first.insert(HEADERS.to_owned(), s("[1]"));
+        first.insert(PAYLOAD.to_owned(), b(b"ab"));
+        let reason = decode_message(&state, std::slice::from_ref(&first)).unwrap_err();
         assert!(reason.contains("headers"), "{reason}");
-        let lossy = decode_lossy(&item).unwrap();
+        let lossy = decode_lossy(&state, std::slice::from_ref(&first)).unwrap();
         assert_eq!(lossy.id, id);
-        item.insert(HEADERS.to_owned(), s("{\"a\":\"b\"}"));
-        item.insert(ATTEMPTS.to_owned(), n(u64::MAX));
-        assert!(decode_message(&item).unwrap_err().contains("attempts"));
-        item.insert(ATTEMPTS.to_owned(), n(2));
-        let m = decode_message(&item).unwrap();
+        assert!(decode_message(&state, &[]).unwrap_err().contains("body"));
+        first.insert(HEADERS.to_owned(), s("{\"a\":\"b\"}"));
+        state.insert(ATTEMPTS.to_owned(), n(u64::MAX));
+        let body = [first.clone()];
+        assert!(decode_message(&state, &body)
+            .unwrap_err()
+            .contains("attempts"));
+        state.insert(ATTEMPTS.to_owned(), n(2));
+        let m = decode_message(&state, &body).unwrap();
         assert_eq!((m.attempts, m.headers.get("a")), (2, Some("b")));
+        // The split layout: parts join in order; a missing part is a reason.
+        state.insert(PARTS.to_owned(), n(2));
+        assert!(decode_message(&state, &body).unwrap_err().contains("parts"));
+        let mut second = body_key(id, 1);
+        second.insert(PAYLOAD.to_owned(), b(b"cd"));
+        let m = decode_message(&state, &[first, second]).unwrap();
+        assert_eq!(m.payload, b"abcd");
     }
 }

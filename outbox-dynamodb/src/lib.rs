@@ -6,8 +6,9 @@
 //!   [`OutboxAdmin`](outbox_core::OutboxAdmin). Enqueue joins your own
 //!   `TransactWriteItems` ([`DynamoOutbox::enqueue_writes`], or
 //!   [`DynamoOutbox::enqueue`] to send your writes and the messages in one
-//!   transaction). Relays find due messages without scans and without global secondary
-//!   indexes, and claim each with one conditional write.
+//!   transaction). Each message is a small state item (what claims and settles write)
+//!   and a body written once; relays find due messages through a write-sharded global
+//!   secondary index and claim each with one conditional write on its state item.
 //! - [`DynamoDedupStore`]: a strongly consistent [`DedupStore`](outbox_core::DedupStore)
 //!   (conditional put, consistent reads, TTL) for the decoupled consumer algorithm. One
 //!   partition key per record (layout 2: no shards, no local index, no 10 GB cap);
@@ -31,7 +32,7 @@
 //!     .with_shards(8)
 //!     .with_ordering(KeyOrder::PerKey);
 //! let outbox = DynamoOutbox::new(client, config)?;
-//! outbox.install().await?; // on-demand table with its local indexes, once
+//! outbox.install().await?; // on-demand table with its global indexes, once
 //!
 //! let shipped = NewMessage::builder("orders.shipped")
 //!     .partition_key("order-42")
@@ -45,102 +46,188 @@
 //! # Ok(()) }
 //! ```
 //!
-//! ## Table layout (outbox)
+//! ## Table layout (outbox, layout version 2)
 //!
-//! One table, string keys `pk` (partition) and `sk` (sort), on-demand billing.
+//! One table, string keys `pk` (partition) and `sk` (sort), on-demand billing, time to
+//! live on the attribute `ttl`, **no local secondary index**.
 //!
-//! | item | `pk` | `sk` | attributes |
-//! |---|---|---|---|
-//! | message | `q#<shard>` (shard = FNV-1a of the id mod shard count, 3 digits) | the id, hyphenated lowercase (sorts like the id) | `destination`, `pkey` (partition key), `payload` (binary), `ctype`, `headers` (JSON text), `created_us`, `avail_us`, `seq`, `attempts`, `token`, `last_error`, `due`, `dead_id`, `dead_us`, `done_us` |
-//! | order marker (per-key order only) | `k#<shard of the partition key>` | `<key byte length>:<key>#<seq, 16 digits>#<id>` | `mid` (the message id) |
+//! | item | `pk` | `sk` | attributes | written |
+//! |---|---|---|---|---|
+//! | state | `m#<id>` (the id hyphenated lowercase) | `s` | `shard` (`q#<n>`, n = FNV-1a of the id mod shard count), `destination`, `pkey` (partition key), `created_us`, `avail_us`, `seq`, `attempts`, `parts`, `token`, `last_error`, `due`, `dead_id`, `dead_us`, `done_us` | at enqueue, by every claim and settle |
+//! | body | `m#<id>` | `b#000`, `b#001`, ... | `payload` (binary, at most 300 KiB per item), `headers` (JSON text) and `ctype` on the first, `ttl` (epoch seconds) | once, at enqueue; never updated on the delivery path |
+//! | order marker (per-key order only) | `k#<shard of the partition key>` | `<key byte length>:<key>#<seq, 16 digits>#<id>` | `mid` (the message id) | at enqueue; deleted when the message leaves |
 //!
-//! Times are microseconds since the Unix epoch. Three sparse local secondary indexes
-//! share the message partitions (so they are read with `ConsistentRead`, unlike global
-//! ones):
+//! The state item is under 1 KB whatever the payload (about 200 bytes plus the
+//! destination, key and last error), so every claim, settle, renewal of the due time,
+//! dead-lettering and requeue costs the same capacity for a 1 KB and a 100 KB message.
+//! A payload over 300 KiB is split over several body items (the split layout): a
+//! message can carry up to the 4 MB transaction limit (raise
+//! [`MessageLimits`](outbox_core::MessageLimits)' payload limit, default
+//! [`DEFAULT_MAX_PAYLOAD_BYTES`]); no body is carried inline in the state item.
+//!
+//! Discovery is three sparse **global** secondary indexes, all with partition key
+//! `shard` (the write sharding: one index partition per shard value) and only state
+//! items in them:
 //!
 //! | index | sort key | present while | projection | serves |
 //! |---|---|---|---|---|
-//! | `due` | `due` = `avail_us` × 10¹⁶ + `seq` (number) | undelivered | `attempts`, `pkey`, `token`, `created_us` | claims (oldest availability, then enqueue order), stats |
-//! | `dead` | `dead_id` = the id | dead-lettered | all | dead-letter listing in id order, counts |
+//! | `due` | `due` = `avail_us` × 10¹⁶ + `seq` (number) | undelivered | `attempts`, `pkey`, `token`, `created_us`, `avail_us` | claims (oldest availability, then enqueue order), stats |
+//! | `dead` | `dead_id` = the id | dead-lettered | all (of the small state item) | dead-letter listing in id order, counts |
 //! | `done` | `done_us` | dispatched under `Retention::Keep` | keys | bounded purges, counts |
 //!
 //! `avail_us` doubles as the lease expiry while a message is leased; `token` is the
-//! current lease's fencing token. Delivered messages leave the `due` index (deleted
-//! under `Retention::Delete`), so claims never read history.
+//! current lease's fencing token. Delivered messages leave the `due` index (their state
+//! item is deleted under `Retention::Delete`), so claims never read history.
+//!
+//! **No size cap on the business write.** Every message has its own partition key, and
+//! there is no local secondary index, so there are no item collections and no 10 GB
+//! limit any enqueue could run into: backlog, dead letters and kept history grow with
+//! the table. Global indexes have no collection limit either; what a hot index
+//! partition can do is throttle, which [`DynamoOutbox::enqueue`] reports as
+//! [`ErrorKind::Contention`](outbox_core::ErrorKind::Contention) (retryable) and which
+//! more shards avoid.
+//!
+//! **Bodies expire by time to live, not by deletes.** DynamoDB bills a delete at the
+//! size of the deleted item, and TTL deletes for free, so completing a message deletes
+//! only its state item and leaves the body to TTL:
+//! [`body_ttl`](DynamoOutboxConfig::with_body_ttl) after its availability (default 14
+//! days). A claim that finds less than half of it left renews it; dead-lettering removes
+//! it (a dead letter keeps its body until discarded), a requeue sets it again. Bodies of
+//! delivered messages cost storage until TTL deletes them (payload × rate ×
+//! `body_ttl`). A message that no relay claims for longer than `body_ttl` loses its body
+//! and is dead-lettered naming the missing body.
 //!
 //! ## Claim protocol
 //!
-//! 1. Query the `due` index of every shard (concurrently, `ConsistentRead = true`,
-//!    `due < (now + 1 µs) × 10¹⁶`, ascending) and merge the pages: oldest availability
-//!    first, then enqueue order, across shards.
+//! 1. Query the `due` index of every shard this store claims from (concurrently,
+//!    **eventually consistent**, `due < (now + 1 µs) × 10¹⁶`, ascending) and merge the
+//!    pages: oldest availability first, then enqueue order, across shards. A shard's
+//!    first page is its share of the claim plus 2 entries; each further page of one
+//!    claim is twice as long (up to 1,000), so a claim reads about what it takes, and
+//!    one walking past blocked keys needs few round trips.
 //! 2. Under [`KeyOrder::PerKey`](outbox_core::KeyOrder::PerKey), a keyed candidate must
 //!    be its key's head: the first order marker of the key (strongly consistent query,
 //!    `Limit = 1`) must name it. A marker whose message is no longer undelivered (a
 //!    crash between settle and marker removal) is removed there and then, by a
-//!    `TransactWriteItems` of a condition check that the message is still not
-//!    undelivered and the marker delete: a requeue committed meanwhile keeps its marker.
-//! 3. For each candidate, one `UpdateItem` with the condition
+//!    `TransactWriteItems` of a condition check on the state item and the marker delete:
+//!    a requeue committed meanwhile keeps its marker.
+//! 3. For each candidate, one `UpdateItem` of the state item with the condition
 //!    `attribute_exists(due) AND avail_us <= :now AND attempts < :max` sets a fresh
-//!    token, `avail_us = now + lease`, adds one attempt, and returns the item. The
-//!    conditional write is the claim: of relays racing for a message exactly one
-//!    write passes; the others are refused (counted in
-//!    [`OutboxMetrics::refused_writes`]) and move on to the next candidate.
-//! 4. An item that does not make a valid message is dead-lettered under the new lease.
+//!    token, `avail_us = now + lease`, adds one attempt, and returns the state. The
+//!    conditional write is the claim, and it reads the item itself, so an index entry
+//!    that is stale (the index lags the table) costs at most a refused write, never a
+//!    double claim. Entries this store claimed in the last five seconds are skipped, so
+//!    its own claims' lag does not come back as refused writes.
+//! 4. The body is read once (a query of `pk = m#<id>`, eventually consistent, again
+//!    strongly consistent if parts are missing). A state and body that do not make a
+//!    valid message (undecodable headers, a payload over the configured limit, a
+//!    missing body) are dead-lettered under the new lease, and the claim goes on.
 //! 5. A refused write shows the shard's page is stale (another relay took the message):
 //!    the shard is read again, and for the next second this store's claims draw each
 //!    batch at random from the oldest four times as many candidates as wanted (the
-//!    batch is still returned in due order), so a fleet of relays spreads over
-//!    different messages and shards instead of queueing behind each other's refused
-//!    writes. A lone claimer never meets a refused write and keeps strict order.
+//!    batch is still returned in due order).
 //!
-//! Complete, fail and release are conditional writes on `token = :token AND
-//! attribute_exists(due)`; a refused one is a lost lease, reported in
-//! [`Settled::lost`](outbox_core::Settled::lost). Under `Retention::Delete` without
+//! Complete, fail and release are conditional writes on the state item,
+//! `token = :token AND attribute_exists(due)`; a refused one is a lost lease, reported
+//! in [`Settled::lost`](outbox_core::Settled::lost). Under `Retention::Delete` without
 //! per-key order, completes travel 25 to a request as PartiQL `BatchExecuteStatement`
-//! deletes with the same condition (`DELETE ... WHERE pk = ? AND sk = ? AND token = ?
-//! AND due IS NOT MISSING`): each statement is its own conditional write (one write
-//! unit, not a transaction), so a lost lease fails alone.
+//! deletes of state items with the same condition: each statement is its own
+//! conditional write, so a lost lease fails alone.
+//!
+//! ## Relays divide the shards (shard leases)
+//!
+//! With [`with_shard_leases`](DynamoOutboxConfig::with_shard_leases) (on by default,
+//! 10-second leases) every store (each [`DynamoOutbox::new`], not each clone) is a
+//! worker, as in the Kinesis Client Library: it heartbeats an item `pk = w`,
+//! `sk = <worker id>`, holds lease items `pk = l`, `sk = <shard>` (`owner`, `counter`,
+//! `expires_us`) on about ⌈shards ÷ live workers⌉ shards, renews them with conditional
+//! writes every third of the lease, takes free and lapsed leases, and steals from the
+//! most loaded worker while that one holds more than its share. Its claims read only the
+//! shards it holds, so in steady state relays do not meet each other's messages and
+//! refuse no writes. A worker that dies stops renewing; its leases lapse and the others
+//! take its shards (nothing is lost: its claimed messages come back when their message
+//! leases lapse). [`DynamoOutbox::release_shards`] hands a worker's shards over at once
+//! on shutdown. Run one store per relay process; with more relays than shards the extra
+//! ones stand by. Stealing is decided by the lease's conditional write; until the old
+//! owner's next renewal both may claim from the shard, which costs refused writes, not
+//! correctness. A maintenance round costs one heartbeat write, two strongly consistent
+//! queries and one write per held lease.
+//!
+//! ## Capacity per message (design minimum)
+//!
+//! A write unit covers 1 KB, a strongly consistent read unit 4 KB (an eventually
+//! consistent one 8 KB); transactional writes cost double; an index entry written or
+//! deleted costs one more write unit, and moving an entry (its sort key changes) costs
+//! two. With a state item under 1 KB and a body of `P` KB:
+//!
+//! | operation | writes | write units | read units |
+//! |---|---|---|---|
+//! | enqueue (in your transaction) | put state + `due` entry, put body | 2 + 1 + 2 × ⌈P + 0.1⌉ | 0 |
+//! | claim | update state, move `due` entry | 1 + 2 = **3** | index page share + ⌈P / 4⌉ / 2 for the body |
+//! | complete (`Delete`) | delete state, delete `due` entry | 1 + 1 = **2** | 0 |
+//! | fail with retry / release | update state, move `due` entry | **3** | 0 |
+//! | dedup record | conditional put | 1 | 0 |
+//!
+//! So claim + complete costs 5 write units whatever the payload; only the enqueue and
+//! the body read grow with it. A refused conditional write costs 1 write unit (the
+//! state item's size). `dynamodb_bench --capacity` measures these on DynamoDB Local
+//! (which reports consumed capacity for everything but PartiQL batches; for those the
+//! store counts the 2 units above itself).
 //!
 //! ## Strongly consistent reads
 //!
-//! Every read that decides something is strongly consistent: the claim's `due` index
-//! queries, the order-marker queries and item reads of per-key order, `claim_ids`'
-//! item reads, the admin queries, the dedup store's `contains` (`GetItem` on the base
-//! table) and the entity store's `load`. Global secondary indexes are never used:
-//! they are only eventually consistent.
+//! Reads that decide are strongly consistent or guarded by a conditional write: the
+//! claim's index queries are eventually consistent (global indexes offer nothing else),
+//! and the conditional write on the state item decides; the order-marker queries and
+//! state reads of per-key order, `claim_ids`' state reads, the dedup store's `contains`
+//! (`GetItem` on the base table) and the entity store's `load` are strongly
+//! consistent. The admin counts and listings come from the global indexes, so they lag
+//! writes by the index's propagation delay (usually well under a second on AWS).
 //!
 //! ## Item size
 //!
-//! DynamoDB items are at most 400 KB. A message item holds the payload plus about
-//! 300 bytes and the headers; enqueue measures every item and refuses one over the
-//! limit with [`ErrorKind::InvalidInput`](outbox_core::ErrorKind::InvalidInput) before
-//! sending anything. The default payload limit is [`DEFAULT_MAX_PAYLOAD_BYTES`]
-//! (256 KiB). A transaction holds at most 100 actions and 4 MB ([`check_transaction`]):
-//! a keyed message under per-key order takes two actions. Put large bodies in S3 and
-//! send a reference. For the entity store see [`DynamoEntityStore`].
+//! DynamoDB items are at most 400 KB. A payload is split over body items of at most
+//! 300 KiB; the first also holds the headers, and enqueue refuses a message making any
+//! item over the limit with [`ErrorKind::InvalidInput`](outbox_core::ErrorKind::InvalidInput)
+//! before sending anything. A transaction holds at most 100 actions and 4 MB
+//! ([`check_transaction`]): a message takes one action for its state, one per 300 KiB of
+//! payload, and one more for its order marker when keyed under per-key order.
 //!
 //! ## Picking the shard count
 //!
-//! Every claim queries every shard, so shards cost one query (at least 0.5 read unit)
-//! each per claim; too few shards concentrate writes on few partitions. A DynamoDB
-//! partition takes about 1,000 write units and 3,000 read units per second, and with
-//! local indexes an item collection (one shard) is limited to 10 GB. Each message
-//! costs about four writes over its life (enqueue, claim, complete, plus the index
-//! entries), so take the peak messages per second × 4 ÷ 1,000, double it for headroom,
-//! and keep the undelivered + dead + kept messages of a shard well under 10 GB. 4 to 16
-//! shards suit most services; the default is 16. The count is fixed for the life of the
-//! table: changing it strands stored messages.
+//! Shards now spread the global indexes' partitions, not the messages (which spread
+//! over their own partition keys). A claim queries each shard it reads (at least 0.5
+//! read unit each), and an index partition takes about 1,000 write units per second:
+//! each message moves through the `due` index about four times in its life (enqueue,
+//! claim, complete, plus one per retry), so take the peak messages per second × 4 ÷
+//! 1,000 and double it. 4 to 16 shards suit most services; the default is 16. The count
+//! is fixed for the life of the table: changing it strands stored messages.
+//!
+//! ## Migrating from layout 1
+//!
+//! [`Schema::layout_version`](outbox_core::Schema::layout_version) is 2. Layout 1 kept a
+//! whole message in one item under `q#<shard>` with three local secondary indexes;
+//! DynamoDB cannot drop local indexes or change keys, so [`DynamoOutbox::install`]
+//! refuses a layout-1 table with [`ErrorKind::Schema`](outbox_core::ErrorKind::Schema).
+//! To move: install layout 2 under a new table name; point enqueues at it (deploy
+//! writers first); keep relays of the previous release on the old table until its
+//! `stats` show nothing pending or in flight (and its dead letters are requeued or
+//! discarded there); then delete the old table. Messages are never copied, so
+//! nothing is delivered twice. The dedup store's layout 2 has its own note on
+//! [`DynamoDedupStore`].
 //!
 //! ## Global Tables
 //!
 //! Strong consistency holds within one region only: a strongly consistent read sees the
 //! writes of its own region's replica, and concurrent writes in two regions are settled
 //! by "last writer wins" after the fact, so two regions could each claim one message,
-//! record one id as new, or grant one lock. [`DynamoDistributedLock::install`] and
-//! [`DynamoDedupStore::install`] refuse a table that lists replicas; the outbox and
-//! entity stores do not check yet. DynamoDB Local cannot create replicas, so the
-//! refusal is tested on described tables, not end to end. Keep these tables in
-//! one region.
+//! record one id as new, or grant one lock. Every store's `install`
+//! ([`DynamoOutbox::install`], [`DynamoDedupStore::install`],
+//! [`DynamoEntityStore::install`], [`DynamoDistributedLock::install`]) refuses a table
+//! whose description lists replicas with
+//! [`ErrorKind::Config`](outbox_core::ErrorKind::Config); a table made global after the
+//! install is not detected. DynamoDB Local cannot create replicas, so the refusal is
+//! tested on described tables, not end to end. Keep these tables in one region.
 //!
 //! ## Limitations
 //!
@@ -151,21 +238,21 @@
 //! - **No sequence.** Enqueue order is the writing process's microsecond clock, made
 //!   strictly increasing within the process.
 //! - **Counts are not one snapshot.** [`OutboxAdmin::stats`](outbox_core::OutboxAdmin::stats)
-//!   sums per-shard consistent queries; under traffic the figures come from slightly
+//!   sums per-shard global index queries; under traffic the figures come from slightly
 //!   different moments. They read every undelivered message, so call them for
 //!   monitoring, not per request.
 //! - **No row locks.** DynamoDB has no transaction holding an item, so there is nothing
 //!   for claims to skip; racing writers are decided by the conditional write.
 //! - **Per-key order costs reads.** Each keyed candidate costs one marker query (and one
-//!   item read per stale marker), and claims walk past due messages whose keys are
+//!   state read per stale marker), and claims walk past due messages whose keys are
 //!   blocked.
 //! - **Requeue** puts a dead letter back at its original place in its key's order;
 //!   under per-key order a keyed message and its marker go back in one
 //!   `TransactWriteItems` (after one consistent read), so no claim sees it undelivered
 //!   without its place. Removing a marker after a dead-letter is likewise conditional
 //!   on the message (a transaction: four write units instead of one).
-//! - The claim reads the `due` index in pages of up to twice the claim limit (at most
-//!   1,000 entries) per shard; refused writes and blocked keys cost extra pages.
+//! - **Bodies outlive delivery** until their time to live (see above), and a message
+//!   unclaimed for longer than `body_ttl` loses its body.
 
 mod admin;
 mod claim;
@@ -179,11 +266,13 @@ mod markers;
 mod metrics;
 mod schema;
 mod settle;
+mod shards;
 mod store;
 
 pub use config::{
     validate_table_name, DynamoDedupConfig, DynamoEntityConfig, DynamoLockConfig,
-    DynamoOutboxConfig, DynamoRules, DEFAULT_MAX_PAYLOAD_BYTES, MAX_SHARDS,
+    DynamoOutboxConfig, DynamoRules, DEFAULT_BODY_TTL, DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_SHARD_LEASE, MAX_SHARDS,
 };
 pub use dedup::DynamoDedupStore;
 pub use entity::DynamoEntityStore;

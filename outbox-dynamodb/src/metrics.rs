@@ -6,6 +6,8 @@ use aws_sdk_dynamodb::types::ConsumedCapacity;
 
 /// Capacity units are kept in millionths, so the atomics stay integers.
 const MICRO: f64 = 1_000_000.0;
+/// One capacity unit as the counters hold it.
+pub(crate) const UNIT: u64 = 1_000_000;
 
 /// Counters shared by a store and its clones.
 #[derive(Debug, Default)]
@@ -14,6 +16,7 @@ pub(crate) struct Metrics {
     pub(crate) enqueued: AtomicU64,
     pub(crate) claim_read_units: AtomicU64,
     pub(crate) claim_write_units: AtomicU64,
+    pub(crate) body_read_units: AtomicU64,
     pub(crate) claimed: AtomicU64,
     pub(crate) settle_units: AtomicU64,
     pub(crate) refused: AtomicU64,
@@ -51,6 +54,7 @@ impl Metrics {
             enqueued: self.enqueued.load(Ordering::Relaxed),
             claim_read_units: units(&self.claim_read_units),
             claim_write_units: units(&self.claim_write_units),
+            body_read_units: units(&self.body_read_units),
             claimed: self.claimed.load(Ordering::Relaxed),
             settle_units: units(&self.settle_units),
             refused_writes: self.refused.load(Ordering::Relaxed),
@@ -69,10 +73,14 @@ pub struct OutboxMetrics {
     pub enqueue_units: f64,
     /// Messages enqueued through [`DynamoOutbox::enqueue`](crate::DynamoOutbox::enqueue).
     pub enqueued: u64,
-    /// Units read by claims: due-index queries, order-marker queries, item reads.
+    /// Units read by claims to decide: due-index queries, order-marker queries, state
+    /// item reads.
     pub claim_read_units: f64,
-    /// Units written by claims' conditional updates that succeeded.
+    /// Units written by claims' conditional updates of state items that succeeded.
     pub claim_write_units: f64,
+    /// Units read by claims for the bodies of claimed messages (these grow with the
+    /// payload: 0.5 unit per 4 KB, eventually consistent).
+    pub body_read_units: f64,
     /// Messages claimed.
     pub claimed: u64,
     /// Units consumed by complete, fail, release and dead-lettering.

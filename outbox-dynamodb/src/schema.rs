@@ -1,13 +1,14 @@
 //! Table definitions and the idempotent creation helpers (on-demand billing, TTL).
 //!
-//! A table that already exists is checked, not changed: its key schema and local
-//! secondary indexes must be the ones this crate creates, or the install fails with
+//! A table that already exists is checked, not changed: its key schema and global
+//! secondary indexes must be the ones this crate creates, and it must have no local
+//! secondary index (an outbox table of layout 1 has three), or the install fails with
 //! [`ErrorKind::Schema`].
 
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, LocalSecondaryIndex, Projection,
+    AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
     ProjectionType, ScalarAttributeType, TableStatus, TimeToLiveSpecification, TimeToLiveStatus,
 };
 use aws_sdk_dynamodb::Client;
@@ -16,14 +17,14 @@ use outbox_core::{Error, ErrorKind, Result};
 
 use crate::error::{build_error, from_sdk};
 use crate::item::{
-    ATTEMPTS, CREATED, DEAD_ID, DEAD_INDEX, DONE_AT, DONE_INDEX, DUE, DUE_INDEX, PARTITION_KEY, PK,
-    SK, TOKEN,
+    ATTEMPTS, AVAILABLE, CREATED, DEAD_ID, DEAD_INDEX, DONE_AT, DONE_INDEX, DUE, DUE_INDEX,
+    PARTITION_KEY, PK, SHARD, SK, TOKEN, TTL,
 };
 
 /// How long an install waits for a new table to become `ACTIVE`.
 const ACTIVE_DEADLINE: Duration = Duration::from_secs(300);
 
-/// A table this crate creates: keys, attribute types, local secondary indexes, TTL.
+/// A table this crate creates: keys, attribute types, global secondary indexes, TTL.
 #[derive(Debug, Clone)]
 pub(crate) struct TableSpec {
     pub(crate) name: String,
@@ -31,14 +32,20 @@ pub(crate) struct TableSpec {
     pub(crate) range: Option<&'static str>,
     /// Key attributes of the table and its indexes, with their types.
     pub(crate) attributes: Vec<(&'static str, ScalarAttributeType)>,
-    /// `(index, sort key, projected non-key attributes)`; `None` projects all.
-    pub(crate) indexes: Vec<(&'static str, &'static str, Option<Vec<&'static str>>)>,
+    /// Global secondary indexes: `(index, partition key, sort key, projected non-key
+    /// attributes)`; `None` projects all.
+    pub(crate) indexes: Vec<(
+        &'static str,
+        &'static str,
+        &'static str,
+        Option<Vec<&'static str>>,
+    )>,
     pub(crate) ttl: Option<&'static str>,
 }
 
 impl TableSpec {
     /// The table as an operator reads it (DynamoDB has no DDL): keys, key attribute
-    /// types, local secondary indexes and their projections, billing, TTL.
+    /// types, global secondary indexes and their projections, billing, TTL.
     pub(crate) fn describe(&self) -> String {
         let kind = |name: &str| {
             self.attributes
@@ -62,14 +69,16 @@ impl TableSpec {
                 kind(range)
             ));
         }
-        for (index, sort, projected) in &self.indexes {
+        for (index, hash, sort, projected) in &self.indexes {
             let projection = match projected {
                 None => "all attributes".to_owned(),
                 Some(attrs) if attrs.is_empty() => "keys only".to_owned(),
                 Some(attrs) => format!("keys and {}", attrs.join(", ")),
             };
             text.push_str(&format!(
-                "  local secondary index {index}: sort key {sort} ({}), projecting {projection}\n",
+                "  global secondary index {index}: partition key {hash} ({}), sort key {sort} ({}), \
+                 projecting {projection}\n",
+                kind(hash),
                 kind(sort)
             ));
         }
@@ -81,7 +90,8 @@ impl TableSpec {
     }
 }
 
-/// The outbox table: `pk`/`sk` strings and three sparse LSIs.
+/// The outbox table (layout 2): `pk`/`sk` strings, three sparse global indexes keyed
+/// by the write-sharded `shard` attribute of state items, TTL on the body items' `ttl`.
 pub(crate) fn outbox_table(name: &str) -> TableSpec {
     TableSpec {
         name: name.to_owned(),
@@ -90,6 +100,7 @@ pub(crate) fn outbox_table(name: &str) -> TableSpec {
         attributes: vec![
             (PK, ScalarAttributeType::S),
             (SK, ScalarAttributeType::S),
+            (SHARD, ScalarAttributeType::S),
             (DUE, ScalarAttributeType::N),
             (DEAD_ID, ScalarAttributeType::S),
             (DONE_AT, ScalarAttributeType::N),
@@ -97,13 +108,14 @@ pub(crate) fn outbox_table(name: &str) -> TableSpec {
         indexes: vec![
             (
                 DUE_INDEX,
+                SHARD,
                 DUE,
-                Some(vec![ATTEMPTS, PARTITION_KEY, TOKEN, CREATED]),
+                Some(vec![ATTEMPTS, PARTITION_KEY, TOKEN, CREATED, AVAILABLE]),
             ),
-            (DEAD_INDEX, DEAD_ID, None),
-            (DONE_INDEX, DONE_AT, Some(vec![])),
+            (DEAD_INDEX, SHARD, DEAD_ID, None),
+            (DONE_INDEX, SHARD, DONE_AT, Some(vec![])),
         ],
-        ttl: None,
+        ttl: Some(TTL),
     }
 }
 
@@ -212,7 +224,7 @@ pub(crate) async fn install(client: &Client, spec: &TableSpec) -> Result<()> {
                 .map_err(|e| build_error("create table", e))?,
         );
     }
-    for (index, sort, projected) in &spec.indexes {
+    for (index, hash, sort, projected) in &spec.indexes {
         let projection = match projected {
             None => Projection::builder().projection_type(ProjectionType::All),
             Some(attrs) if attrs.is_empty() => {
@@ -223,10 +235,10 @@ pub(crate) async fn install(client: &Client, spec: &TableSpec) -> Result<()> {
                 |p, a| p.non_key_attributes(*a),
             ),
         };
-        request = request.local_secondary_indexes(
-            LocalSecondaryIndex::builder()
+        request = request.global_secondary_indexes(
+            GlobalSecondaryIndex::builder()
                 .index_name(*index)
-                .key_schema(key(spec.hash, KeyType::Hash)?)
+                .key_schema(key(hash, KeyType::Hash)?)
                 .key_schema(key(sort, KeyType::Range)?)
                 .projection(projection.build())
                 .build()
@@ -284,23 +296,35 @@ fn check_layout(spec: &TableSpec, table: &aws_sdk_dynamodb::types::TableDescript
         .map(|k| k.attribute_name())
         .collect();
     let want: Vec<&str> = std::iter::once(spec.hash).chain(spec.range).collect();
-    let indexes: Vec<&str> = table
+    let local: Vec<&str> = table
         .local_secondary_indexes()
+        .iter()
+        .filter_map(|i| i.index_name())
+        .collect();
+    let global: Vec<&str> = table
+        .global_secondary_indexes()
         .iter()
         .filter_map(|i| i.index_name())
         .collect();
     let missing: Vec<&str> = spec
         .indexes
         .iter()
-        .map(|(name, _, _)| *name)
-        .filter(|name| !indexes.contains(name))
+        .map(|(name, _, _, _)| *name)
+        .filter(|name| !global.contains(name))
         .collect();
-    if keys != want || !missing.is_empty() {
+    if keys != want || !missing.is_empty() || !local.is_empty() {
+        let migrate = if local.is_empty() {
+            ""
+        } else {
+            " (local secondary indexes are those of outbox layout 1: install layout 2 into a \
+             new table and drain the old one first, see the crate docs' migration note)"
+        };
         return Err(Error::new(
             ErrorKind::Schema,
             format!(
-                "table {} exists with keys {keys:?} and local indexes {indexes:?}; this store \
-                 needs keys {want:?} and indexes {:?}",
+                "table {} exists with keys {keys:?}, global indexes {global:?} and local \
+                 indexes {local:?}; this store needs keys {want:?}, global indexes {:?} and no \
+                 local index{migrate}",
                 spec.name,
                 spec.indexes.iter().map(|i| i.0).collect::<Vec<_>>()
             ),
@@ -365,9 +389,10 @@ impl outbox_core::Schema for crate::DynamoOutbox {
         outbox_table(self.table()).describe()
     }
 
-    /// 1: the layout of the crate docs.
+    /// 2: small state items found through write-sharded global indexes, bodies
+    /// written once (layout 1 kept everything in one item under three local indexes).
     fn layout_version(&self) -> u32 {
-        1
+        2
     }
 
     async fn install(&self) -> Result<()> {
@@ -403,10 +428,12 @@ mod tests {
     #[test]
     fn outbox_indexes_are_sparse_keys_declared() {
         let spec = outbox_table("t_outbox");
-        for (_, sort, _) in &spec.indexes {
+        for (_, hash, sort, _) in &spec.indexes {
             assert!(spec.attributes.iter().any(|(a, _)| a == sort), "{sort}");
+            assert!(spec.attributes.iter().any(|(a, _)| a == hash), "{hash}");
         }
-        assert_eq!(spec.indexes.len(), 3, "DynamoDB allows 5 LSIs");
+        assert_eq!(spec.indexes.len(), 3);
+        assert_eq!(spec.ttl, Some(TTL));
         assert!(dedup_table("t").ttl.is_some());
         assert!(dedup_table("t").range.is_none() && dedup_table("t").indexes.is_empty());
         assert!(entity_table("t").range.is_none());
@@ -447,12 +474,13 @@ mod tests {
         assert!(outbox.contains(&format!("sort key: {SK} (S)")), "{outbox}");
         assert!(
             outbox.contains(&format!(
-                "local secondary index {DUE_INDEX}: sort key {DUE} (N)"
+                "global secondary index {DUE_INDEX}: partition key {SHARD} (S), sort key {DUE} (N)"
             )),
             "{outbox}"
         );
         assert!(outbox.contains("keys only"), "{outbox}");
-        assert!(!outbox.contains("time to live"), "{outbox}");
+        assert!(outbox.contains("time to live: attribute ttl"), "{outbox}");
+        assert!(!lock_table("l").describe().contains("time to live"));
         let dedup = dedup_table("inbox").describe();
         assert!(!dedup.contains("sort key"), "{dedup}");
         assert!(

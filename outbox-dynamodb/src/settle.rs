@@ -11,8 +11,8 @@ use outbox_core::{Disposition, Failure, Lease, MessageId, Result, Retention, Set
 
 use crate::error::{build_error, from_sdk, is_condition_failed};
 use crate::item::{
-    self, get_n, get_s, id_text, n, now_us, s, Item, ATTEMPTS, AVAILABLE, DEAD_AT, DEAD_ID,
-    DONE_AT, DUE, DUE_SCALE, LAST_ERROR, PARTITION_KEY, PK, SEQ, SK, TOKEN,
+    self, body_key, get_n, get_s, id_text, n, now_us, s, Item, ATTEMPTS, AVAILABLE, DEAD_AT,
+    DEAD_ID, DONE_AT, DUE, DUE_SCALE, LAST_ERROR, PARTITION_KEY, PARTS, PK, SEQ, SK, TOKEN, TTL,
 };
 use crate::store::{bounded, DynamoOutbox};
 
@@ -59,6 +59,43 @@ impl DynamoOutbox {
         }
     }
 
+    /// Set (`Some(epoch seconds)`) or remove (`None`) the time to live of the `parts`
+    /// body items of message `id`; a missing item is left missing. Each write is billed
+    /// at the body item's size: only dead-lettering, requeues and long-stuck messages
+    /// come here.
+    pub(crate) async fn set_body_ttl(
+        &self,
+        id: MessageId,
+        parts: usize,
+        ttl: Option<u64>,
+    ) -> Result<()> {
+        let futures: Vec<_> = (0..parts)
+            .map(|part| async move {
+                let mut request = self
+                    .inner
+                    .client
+                    .update_item()
+                    .table_name(self.table())
+                    .set_key(Some(body_key(id, part)))
+                    .condition_expression("attribute_exists(#pk)")
+                    .expression_attribute_names("#pk", PK)
+                    .expression_attribute_names("#ttl", TTL);
+                request = match ttl {
+                    Some(at) => request
+                        .update_expression("SET #ttl = :ttl")
+                        .expression_attribute_values(":ttl", n(at)),
+                    None => request.update_expression("REMOVE #ttl"),
+                };
+                match request.send().await {
+                    Ok(_) => Ok(()),
+                    Err(e) if is_condition_failed(&e) => Ok(()),
+                    Err(e) => Err(from_sdk("body time to live", e)),
+                }
+            })
+            .collect();
+        bounded(futures).await.map(|_| ())
+    }
+
     /// Run `settle` for every lease in id order, at most [`CONCURRENCY`] at once, and
     /// reconcile the ids it applied.
     pub(crate) async fn settle_all<'a, T, F, Fut>(
@@ -92,6 +129,7 @@ impl DynamoOutbox {
         update: String,
         values: Vec<(&str, aws_sdk_dynamodb::types::AttributeValue)>,
         extra_condition: &str,
+        returned: ReturnValue,
     ) -> Result<Option<Item>> {
         let condition = format!("#token = :token AND attribute_exists(#due){extra_condition}");
         let mut request = self
@@ -104,7 +142,7 @@ impl DynamoOutbox {
             .update_expression(update)
             .condition_expression(condition)
             .expression_attribute_values(":token", s(lease.token.as_uuid().to_string()))
-            .return_values(self.settle_return())
+            .return_values(returned)
             .return_consumed_capacity(ReturnConsumedCapacity::Total);
         for (name, value) in values {
             request = request.expression_attribute_values(name, value);
@@ -155,13 +193,25 @@ impl DynamoOutbox {
             .send()
             .await
             .map_err(|e| from_sdk("complete", e))?;
+        let reported = !out.consumed_capacity().is_empty();
         for c in out.consumed_capacity() {
             self.record_capacity(&self.inner.metrics.settle_units, Some(c));
         }
         let mut applied = Vec::with_capacity(leases.len());
         for (lease, response) in leases.iter().zip(out.responses()) {
             match response.error().and_then(|e| e.code()) {
-                None => applied.push(lease.id),
+                None => {
+                    if !reported {
+                        // DynamoDB Local returns no consumed capacity for PartiQL
+                        // batches: count what DynamoDB bills, one unit for the state
+                        // item (under 1 KB) and one for its `due` index entry.
+                        self.inner
+                            .metrics
+                            .settle_units
+                            .fetch_add(2 * crate::metrics::UNIT, Ordering::Relaxed);
+                    }
+                    applied.push(lease.id);
+                }
                 Some(BatchStatementErrorCodeEnum::ConditionalCheckFailed) => {
                     self.inner.metrics.refused.fetch_add(1, Ordering::Relaxed);
                 }
@@ -185,6 +235,7 @@ impl DynamoOutbox {
                         format!("SET #{DONE_AT} = :now REMOVE #due, #token"),
                         vec![(":now", n(now_us()))],
                         "",
+                        self.settle_return(),
                     )
                     .await?;
                 if let Some(item) = &done {
@@ -248,10 +299,16 @@ impl DynamoOutbox {
                     (":error", s(reason)),
                 ],
                 "",
+                ReturnValue::AllNew,
             )
             .await?;
         if let Some(item) = &done {
             self.forget_marker(item, true).await;
+            // A dead letter keeps its body until it is requeued or discarded.
+            let parts = get_n::<usize>(item, PARTS).ok().flatten().unwrap_or(1);
+            if let Err(e) = self.set_body_ttl(lease.id, parts, None).await {
+                tracing::warn!(id = %lease.id, error = %e.report(), "dead letter's body keeps its time to live");
+            }
         }
         Ok(done.is_some())
     }
@@ -276,6 +333,7 @@ impl DynamoOutbox {
                             (":error", s(failure.error())),
                         ],
                         "",
+                        ReturnValue::None,
                     )
                     .await?;
                 Ok(done.is_some())
@@ -300,6 +358,7 @@ impl DynamoOutbox {
                 format!("{set}, #{ATTEMPTS} = #{ATTEMPTS} - :one REMOVE #token"),
                 values(),
                 &format!(" AND #{ATTEMPTS} >= :one"),
+                ReturnValue::None,
             )
             .await?;
         if done.is_some() {
@@ -314,6 +373,7 @@ impl DynamoOutbox {
                 format!("{set} REMOVE #token"),
                 values(),
                 &format!(" AND #{ATTEMPTS} < :one"),
+                ReturnValue::None,
             )
             .await?;
         Ok(done.is_some())

@@ -21,10 +21,10 @@ use outbox_core::{
 use crate::config::DynamoOutboxConfig;
 use crate::error::{build_error, cancelled, from_sdk, reason_codes};
 use crate::item::{
-    self, b, id_text, item_size, marker_partition, marker_prefix, message_key, n, now_us, s,
-    shard_of, Item, ATTEMPTS, AVAILABLE, CONTENT_TYPE, CREATED, DESTINATION, DUE, DUE_SCALE,
-    HEADERS, MARKED_ID, MAX_ITEM_BYTES, MAX_TRANSACTION_ACTIONS, MAX_TRANSACTION_BYTES,
-    PARTITION_KEY, PAYLOAD, PK, SEQ, SK,
+    self, b, body_key, id_text, item_size, marker_partition, marker_prefix, n, now_us, s, shard_of,
+    shard_value, state_key, Item, ATTEMPTS, AVAILABLE, CONTENT_TYPE, CREATED, DESTINATION, DUE,
+    DUE_SCALE, HEADERS, MARKED_ID, MAX_ITEM_BYTES, MAX_TRANSACTION_ACTIONS, MAX_TRANSACTION_BYTES,
+    PARTITION_KEY, PARTS, PART_BYTES, PAYLOAD, PK, SEQ, SHARD, SK, TTL,
 };
 use crate::metrics::{Metrics, OutboxMetrics};
 use crate::settle::MAX_BATCH_STATEMENTS;
@@ -75,6 +75,10 @@ pub(crate) struct Inner {
     /// Until when (microseconds) claims spread over random candidates, after a refused
     /// claim write showed other claimers at work.
     pub(crate) contended_until: AtomicU64,
+    /// Index entries this store claimed moments ago: id → (due, when, microseconds).
+    pub(crate) recent: std::sync::Mutex<HashMap<MessageId, (u128, u64)>>,
+    /// This store's shard leases, when relays divide the shards.
+    pub(crate) leases: Option<crate::shards::ShardLeases>,
 }
 
 /// The enqueue sequence: microseconds of this process's clock, strictly increasing
@@ -102,8 +106,9 @@ pub fn check_transaction(writes: &[TransactWriteItem]) -> Result<()> {
     if writes.len() > MAX_TRANSACTION_ACTIONS {
         return Err(Error::invalid_input(format!(
             "a transaction of {} actions exceeds DynamoDB's limit of {MAX_TRANSACTION_ACTIONS}; \
-             enqueue fewer messages per transaction (a keyed message under per-key order \
-             takes two actions)",
+             enqueue fewer messages per transaction (a message takes one action for its \
+             state, one per 300 KiB of payload, and one more for its order marker when keyed \
+             under per-key order)",
             writes.len()
         )));
     }
@@ -156,9 +161,11 @@ impl DynamoOutbox {
         Ok(DynamoOutbox {
             inner: Arc::new(Inner {
                 client,
-                config,
                 metrics: Metrics::default(),
                 contended_until: AtomicU64::new(0),
+                recent: std::sync::Mutex::new(HashMap::new()),
+                leases: config.shard_lease().map(crate::shards::ShardLeases::new),
+                config,
             }),
         })
     }
@@ -179,19 +186,23 @@ impl DynamoOutbox {
         self.inner.metrics.snapshot()
     }
 
-    /// Create the table if it is missing (on-demand billing, the three local secondary
-    /// indexes of the crate docs) and wait until it is active; an existing table is
-    /// checked.
+    /// Create the table if it is missing (on-demand billing, the three global secondary
+    /// indexes of the crate docs, TTL on `ttl`) and wait until it is active; an
+    /// existing table is checked.
     ///
     /// # Errors
     /// [`ErrorKind::Schema`](outbox_core::ErrorKind::Schema) when the table exists with
-    /// another layout; mapped SDK errors otherwise.
+    /// another layout (a layout-1 table: see the crate docs' migration note);
+    /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) when it is a Global Table
+    /// (it lists replicas: claims are conditional writes, atomic only within a region);
+    /// mapped SDK errors otherwise.
     pub async fn install(&self) -> Result<()> {
         crate::schema::install(
             &self.inner.client,
             &crate::schema::outbox_table(self.table()),
         )
-        .await
+        .await?;
+        crate::schema::refuse_replicas(&self.inner.client, self.table(), "outbox").await
     }
 
     /// Delete the table and everything in it. A missing table is not an error.
@@ -224,15 +235,17 @@ impl DynamoOutbox {
         }
     }
 
+    /// The key of message `id`'s state item.
     pub(crate) fn key_of(&self, id: MessageId) -> Item {
-        message_key(id, self.shards())
+        state_key(id)
     }
 
-    /// The writes that store `messages`, for your own `TransactWriteItems`: one
-    /// conditional put per message (`attribute_not_exists`, so a stored id cancels the
-    /// transaction), plus one order marker per keyed message under
-    /// [`KeyOrder::PerKey`]. Availability and enqueue order are stamped now, by this
-    /// process's clock.
+    /// The writes that store `messages`, for your own `TransactWriteItems`: per message a
+    /// conditional put of its small state item (`attribute_not_exists`, so a stored id
+    /// cancels the transaction), a put of each body item (one, or one per
+    /// 300 KiB of payload: the split layout), plus one order marker per keyed message
+    /// under [`KeyOrder::PerKey`]. Availability and enqueue order are stamped now, by
+    /// this process's clock.
     ///
     /// # Errors
     /// [`ErrorKind::InvalidInput`](outbox_core::ErrorKind::InvalidInput) for a message
@@ -253,44 +266,66 @@ impl DynamoOutbox {
         check_enqueue(messages, self.inner.config.limits())?;
         let now = now_us();
         let mut writes = Vec::with_capacity(messages.len());
+        let body_ttl = item::duration_us(self.inner.config.body_ttl());
         for m in messages {
             let seq = next_seq();
             let avail = now.saturating_add(item::duration_us(m.delay()));
-            let mut item = self.key_of(m.id());
-            item.insert(DESTINATION.into(), s(m.destination()));
-            item.insert(PAYLOAD.into(), b(m.payload()));
-            item.insert(HEADERS.into(), s(m.headers().to_json().to_string()));
-            item.insert(CREATED.into(), n(now));
-            item.insert(AVAILABLE.into(), n(avail));
-            item.insert(SEQ.into(), n(seq));
-            item.insert(ATTEMPTS.into(), n(0));
-            item.insert(
+            let chunks: Vec<&[u8]> = if m.payload().is_empty() {
+                vec![&[]]
+            } else {
+                m.payload().chunks(PART_BYTES).collect()
+            };
+            let mut state = self.key_of(m.id());
+            state.insert(SHARD.into(), s(shard_value(m.id(), self.shards())));
+            state.insert(DESTINATION.into(), s(m.destination()));
+            state.insert(CREATED.into(), n(now));
+            state.insert(AVAILABLE.into(), n(avail));
+            state.insert(SEQ.into(), n(seq));
+            state.insert(ATTEMPTS.into(), n(0));
+            state.insert(PARTS.into(), n(chunks.len()));
+            state.insert(
                 DUE.into(),
                 n(u128::from(avail) * DUE_SCALE + u128::from(seq)),
             );
             if let Some(key) = m.partition_key() {
-                item.insert(PARTITION_KEY.into(), s(key));
+                state.insert(PARTITION_KEY.into(), s(key));
             }
-            if let Some(ct) = m.content_type() {
-                item.insert(CONTENT_TYPE.into(), s(ct));
+            let expires = avail.saturating_add(body_ttl).div_ceil(1_000_000);
+            let mut items = vec![state];
+            for (i, chunk) in chunks.iter().enumerate() {
+                let mut part = body_key(m.id(), i);
+                part.insert(PAYLOAD.into(), b(chunk));
+                part.insert(TTL.into(), n(expires));
+                if i == 0 {
+                    part.insert(HEADERS.into(), s(m.headers().to_json().to_string()));
+                    if let Some(ct) = m.content_type() {
+                        part.insert(CONTENT_TYPE.into(), s(ct));
+                    }
+                }
+                items.push(part);
             }
-            let size = item_size(&item);
-            if size > MAX_ITEM_BYTES {
-                return Err(Error::invalid_input(format!(
-                    "message {} makes an item of {size} bytes, over DynamoDB's item limit of \
-                     {MAX_ITEM_BYTES}; keep payloads under the config's max_payload_bytes and \
-                     store large bodies elsewhere (S3) with a reference in the message",
-                    m.id()
-                )));
+            for item in &items {
+                let size = item_size(item);
+                if size > MAX_ITEM_BYTES {
+                    return Err(Error::invalid_input(format!(
+                        "message {} makes an item of {size} bytes, over DynamoDB's item limit \
+                         of {MAX_ITEM_BYTES}; keep headers small and store large bodies \
+                         elsewhere (S3) with a reference in the message",
+                        m.id()
+                    )));
+                }
             }
-            let put = Put::builder()
-                .table_name(self.table())
-                .set_item(Some(item))
-                .condition_expression("attribute_not_exists(#pk)")
-                .expression_attribute_names("#pk", PK)
-                .build()
-                .map_err(|e| build_error("enqueue", e))?;
-            writes.push((TransactWriteItem::builder().put(put).build(), Some(m.id())));
+            for (i, item) in items.into_iter().enumerate() {
+                let mut put = Put::builder().table_name(self.table()).set_item(Some(item));
+                if i == 0 {
+                    put = put
+                        .condition_expression("attribute_not_exists(#pk)")
+                        .expression_attribute_names("#pk", PK);
+                }
+                let put = put.build().map_err(|e| build_error("enqueue", e))?;
+                let id = (i == 0).then_some(m.id());
+                writes.push((TransactWriteItem::builder().put(put).build(), id));
+            }
             if let (true, Some(key)) = (self.per_key(), m.partition_key()) {
                 let marker = self.marker_item(key, seq, m.id());
                 let put = Put::builder()

@@ -304,6 +304,15 @@ impl Fixture {
         }
     }
 
+    /// The outbox's layout version, as `schema install` reports it.
+    pub(crate) fn layout_version(&self) -> u32 {
+        match &self.backend {
+            Backend::Postgres(o, ..) => outbox_core::Schema::layout_version(o),
+            Backend::Sqlite(o) => outbox_core::Schema::layout_version(o),
+            Backend::Dynamo(o, ..) => outbox_core::Schema::layout_version(o),
+        }
+    }
+
     /// The inbox table with the CLI's default name, remembering ids for `retention`.
     pub(crate) fn inbox(&self, retention: Duration) -> Arc<dyn DedupStore> {
         match &self.backend {

@@ -214,7 +214,9 @@ async fn schema_print_and_install(f: &Fixture) {
         install.stdout
     );
     assert!(
-        install.stdout.contains("(layout version 1)"),
+        install
+            .stdout
+            .contains(&format!("(layout version {})", f.layout_version())),
         "{}",
         install.stdout
     );

@@ -113,8 +113,8 @@ pub async fn entities(client: &Client) -> Result<DynamoEntityStore> {
 }
 
 /// Most messages per transaction in [`enqueue_all`]: a keyed message under per-key
-/// order takes two of the 100 actions.
-pub const CHUNK: usize = 50;
+/// order takes three of the 100 actions (state, body, order marker).
+pub const CHUNK: usize = 33;
 
 /// Enqueue `messages`, all checked first (so an invalid one writes nothing), sent in
 /// transactions of [`CHUNK`] messages.
@@ -191,42 +191,38 @@ impl Fixture for DynamoFixture {
         assert_eq!(err.kind(), ErrorKind::Conflict, "{}", err.report());
         Ok(())
     }
-    /// Found by its sort key (the id) with a scan: the case's table is small.
+    /// The message's state item (key `m#<id>` / `s`, see the crate docs) gets a
+    /// `done_us` of now, as a complete under `Keep` leaves it.
     async fn mark_dispatched(&self, id: outbox_core::MessageId) -> Result<()> {
         use aws_sdk_dynamodb::types::AttributeValue;
-        let client = self.0.client();
-        let table = self.0.config().table();
-        let sk = AttributeValue::S(id.as_uuid().hyphenated().to_string());
-        let found = client
-            .scan()
-            .table_name(table)
-            .filter_expression("sk = :sk")
-            .expression_attribute_values(":sk", sk.clone())
-            .send()
-            .await
-            .map_err(storage)?;
-        let Some(pk) = found
-            .items()
-            .first()
-            .and_then(|item| item.get("pk"))
-            .cloned()
-        else {
-            return Err(outbox_core::Error::invalid_input("no such message"));
-        };
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
-        client
+        let sent = self
+            .0
+            .client()
             .update_item()
-            .table_name(table)
-            .key("pk", pk)
-            .key("sk", sk)
+            .table_name(self.0.config().table())
+            .key(
+                "pk",
+                AttributeValue::S(format!("m#{}", id.as_uuid().hyphenated())),
+            )
+            .key("sk", AttributeValue::S("s".into()))
             .update_expression("SET done_us = :now")
+            .condition_expression("attribute_exists(pk)")
             .expression_attribute_values(":now", AttributeValue::N(now.as_micros().to_string()))
             .send()
-            .await
-            .map_err(storage)?;
-        Ok(())
+            .await;
+        match sent {
+            Ok(_) => Ok(()),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|s| s.is_conditional_check_failed_exception()) =>
+            {
+                Err(outbox_core::Error::invalid_input("no such message"))
+            }
+            Err(e) => Err(storage(e)),
+        }
     }
 }
 

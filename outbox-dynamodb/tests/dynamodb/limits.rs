@@ -3,7 +3,9 @@
 
 use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
 use outbox_core::consumer::{EntityRecord, EntityStore};
-use outbox_core::{EntityKey, ErrorKind, KeyOrder, MessageLimits, NewMessage, OutboxAdmin};
+use outbox_core::{
+    EntityKey, ErrorKind, KeyOrder, MessageLimits, NewMessage, OutboxAdmin, OutboxStore,
+};
 use outbox_dynamodb::{
     check_transaction, DynamoOutboxConfig, MAX_ITEM_BYTES, MAX_TRANSACTION_ACTIONS,
 };
@@ -27,27 +29,53 @@ async fn nothing_stored(outbox: &outbox_dynamodb::DynamoOutbox) {
     );
 }
 
+/// The split layout: a payload at and past the 400 KB item limit is stored over several
+/// body items and delivered intact; the claim and complete write only the small state
+/// item, so they cost what a tiny message's do. The payload rule still refuses what the
+/// config does not allow, before anything is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_over_400_kb_is_refused_before_sending() {
+async fn payloads_past_the_400_kb_item_limit_are_split() {
     let Some(client) = common::client("outbox-dynamodb item limit").await else {
         return;
     };
-    // Limits that let the payload through, so the item limit is what refuses it.
     let limits = MessageLimits::default().with_max_payload_bytes(1024 * 1024);
     let outbox = common::outbox(&client, DynamoOutboxConfig::default().with_limits(limits))
         .await
         .unwrap();
-    let err = outbox
-        .enqueue(Vec::new(), &[big(10), big(MAX_ITEM_BYTES - 100)])
+    let sent = [
+        big(10),
+        big(MAX_ITEM_BYTES - 100),
+        big(MAX_ITEM_BYTES),
+        big(1000 * 1024),
+    ];
+    let writes = outbox.enqueue_writes(&sent).unwrap();
+    // State + 1, 2, 2 and 4 body items.
+    assert_eq!(writes.len(), 4 + 1 + 2 + 2 + 4);
+    for chunk in sent.chunks(1) {
+        outbox.enqueue(Vec::new(), chunk).await.unwrap();
+    }
+    let got = outbox
+        .claim(outbox_core::ClaimRequest::new(10, std::time::Duration::from_secs(30)).unwrap())
         .await
-        .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+        .unwrap();
+    assert_eq!(got.len(), 4);
+    for m in &sent {
+        let claimed = got.iter().find(|c| c.message.id == m.id()).unwrap();
+        assert_eq!(claimed.message.payload, m.payload(), "payload intact");
+    }
+    let leases: Vec<_> = got.iter().map(|c| c.lease).collect();
+    assert_eq!(outbox.complete(&leases).await.unwrap().applied, 4);
+    let m = outbox.metrics();
+    // Whatever the payload, a claim writes the state item (under 1 KB: one unit) and
+    // moves its `due` index entry (two), a complete deletes both (two).
     assert!(
-        err.to_string().contains("400 KB") || err.to_string().contains("item limit"),
-        "{err}"
+        m.claim_write_units <= 4.0 * 3.0 && m.settle_units <= 4.0 * 2.0,
+        "claim {} + complete {} units for 4 messages",
+        m.claim_write_units,
+        m.settle_units
     );
-    assert!(outbox.enqueue_writes(&[big(MAX_ITEM_BYTES)]).is_err());
     nothing_stored(&outbox).await;
+
     // Under the default limits the payload rule refuses it first, naming the payload.
     let plain = common::outbox(&client, DynamoOutboxConfig::default())
         .await
@@ -58,6 +86,7 @@ async fn item_over_400_kb_is_refused_before_sending() {
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
     assert!(err.to_string().contains("payload"), "{err}");
+    nothing_stored(&plain).await;
 
     let entities = common::entities(&client).await.unwrap();
     let key = EntityKey::new("acct-9").unwrap();
@@ -107,14 +136,14 @@ async fn transactions_over_100_actions_or_4_mb_are_refused_before_sending() {
     let err = outbox.enqueue(theirs, &many[..2]).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
 
-    // Keyed messages under per-key order take two actions each: 51 make 102.
+    // Keyed messages under per-key order take three actions each: 34 make 102.
     let ordered = common::outbox(
         &client,
         DynamoOutboxConfig::default().with_ordering(KeyOrder::PerKey),
     )
     .await
     .unwrap();
-    let keyed: Vec<NewMessage> = (0..51)
+    let keyed: Vec<NewMessage> = (0..34)
         .map(|i| {
             NewMessage::builder("k")
                 .partition_key(format!("key-{i}"))

@@ -11,4 +11,5 @@ mod dedup;
 mod limits;
 mod markers;
 mod relay;
+mod shards;
 mod store;

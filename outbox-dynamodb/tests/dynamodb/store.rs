@@ -137,8 +137,10 @@ async fn racing_claims_are_decided_by_the_conditional_write() {
     assert!(m.claim_write_units > 0.0 || m.claim_read_units >= 0.0);
 }
 
-/// An item another tool wrote with headers that do not decode is dead-lettered by the
-/// claim that meets it, with the reason; the others are returned.
+/// Items another tool wrote that do not make a valid message: headers that do not
+/// decode, a payload over the store's limit (500 KB, split over two body items), a
+/// state item whose body is gone. Each is dead-lettered by the claim that meets it,
+/// with the reason, and delivery goes on: the good messages around them are returned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_items_are_dead_lettered_by_the_claim() {
     let Some(client) = common::client("outbox-dynamodb poison").await else {
@@ -147,38 +149,117 @@ async fn poison_items_are_dead_lettered_by_the_claim() {
     let outbox = common::outbox(&client, DynamoOutboxConfig::default())
         .await
         .unwrap();
-    let good = NewMessage::builder("ok").build().unwrap();
-    let poison = NewMessage::builder("bad").build().unwrap();
-    let mut writes = outbox
-        .enqueue_writes(std::slice::from_ref(&poison))
+    let table = outbox.config().table().to_owned();
+    let put_all = |items: Vec<std::collections::HashMap<String, AttributeValue>>| {
+        let (client, table) = (client.clone(), table.clone());
+        async move {
+            for item in items {
+                client
+                    .put_item()
+                    .table_name(&table)
+                    .set_item(Some(item))
+                    .send()
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+    let items_of = |m: &NewMessage, store: &DynamoOutbox| -> Vec<_> {
+        store
+            .enqueue_writes(std::slice::from_ref(m))
+            .unwrap()
+            .into_iter()
+            .map(|w| w.put.unwrap().item)
+            .collect()
+    };
+    let before = NewMessage::builder("ok").build().unwrap();
+    outbox
+        .enqueue(Vec::new(), std::slice::from_ref(&before))
+        .await
         .unwrap();
-    let mut put = writes.remove(0).put.unwrap();
-    put.item.insert(
+
+    // Headers that do not decode: the first body item (sort key `b#000`) holds them.
+    let bad_headers = NewMessage::builder("bad").build().unwrap();
+    let mut items = items_of(&bad_headers, &outbox);
+    assert_eq!(items[1]["sk"], AttributeValue::S("b#000".into()));
+    items[1].insert(
         "headers".into(),
         AttributeValue::S("[\"not an object\"]".into()),
     );
-    client
-        .put_item()
-        .table_name(outbox.config().table())
-        .set_item(Some(put.item))
-        .send()
-        .await
+    put_all(items).await;
+
+    // An oversized payload, written by a store with a larger limit.
+    let roomy = DynamoOutbox::new(
+        client.clone(),
+        outbox
+            .config()
+            .clone()
+            .with_limits(outbox_core::MessageLimits::default().with_max_payload_bytes(1024 * 1024)),
+    )
+    .unwrap();
+    let oversized = NewMessage::builder("big")
+        .limits(outbox_core::MessageLimits::default().with_max_payload_bytes(usize::MAX))
+        .payload(vec![7u8; 500 * 1024])
+        .build()
         .unwrap();
+    let items = items_of(&oversized, &roomy);
+    assert_eq!(items.len(), 3, "state and two body items");
+    put_all(items).await;
+
+    // A state item without its body.
+    let bodiless = NewMessage::builder("gone").build().unwrap();
+    put_all(items_of(&bodiless, &outbox).into_iter().take(1).collect()).await;
+
+    let after = NewMessage::builder("ok").build().unwrap();
     outbox
-        .enqueue(Vec::new(), std::slice::from_ref(&good))
+        .enqueue(Vec::new(), std::slice::from_ref(&after))
         .await
         .unwrap();
-    let got = claim(&outbox, 10).await;
-    assert_eq!(got.len(), 1);
-    assert_eq!(got[0].message.id, good.id());
+    let got = outbox
+        .claim(ClaimRequest::new(10, LEASE).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(got.dead_lettered, 3);
+    let mut ids: Vec<MessageId> = got.iter().map(|c| c.message.id).collect();
+    ids.sort();
+    let mut want = vec![before.id(), after.id()];
+    want.sort();
+    assert_eq!(ids, want, "delivery goes on around the poison");
     let dead = outbox
         .dead_letters(&outbox_core::DeadLetterPage::new(Default::default(), 10).unwrap())
         .await
         .unwrap();
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].message.id, poison.id());
-    let reason = dead[0].message.last_error.clone().unwrap();
-    assert!(reason.contains("headers"), "{reason}");
+    assert_eq!(dead.len(), 3);
+    let reason = |id: MessageId| {
+        dead.iter()
+            .find(|d| d.message.id == id)
+            .and_then(|d| d.message.last_error.clone())
+            .unwrap_or_default()
+    };
+    assert!(
+        reason(bad_headers.id()).contains("headers"),
+        "{}",
+        reason(bad_headers.id())
+    );
+    assert!(
+        reason(oversized.id()).contains("payload"),
+        "{}",
+        reason(oversized.id())
+    );
+    assert!(
+        reason(bodiless.id()).contains("body"),
+        "{}",
+        reason(bodiless.id())
+    );
+    let big = dead
+        .iter()
+        .find(|d| d.message.id == oversized.id())
+        .unwrap();
+    assert_eq!(
+        big.message.payload.len(),
+        500 * 1024,
+        "the dead letter keeps its body"
+    );
 }
 
 /// A crash between completing a keyed message and removing its order marker leaves a
@@ -198,7 +279,13 @@ async fn stale_order_markers_do_not_block_their_key() {
         .build()
         .unwrap();
     let writes = outbox.enqueue_writes(std::slice::from_ref(&ghost)).unwrap();
-    let marker = writes[1].put().unwrap().item().clone();
+    let marker = writes
+        .iter()
+        .filter_map(|w| w.put())
+        .find(|p| p.item().contains_key("mid"))
+        .expect("an order marker")
+        .item()
+        .clone();
     client
         .put_item()
         .table_name(outbox.config().table())
@@ -219,4 +306,66 @@ async fn stale_order_markers_do_not_block_their_key() {
     assert_eq!(got[0].message.id, next.id());
     outbox.complete_one(&got[0].lease).await.unwrap();
     assert_eq!(outbox.stats().await.unwrap().pending, 0);
+}
+
+/// An outbox table of layout 1 (keys `pk`/`sk` with the `due` local index) is refused
+/// by install with a schema error that points at the migration note; nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_one_outbox_table_is_refused_by_install() {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, LocalSecondaryIndex,
+        Projection, ProjectionType, ScalarAttributeType,
+    };
+    let Some(client) = common::client("outbox-dynamodb outbox layout").await else {
+        return;
+    };
+    let table = common::table_name("outbox_v1");
+    let key = |name: &str, kind: KeyType| {
+        KeySchemaElement::builder()
+            .attribute_name(name)
+            .key_type(kind)
+            .build()
+            .unwrap()
+    };
+    let attr = |name: &str, kind: ScalarAttributeType| {
+        AttributeDefinition::builder()
+            .attribute_name(name)
+            .attribute_type(kind)
+            .build()
+            .unwrap()
+    };
+    client
+        .create_table()
+        .table_name(&table)
+        .billing_mode(BillingMode::PayPerRequest)
+        .key_schema(key("pk", KeyType::Hash))
+        .key_schema(key("sk", KeyType::Range))
+        .attribute_definitions(attr("pk", ScalarAttributeType::S))
+        .attribute_definitions(attr("sk", ScalarAttributeType::S))
+        .attribute_definitions(attr("due", ScalarAttributeType::N))
+        .local_secondary_indexes(
+            LocalSecondaryIndex::builder()
+                .index_name("due")
+                .key_schema(key("pk", KeyType::Hash))
+                .key_schema(key("due", KeyType::Range))
+                .projection(
+                    Projection::builder()
+                        .projection_type(ProjectionType::KeysOnly)
+                        .build(),
+                )
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let outbox = DynamoOutbox::new(
+        client.clone(),
+        DynamoOutboxConfig::default().with_table(&table),
+    )
+    .unwrap();
+    let err = outbox.install().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Schema, "{}", err.report());
+    assert!(err.to_string().contains("layout 1"), "{err}");
+    assert_eq!(outbox_core::Schema::layout_version(&outbox), 2);
 }
