@@ -309,6 +309,7 @@ impl Fixture {
         match &self.backend {
             Backend::Postgres(o, ..) => outbox_core::Schema::layout_version(o),
             Backend::Sqlite(o) => outbox_core::Schema::layout_version(o),
+            Backend::MySql(o, ..) => outbox_core::Schema::layout_version(o),
             Backend::Dynamo(o, ..) => outbox_core::Schema::layout_version(o),
         }
     }
