@@ -1,5 +1,5 @@
 //! A log-tailing relay worker process for the chaos tests: one
-//! [`WalRelay`](outbox_postgres_wal::WalRelay) over a schema's slot (see
+//! [`WalRelay`] over a schema's slot (see
 //! [`outbox_chaos::wal_outbox_config`]), publishing into `<schema>.published` with
 //! [`TablePublisher`].
 //!
