@@ -72,10 +72,16 @@ pub struct WalRelayReport {
 /// 3. Read events. A transactional logical decoding message with the outbox's prefix
 ///    is decoded into a [`Message`] stamped with its transaction's commit time; the
 ///    transaction's messages become publishable at its `COMMIT`, in commit order.
-///    Messages with other prefixes and table changes are skipped.
+///    Messages with other prefixes and table changes are skipped. A message with the
+///    prefix that does not decode or breaks the message rules
+///    ([`Message::check_stored`]), and any *non-transactional* message with the prefix
+///    (decoded even when its transaction rolled back), is written to the dead letters
+///    at once ([`UNDECODABLE_DESTINATION`], [`NON_TRANSACTIONAL_DESTINATION`]) and
+///    never published.
 /// 4. Publish in batches of up to [`batch_size`](WalRelayConfig::batch_size), one
-///    batch at a time. A permanent refusal is written to the dead letters; a
-///    retryable one is counted against the message (dead-lettered after
+///    batch at a time, each holding at most one message per partition key, until
+///    nothing is ready. A permanent refusal is written to the dead letters; a
+///    retryable one is counted against that message (dead-lettered after
 ///    `retry.max_attempts`).
 /// 5. Confirm (standby status update) the end position of the last transaction all of
 ///    whose messages, and all before them, were published or dead-lettered; a
@@ -86,8 +92,10 @@ pub struct WalRelayReport {
 ///    and published again. Stream or database errors resume the same way, with
 ///    [`reconnect_backoff`](WalRelayConfig::reconnect_backoff), taking the lock again
 ///    first (a server restart ends the lock's session too).
-/// 7. An invalidated slot, a missing slot or refused credentials stop the relay with
-///    an error; shutdown confirms what is settled and returns.
+/// 7. An invalidated slot, a missing slot, refused credentials, a replication URL
+///    for another database or a saved position that does not fit the server stop the
+///    relay with an error; shutdown confirms what is settled and returns, waiting at
+///    most [`shutdown_grace`](WalRelayConfig::shutdown_grace) for a publish in flight.
 ///
 /// Every [`lag_interval`](WalRelayConfig::lag_interval) the relay reads the slot and
 /// sets the [`SLOT_LAG_BYTES`] and [`SLOT_LAG_SECONDS`] gauges, and stops if the slot
@@ -101,7 +109,11 @@ pub struct WalRelayReport {
 /// [`status_interval`](WalRelayConfig::status_interval) at most). The saved position
 /// matters after a server restart or crash: before PostgreSQL 17 the server writes a
 /// logical slot's confirmed position to disk only when the slot's other state moves
-/// (and not at a clean shutdown), so on its own it may go back by many seconds.
+/// (and not at a clean shutdown), so on its own it may go back by many seconds. The
+/// saved row carries the server's system identifier and is started over when
+/// [`WalOutbox::install`] creates the slot; a row from another server or ahead of the
+/// server's current log position stops the relay (permanent
+/// [`ErrorKind::Storage`]) instead of skipping what was committed in between.
 ///
 /// So a relay killed (or cut off) publishes again what it published after the last
 /// position it reported: the messages of the transaction it was in (positions are
@@ -112,10 +124,15 @@ pub struct WalRelayReport {
 ///
 /// ## Ordering
 ///
-/// Messages are published in commit order, and within a transaction in enqueue order,
-/// one batch at a time: per-key order holds for every key, and across keys too (a
-/// total order). A message that keeps failing holds every later message back until it
-/// succeeds or is dead-lettered; dead letters leave the stream (and their key's order).
+/// Messages are handed to the publisher in commit order, and within a transaction in
+/// enqueue order, one batch at a time; a batch is cut before a partition key's second
+/// message. Per-key order holds for every key, also when the broker accepts part of a
+/// batch: a key's next message is published only after the earlier one settled.
+/// Across keys, first publishes are in commit order; when a batch partly fails, its
+/// other keys' messages accepted by the broker may precede the retried one (and are
+/// published again after the resume). A message that keeps failing holds every later
+/// message back until it succeeds or is dead-lettered; dead letters leave the stream
+/// (and their key's order).
 #[derive(Debug)]
 pub struct WalRelay {
     outbox: WalOutbox,
