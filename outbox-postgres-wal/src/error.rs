@@ -2,48 +2,22 @@
 //! stream) become [`outbox_core::Error`]s.
 
 use outbox_core::{Error, ErrorKind, ErrorStatus};
-use outbox_sqlx::ErrorCodes;
 use pgwire_replication::PgWireError;
-use sqlx::error::DatabaseError;
 
-/// The kind for a PostgreSQL SQLSTATE (the same table as `outbox-postgres`'s, cut to
-/// what this crate's statements can meet).
-///
-/// | code | condition | kind |
-/// |---|---|---|
-/// | `40001` `40P01` `55P03` | serialization failure, deadlock, lock not available | Contention |
-/// | `08xxx`, `53xxx`, `57P01`..`57P03` | connection, resources, shutdown | Unavailable |
-/// | `57014` | query_canceled | Timeout |
-/// | `55006` | object_in_use (the slot is active in another session) | Contention |
-/// | `23505` | unique_violation | Conflict |
-/// | `42P01` `42703` `3F000` | undefined table, column or schema | Schema |
-/// | anything else | | Storage |
+/// The kind for a PostgreSQL SQLSTATE: `outbox-postgres`'s table
+/// ([`outbox_postgres::kind_for_sqlstate`]), plus `55006` (object_in_use: the slot is
+/// active in another session) as Contention.
 pub(crate) fn kind_for_sqlstate(code: &str) -> ErrorKind {
     match code {
-        "40001" | "40P01" | "55P03" | "55006" => ErrorKind::Contention,
-        "57P01" | "57P02" | "57P03" => ErrorKind::Unavailable,
-        "57014" => ErrorKind::Timeout,
-        "23505" => ErrorKind::Conflict,
-        "42P01" | "42703" | "3F000" => ErrorKind::Schema,
-        _ if code.starts_with("08") || code.starts_with("53") => ErrorKind::Unavailable,
-        _ => ErrorKind::Storage,
+        "55006" => ErrorKind::Contention,
+        _ => outbox_postgres::kind_for_sqlstate(code),
     }
 }
 
-struct Pg;
-
-impl ErrorCodes for Pg {
-    const CODE_LABEL: &'static str = "SQLSTATE";
-
-    fn database_kind(err: &dyn DatabaseError) -> ErrorKind {
-        err.code()
-            .map_or(ErrorKind::Storage, |code| kind_for_sqlstate(&code))
-    }
-}
-
-/// A sqlx error met while doing `what`, keeping it as the source.
+/// A sqlx error met while doing `what`, keeping it as the source (classified as
+/// `outbox-postgres` classifies its own).
 pub(crate) fn from_sqlx(what: &str, err: sqlx::Error) -> Error {
-    outbox_sqlx::from_sqlx::<Pg>(what, err)
+    outbox_postgres::from_sqlx(what, err)
 }
 
 /// A replication stream error met while doing `what`.
