@@ -164,6 +164,10 @@ pub struct WalRelayConfig {
     pub lag_interval: Duration,
     /// The replication connection's `application_name`. Default `outbox-wal-relay`.
     pub application_name: String,
+    /// How long a publish in flight may run on after shutdown was requested before
+    /// the relay abandons it (unconfirmed: the next relay publishes its messages
+    /// again). Default 10 s, as the polling relay's.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for WalRelayConfig {
@@ -176,6 +180,7 @@ impl Default for WalRelayConfig {
             lock_retry: Duration::from_secs(1),
             lag_interval: Duration::from_secs(5),
             application_name: "outbox-wal-relay".to_owned(),
+            shutdown_grace: Duration::from_secs(10),
         }
     }
 }
@@ -220,6 +225,13 @@ impl WalRelayConfig {
     #[must_use]
     pub fn with_lag_interval(mut self, interval: Duration) -> Self {
         self.lag_interval = interval;
+        self
+    }
+
+    /// Set [`shutdown_grace`](Self::shutdown_grace).
+    #[must_use]
+    pub fn with_shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
         self
     }
 
@@ -296,12 +308,6 @@ impl ReplicationTarget {
                 "replication URL must start with postgres:// or postgresql://",
             ));
         }
-        let decode = |s: &str| {
-            url::form_urlencoded::parse(format!("x={s}").as_bytes())
-                .next()
-                .map(|(_, v)| v.into_owned())
-                .unwrap_or_default()
-        };
         let host = parsed
             .host_str()
             .filter(|h| !h.is_empty())
@@ -309,14 +315,17 @@ impl ReplicationTarget {
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_owned();
-        let user = decode(parsed.username());
+        let user = percent_decode("user", parsed.username())?;
         if user.is_empty() {
             return Err(Error::config("replication URL has no user"));
         }
-        let password = parsed.password().map(decode).unwrap_or_default();
+        let password = match parsed.password() {
+            Some(p) => percent_decode("password", p)?,
+            None => String::new(),
+        };
         let database = match parsed.path().trim_start_matches('/') {
             "" => user.clone(),
-            db => decode(db),
+            db => percent_decode("database", db)?,
         };
         for (key, value) in parsed.query_pairs() {
             if key == "sslmode" && !matches!(&*value, "disable" | "allow" | "prefer") {
@@ -357,6 +366,32 @@ impl ReplicationTarget {
     pub(crate) fn password(&self) -> &str {
         &self.password
     }
+}
+
+/// `text` with its `%XX` escapes decoded (URL userinfo and path: `+` and `&` stand
+/// for themselves, unlike in a query string).
+fn percent_decode(what: &str, text: &str) -> Result<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| {
+                    Error::config(format!("replication URL: bad percent escape in the {what}"))
+                })?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out)
+        .map_err(|_| Error::config(format!("replication URL: the {what} is not UTF-8")))
 }
 
 impl fmt::Debug for ReplicationTarget {
@@ -410,6 +445,10 @@ mod tests {
         assert_eq!(t.password(), "p/w");
         assert_eq!(t.database(), "u@x");
         assert_eq!(t.port(), 5432);
+        // `+` and `&` are themselves in userinfo (no form decoding), escapes decode.
+        let t = ReplicationTarget::from_url("postgres://u:a+b&c%2Bd%26e@h/d+b").unwrap();
+        assert_eq!(t.password(), "a+b&c+d&e");
+        assert_eq!(t.database(), "d+b");
         let t = ReplicationTarget::from_url("postgres://u@[::1]:7/db?sslmode=disable").unwrap();
         assert_eq!((t.host(), t.port(), t.database()), ("::1", 7, "db"));
         for bad in [
@@ -417,6 +456,7 @@ mod tests {
             "postgres://h/db",
             "not a url",
             "postgres://u@h/db?sslmode=require",
+            "postgres://u:%ff@h/db",
         ] {
             assert_eq!(
                 ReplicationTarget::from_url(bad).unwrap_err().kind(),

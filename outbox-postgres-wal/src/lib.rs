@@ -9,8 +9,8 @@ mod relay;
 pub use config::{ReplicationTarget, WalOutboxConfig, WalRelayConfig};
 pub use outbox::{SlotStatus, WalOutbox, POSITIONS_TABLE};
 pub use relay::{
-    WalRelay, WalRelayReport, DEAD_LETTERED, PUBLISHED, RECONNECTS, SLOT_LAG_BYTES,
-    SLOT_LAG_SECONDS, UNDECODABLE_DESTINATION,
+    WalRelay, WalRelayReport, DEAD_LETTERED, NON_TRANSACTIONAL_DESTINATION, PUBLISHED, RECONNECTS,
+    SLOT_LAG_BYTES, SLOT_LAG_SECONDS, UNDECODABLE_DESTINATION,
 };
 
 /// The sqlx this crate was built with: open pools and begin the transactions you pass

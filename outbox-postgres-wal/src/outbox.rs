@@ -4,7 +4,7 @@
 use std::time::SystemTime;
 
 use outbox_core::backend::{bounded_error, check_enqueue};
-use outbox_core::{Error, ErrorKind, Message, NewMessage, Result};
+use outbox_core::{Error, ErrorKind, ErrorStatus, Message, NewMessage, Result};
 use outbox_postgres::PgOutbox;
 use sqlx::{PgConnection, PgPool};
 
@@ -136,10 +136,15 @@ impl WalOutbox {
         }
         self.dead_letters.install().await?;
         // Names validated and quoted, as above.
+        // `system_identifier` and `slot_created_lsn` tie a row to the server and the
+        // slot it was saved for (see `load_position`); added to tables of earlier
+        // installs too.
         let positions = format!(
-            "CREATE TABLE IF NOT EXISTS {} (slot text PRIMARY KEY, confirmed_lsn pg_lsn NOT NULL, \
-             updated_at timestamptz NOT NULL DEFAULT now())",
-            self.positions()
+            "CREATE TABLE IF NOT EXISTS {t} (slot text PRIMARY KEY, confirmed_lsn pg_lsn NOT NULL, \
+             updated_at timestamptz NOT NULL DEFAULT now()); \
+             ALTER TABLE {t} ADD COLUMN IF NOT EXISTS system_identifier text, \
+             ADD COLUMN IF NOT EXISTS slot_created_lsn pg_lsn",
+            t = self.positions()
         );
         sqlx::raw_sql(&positions)
             .execute(&self.pool)
@@ -156,12 +161,16 @@ impl WalOutbox {
             .await
             .map_err(|e| from_sqlx("create publication", e))?;
         if self.slot_status().await?.is_none() {
-            let created = sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
-                .bind(self.config.slot())
-                .execute(&self.pool)
-                .await;
+            let created: std::result::Result<String, _> = sqlx::query_scalar(
+                "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+            )
+            .bind(self.config.slot())
+            .fetch_one(&self.pool)
+            .await;
             match created {
-                Ok(_) => {}
+                // A new slot starts where it was created: a position saved for an
+                // earlier slot of that name means nothing for it.
+                Ok(lsn) => self.reset_position(&lsn).await?,
                 // Another installer created it between the check and here.
                 Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42710") => {}
                 Err(e) => return Err(from_sqlx("create replication slot", e)),
@@ -229,22 +238,55 @@ impl WalOutbox {
         self.dead_letters.qualified_name().sibling(POSITIONS_TABLE)
     }
 
-    /// The position a relay of this slot last saved.
+    /// The position a relay of this slot last saved, checked against the server: a
+    /// row saved on another server (`pg_control_system().system_identifier`, e.g. a
+    /// restored copy's table on a new cluster) or ahead of the server's current log
+    /// position (a restore or failover to a server that has not written that far) is
+    /// refused with a permanent [`ErrorKind::Storage`] error: resuming there would
+    /// skip every message committed in between.
     pub(crate) async fn load_position(&self) -> Result<Option<Lsn>> {
         let sql = format!(
-            "SELECT confirmed_lsn::text FROM {} WHERE slot = $1",
+            "SELECT p.confirmed_lsn::text, p.system_identifier, s.system_identifier::text, \
+             pg_current_wal_lsn()::text, p.confirmed_lsn > pg_current_wal_lsn() \
+             FROM {} p, pg_control_system() s WHERE p.slot = $1",
             self.positions()
         );
-        let text: Option<String> = sqlx::query_scalar(&sql)
+        let row: Option<(String, Option<String>, String, String, bool)> = sqlx::query_as(&sql)
             .bind(self.config.slot())
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| from_sqlx("read the saved position", e))?;
-        text.map(|t| {
-            Lsn::parse(&t)
-                .map_err(|e| Error::new(ErrorKind::Decode, format!("saved position {t:?}: {e}")))
-        })
-        .transpose()
+        let Some((saved, saved_system, system, current, ahead)) = row else {
+            return Ok(None);
+        };
+        let slot = self.config.slot();
+        let refuse = |why: String| {
+            Error::new(
+                ErrorKind::Storage,
+                format!(
+                    "the position saved for replication slot {slot:?} in {} ({saved}) {why}: \
+                     resuming there could skip committed messages, so the relay refuses to. \
+                     Reconcile what the slot may have missed, then delete that row",
+                    self.positions()
+                ),
+            )
+            .with_status(ErrorStatus::Permanent)
+        };
+        if saved_system.as_deref().is_some_and(|s| s != system) {
+            return Err(refuse(format!(
+                "was saved on another server (system identifier {}, this one {system})",
+                saved_system.unwrap_or_default()
+            )));
+        }
+        if ahead {
+            return Err(refuse(format!(
+                "is ahead of the server's current log position {current} (a restored or \
+                 failed-over server?)"
+            )));
+        }
+        Lsn::parse(&saved)
+            .map(Some)
+            .map_err(|e| Error::new(ErrorKind::Decode, format!("saved position {saved:?}: {e}")))
     }
 
     /// Save `lsn` as the slot's confirmed position (never moving it back).
@@ -253,9 +295,10 @@ impl WalOutbox {
             return Ok(());
         }
         let sql = format!(
-            "INSERT INTO {t} (slot, confirmed_lsn) VALUES ($1, $2::pg_lsn) \
+            "INSERT INTO {t} (slot, confirmed_lsn, system_identifier) \
+             SELECT $1, $2::pg_lsn, s.system_identifier::text FROM pg_control_system() s \
              ON CONFLICT (slot) DO UPDATE SET confirmed_lsn = greatest({t}.confirmed_lsn, excluded.confirmed_lsn), \
-             updated_at = now()",
+             system_identifier = excluded.system_identifier, updated_at = now()",
             t = self.positions()
         );
         sqlx::query(&sql)
@@ -264,6 +307,26 @@ impl WalOutbox {
             .execute(&self.pool)
             .await
             .map_err(|e| from_sqlx("save the confirmed position", e))?;
+        Ok(())
+    }
+
+    /// Start the slot's saved position over at `created` (the slot's creation position,
+    /// as `pg_lsn` text), on this server.
+    async fn reset_position(&self, created: &str) -> Result<()> {
+        let sql = format!(
+            "INSERT INTO {t} (slot, confirmed_lsn, system_identifier, slot_created_lsn) \
+             SELECT $1, $2::pg_lsn, s.system_identifier::text, $2::pg_lsn FROM pg_control_system() s \
+             ON CONFLICT (slot) DO UPDATE SET confirmed_lsn = excluded.confirmed_lsn, \
+             system_identifier = excluded.system_identifier, \
+             slot_created_lsn = excluded.slot_created_lsn, updated_at = now()",
+            t = self.positions()
+        );
+        sqlx::query(&sql)
+            .bind(self.config.slot())
+            .bind(created)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| from_sqlx("reset the saved position", e))?;
         Ok(())
     }
 
@@ -360,16 +423,23 @@ impl WalOutbox {
             .map_err(|e| from_sqlx("begin dead-letter write", e))?;
         for letter in letters {
             let m = &letter.message;
+            // `text` and `jsonb` cannot hold NUL: a message that reached the dead
+            // letters must not fail to be written there.
+            let headers: serde_json::Map<String, serde_json::Value> = m
+                .headers
+                .iter()
+                .map(|(k, v)| (storable(k), serde_json::Value::String(storable(v))))
+                .collect();
             sqlx::query(&sql)
                 .bind(m.id.as_uuid())
-                .bind(&m.destination)
-                .bind(m.partition_key.as_deref())
+                .bind(storable(&m.destination))
+                .bind(m.partition_key.as_deref().map(storable))
                 .bind(&m.payload)
-                .bind(m.content_type.as_deref())
-                .bind(sqlx::types::Json(m.headers.to_json()))
+                .bind(m.content_type.as_deref().map(storable))
+                .bind(sqlx::types::Json(serde_json::Value::Object(headers)))
                 .bind(chrono::DateTime::<chrono::Utc>::from(m.created_at))
                 .bind(i32::try_from(m.attempts).unwrap_or(i32::MAX - 1))
-                .bind(bounded_error(letter.reason.replace('\0', "\u{FFFD}")))
+                .bind(bounded_error(storable(&letter.reason)))
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| from_sqlx("write dead letter", e))?;
@@ -399,6 +469,11 @@ pub(crate) fn invalidated(slot: &str, wal_status: Option<&str>) -> Error {
             wal_status.unwrap_or("unknown")
         ),
     )
+}
+
+/// Text PostgreSQL can store: NUL (which `text` and `jsonb` cannot hold) replaced.
+fn storable(text: &str) -> String {
+    text.replace('\0', "\u{FFFD}")
 }
 
 /// `SystemTime` of a PostgreSQL timestamp in microseconds since 2000-01-01 UTC.

@@ -1,7 +1,7 @@
 //! [`WalRelay`]: stream committed messages from the slot, publish them, confirm the
 //! position once every message up to it was settled.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -13,7 +13,10 @@ use outbox_core::{
     Publisher, Result,
 };
 use outbox_postgres::PgDistributedLock;
-use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
+use pgwire_replication::{
+    FeedbackObserver, Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig,
+};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::codec;
@@ -37,6 +40,12 @@ pub const RECONNECTS: &str = "outbox_wal_reconnects_total";
 /// Destination recorded for a message with this outbox's prefix whose content does not
 /// decode (written by another tool), when it is dead-lettered.
 pub const UNDECODABLE_DESTINATION: &str = "outbox-wal.undecodable";
+
+/// Destination recorded for a *non-transactional* logical decoding message with this
+/// outbox's prefix (`pg_logical_emit_message(false, ..)`, never written by `enqueue`),
+/// when it is dead-lettered. Such a message is decoded even when the transaction that
+/// emitted it rolled back, so the relay never publishes it.
+pub const NON_TRANSACTIONAL_DESTINATION: &str = "outbox-wal.non-transactional";
 
 /// What a [`WalRelay::run`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -63,10 +72,16 @@ pub struct WalRelayReport {
 /// 3. Read events. A transactional logical decoding message with the outbox's prefix
 ///    is decoded into a [`Message`] stamped with its transaction's commit time; the
 ///    transaction's messages become publishable at its `COMMIT`, in commit order.
-///    Messages with other prefixes and table changes are skipped.
+///    Messages with other prefixes and table changes are skipped. A message with the
+///    prefix that does not decode or breaks the message rules
+///    ([`Message::check_stored`]), and any *non-transactional* message with the prefix
+///    (decoded even when its transaction rolled back), is written to the dead letters
+///    at once ([`UNDECODABLE_DESTINATION`], [`NON_TRANSACTIONAL_DESTINATION`]) and
+///    never published.
 /// 4. Publish in batches of up to [`batch_size`](WalRelayConfig::batch_size), one
-///    batch at a time. A permanent refusal is written to the dead letters; a
-///    retryable one is counted against the message (dead-lettered after
+///    batch at a time, each holding at most one message per partition key, until
+///    nothing is ready. A permanent refusal is written to the dead letters; a
+///    retryable one is counted against that message (dead-lettered after
 ///    `retry.max_attempts`).
 /// 5. Confirm (standby status update) the end position of the last transaction all of
 ///    whose messages, and all before them, were published or dead-lettered; a
@@ -77,8 +92,10 @@ pub struct WalRelayReport {
 ///    and published again. Stream or database errors resume the same way, with
 ///    [`reconnect_backoff`](WalRelayConfig::reconnect_backoff), taking the lock again
 ///    first (a server restart ends the lock's session too).
-/// 7. An invalidated slot, a missing slot or refused credentials stop the relay with
-///    an error; shutdown confirms what is settled and returns.
+/// 7. An invalidated slot, a missing slot, refused credentials, a replication URL
+///    for another database or a saved position that does not fit the server stop the
+///    relay with an error; shutdown confirms what is settled and returns, waiting at
+///    most [`shutdown_grace`](WalRelayConfig::shutdown_grace) for a publish in flight.
 ///
 /// Every [`lag_interval`](WalRelayConfig::lag_interval) the relay reads the slot and
 /// sets the [`SLOT_LAG_BYTES`] and [`SLOT_LAG_SECONDS`] gauges, and stops if the slot
@@ -92,7 +109,11 @@ pub struct WalRelayReport {
 /// [`status_interval`](WalRelayConfig::status_interval) at most). The saved position
 /// matters after a server restart or crash: before PostgreSQL 17 the server writes a
 /// logical slot's confirmed position to disk only when the slot's other state moves
-/// (and not at a clean shutdown), so on its own it may go back by many seconds.
+/// (and not at a clean shutdown), so on its own it may go back by many seconds. The
+/// saved row carries the server's system identifier and is started over when
+/// [`WalOutbox::install`] creates the slot; a row from another server or ahead of the
+/// server's current log position stops the relay (permanent
+/// [`ErrorKind::Storage`]) instead of skipping what was committed in between.
 ///
 /// So a relay killed (or cut off) publishes again what it published after the last
 /// position it reported: the messages of the transaction it was in (positions are
@@ -103,30 +124,56 @@ pub struct WalRelayReport {
 ///
 /// ## Ordering
 ///
-/// Messages are published in commit order, and within a transaction in enqueue order,
-/// one batch at a time: per-key order holds for every key, and across keys too (a
-/// total order). A message that keeps failing holds every later message back until it
-/// succeeds or is dead-lettered; dead letters leave the stream (and their key's order).
+/// Messages are handed to the publisher in commit order, and within a transaction in
+/// enqueue order, one batch at a time; a batch is cut before a partition key's second
+/// message. Per-key order holds for every key, also when the broker accepts part of a
+/// batch: a key's next message is published only after the earlier one settled.
+/// Across keys, first publishes are in commit order; when a batch partly fails, its
+/// other keys' messages accepted by the broker may precede the retried one (and are
+/// published again after the resume). A message that keeps failing holds every later
+/// message back until it succeeds or is dead-lettered; dead letters leave the stream
+/// (and their key's order).
 #[derive(Debug)]
 pub struct WalRelay {
     outbox: WalOutbox,
     target: ReplicationTarget,
     publisher: Arc<dyn Publisher>,
     config: WalRelayConfig,
-    /// Hand-overs per message not yet settled, across sessions (lost with the process).
-    attempts: HashMap<MessageId, u32>,
+    /// Retryable failures per message not yet settled, across sessions (lost with the
+    /// process).
+    failures: HashMap<MessageId, u32>,
     report: WalRelayReport,
     slot_label: String,
     /// The highest position this relay confirmed: later sessions start there, as the
     /// server may have gone back to an older one (a restart before PostgreSQL 17).
     resume_from: Lsn,
+    /// Bumped by the replication worker after each standby status update that moved the
+    /// position reported to the server: what [`close`](Self::close) waits on.
+    feedback: Arc<watch::Sender<u64>>,
 }
 
 /// Why a session ended without an error that stops the relay.
 enum SessionEnd {
     Shutdown,
-    /// Resume after this wait.
-    Resume(Duration, Error),
+    /// Resume after `wait`. `keep_lock`: the database session holding the slot lock
+    /// was not involved (a publish to retry); otherwise the lock is taken again, as a
+    /// server that ended the stream (a restart) ended the lock's session too.
+    Resume {
+        wait: Duration,
+        cause: Error,
+        keep_lock: bool,
+    },
+}
+
+/// How publishing one batch ended.
+enum BatchEnd {
+    /// Every message of the batch was settled.
+    Settled,
+    /// A retryable failure: end the session and resume after the wait.
+    Retry(Duration, Error),
+    /// Shutdown came and the publish outlived the shutdown grace: the batch was
+    /// abandoned unsettled (the next relay publishes it again).
+    Abandoned,
 }
 
 impl WalRelay {
@@ -151,10 +198,11 @@ impl WalRelay {
             target,
             publisher,
             config,
-            attempts: HashMap::new(),
+            failures: HashMap::new(),
             report: WalRelayReport::default(),
             slot_label,
             resume_from: Lsn::ZERO,
+            feedback: Arc::new(watch::channel(0).0),
         })
     }
 
@@ -193,9 +241,19 @@ impl WalRelay {
                     release(guard).await;
                     return Ok(self.report);
                 }
-                Ok(SessionEnd::Resume(wait, cause)) => {
-                    // The database was fine (a publish to retry): keep the lock.
-                    held = Some(guard);
+                Ok(SessionEnd::Resume {
+                    wait,
+                    cause,
+                    keep_lock,
+                }) => {
+                    if keep_lock {
+                        // The database was fine (a publish to retry): keep the lock.
+                        held = Some(guard);
+                    } else {
+                        // The server ended the stream (a restart or a shutdown): the
+                        // lock's session went with it. Take the lock again first.
+                        release(guard).await;
+                    }
                     tracing::info!(error = %cause.report(), ?wait, "wal relay: resuming from the confirmed position");
                     wait
                 }
@@ -204,6 +262,14 @@ impl WalRelay {
                     // gone with it (a server restart). Take the lock again before the
                     // next session.
                     release(guard).await;
+                    // A server error's text does not say whether the slot can still
+                    // serve changes: ask the server about the slot instead.
+                    if let Err(stop) = self.outbox.check_slot().await {
+                        if !stop.is_retryable() {
+                            tracing::error!(error = %stop.report(), cause = %e.report(), "wal relay: stopping");
+                            return Err(stop);
+                        }
+                    }
                     tracing::warn!(error = %e.report(), "wal relay: stream failed; resuming from the confirmed position");
                     backoff.next_delay()
                 }
@@ -275,6 +341,12 @@ impl WalRelay {
         .with_status_interval(self.config.status_interval)
         .with_wakeup_interval(self.config.status_interval)
         .with_application_name(self.config.application_name.clone())
+        .with_feedback_observer({
+            let feedback = Arc::clone(&self.feedback);
+            FeedbackObserver::new(move |_| {
+                feedback.send_modify(|n| *n = n.wrapping_add(1));
+            })
+        })
     }
 
     /// One replication session; see the protocol.
@@ -283,7 +355,18 @@ impl WalRelay {
         shutdown: &CancellationToken,
         backoff: &mut Backoff,
     ) -> Result<SessionEnd> {
-        self.outbox.check_slot().await?;
+        let status = self.outbox.check_slot().await?;
+        // The slot decodes the pool's database; a replication URL naming another one
+        // would be refused by the server on every attempt.
+        if status.database.as_deref() != Some(self.target.database()) {
+            return Err(Error::config(format!(
+                "the replication URL names database {:?}, but replication slot {:?} decodes \
+                 database {:?} (the outbox pool's): point both at the same database",
+                self.target.database(),
+                self.outbox.config().slot(),
+                status.database.as_deref().unwrap_or("?")
+            )));
+        }
         if let Some(saved) = self.outbox.load_position().await? {
             self.resume_from = self.resume_from.max(saved);
         }
@@ -300,50 +383,67 @@ impl WalRelay {
         let mut published_once = false;
         let mut saved = (self.resume_from, Instant::now());
         loop {
-            let event = tokio::select! {
-                biased;
-                () = shutdown.cancelled() => {
-                    self.close(client, &stream).await;
-                    return Ok(SessionEnd::Shutdown);
+            // `recv` is cancelled below only while the worker runs: once it ended,
+            // `recv` awaits the worker's result, which a cancelled `recv` would lose.
+            let event = if client.is_running() {
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => {
+                        self.close(client, &stream).await;
+                        return Ok(SessionEnd::Shutdown);
+                    }
+                    _ = lag_tick.tick() => {
+                        let status = self.outbox.check_slot().await?;
+                        self.export_lag(status.lag_bytes, stream.oldest());
+                        continue;
+                    }
+                    event = client.recv() => event,
                 }
-                _ = lag_tick.tick() => {
-                    let status = self.outbox.check_slot().await?;
-                    self.export_lag(status.lag_bytes, stream.oldest());
-                    continue;
-                }
-                event = client.recv() => event,
+            } else {
+                client.recv().await
             };
             match event {
                 Ok(Some(e)) => self.apply(&mut stream, e).await?,
-                Ok(None) => {
-                    self.close(client, &stream).await;
-                    return Ok(SessionEnd::Resume(
-                        backoff.next_delay(),
-                        Error::new(ErrorKind::Unavailable, "the server ended the stream"),
-                    ));
-                }
+                Ok(None) => return Ok(self.stream_ended(client, &stream, backoff).await),
                 Err(e) => return Err(from_wire("receive", e)),
             }
             // Take what has arrived already, up to a batch, before publishing.
-            while stream.ready.len() < self.config.batch_size {
+            while stream.ready.len() < self.config.batch_size && client.is_running() {
                 match client.recv().now_or_never() {
                     Some(Ok(Some(e))) => self.apply(&mut stream, e).await?,
-                    Some(Ok(None)) | None => break,
+                    None => break,
+                    Some(Ok(None)) => return Ok(self.stream_ended(client, &stream, backoff).await),
                     Some(Err(e)) => return Err(from_wire("receive", e)),
                 }
             }
+            // Publish everything ready: a remainder left here would wait for the next
+            // event, which on a quiet database is the next keepalive.
             while !stream.ready.is_empty() {
-                if let Some(end) = self.publish_batch(&mut stream).await? {
-                    self.confirm(&client, &mut stream);
-                    self.close(client, &stream).await;
-                    return Ok(SessionEnd::Resume(end.0, end.1));
+                match self.publish_batch(&mut stream, shutdown).await? {
+                    BatchEnd::Settled => {}
+                    BatchEnd::Retry(wait, cause) => {
+                        self.confirm(&client, &mut stream);
+                        self.close(client, &stream).await;
+                        return Ok(SessionEnd::Resume {
+                            wait,
+                            cause,
+                            keep_lock: true,
+                        });
+                    }
+                    BatchEnd::Abandoned => {
+                        self.confirm(&client, &mut stream);
+                        self.close(client, &stream).await;
+                        return Ok(SessionEnd::Shutdown);
+                    }
                 }
                 if !published_once {
                     published_once = true;
                     backoff.reset();
                 }
-                if stream.ready.len() < self.config.batch_size {
-                    break;
+                self.confirm(&client, &mut stream);
+                if shutdown.is_cancelled() {
+                    self.close(client, &stream).await;
+                    return Ok(SessionEnd::Shutdown);
                 }
             }
             self.confirm(&client, &mut stream);
@@ -351,6 +451,22 @@ impl WalRelay {
                 self.outbox.save_position(stream.confirmed).await?;
                 saved = (stream.confirmed, Instant::now());
             }
+        }
+    }
+
+    /// The server ended the stream (`recv` gave `Ok(None)`): close, and resume after a
+    /// backoff with the lock taken again.
+    async fn stream_ended(
+        &self,
+        client: ReplicationClient,
+        stream: &Stream,
+        backoff: &mut Backoff,
+    ) -> SessionEnd {
+        self.close(client, stream).await;
+        SessionEnd::Resume {
+            wait: backoff.next_delay(),
+            cause: Error::new(ErrorKind::Unavailable, "the server ended the stream"),
+            keep_lock: false,
         }
     }
 
@@ -365,47 +481,46 @@ impl WalRelay {
             }
             ReplicationEvent::Message {
                 transactional,
+                lsn,
                 prefix,
                 content,
-                ..
             } if prefix == self.outbox.config().prefix() => {
-                let at = if transactional {
-                    stream.commit_time
-                } else {
-                    SystemTime::now()
-                };
-                match codec::decode(&content, at, 1) {
-                    Ok(message) => {
-                        if transactional {
-                            stream.txn.push(message);
-                        } else {
-                            // Not part of a transaction (not written by `enqueue`):
-                            // publishable at once, confirming nothing by itself.
-                            stream.push(message, None);
-                        }
-                    }
+                if !transactional {
+                    // Emitted outside any transaction's commit (not by `enqueue`): it
+                    // is decoded even when the emitting transaction rolled back, so it
+                    // is never published. Kept as a dead letter for the operator.
+                    self.dead_letter_raw(
+                        lsn,
+                        &content,
+                        SystemTime::now(),
+                        NON_TRANSACTIONAL_DESTINATION,
+                        "non-transactional logical message under the outbox prefix: \
+                         it is decoded even if its transaction rolled back, so it is not \
+                         published"
+                            .to_owned(),
+                    )
+                    .await?;
+                    return Ok(());
+                }
+                // Content from another tool may decode and still break the message
+                // rules (oversize, NUL or control characters): such a message could
+                // neither be published nor stored as it is.
+                let limits = self.outbox.config().limits();
+                let decoded = codec::decode(&content, stream.commit_time, 1)
+                    .and_then(|m| m.check_stored(limits).map(|()| m));
+                match decoded {
+                    Ok(message) => stream.txn.push(message),
                     Err(reason) => {
                         // Not ours to publish, but never skipped silently: it goes to
                         // the dead letters with its raw content.
-                        let message = Message::from(outbox_core::message::MessageParts {
-                            id: MessageId::new(),
-                            destination: UNDECODABLE_DESTINATION.to_owned(),
-                            partition_key: None,
-                            payload: content.to_vec(),
-                            content_type: None,
-                            headers: outbox_core::Headers::new(),
-                            created_at: at,
-                            attempts: 0,
-                            last_error: None,
-                        });
-                        self.outbox
-                            .write_dead_letters(&[DeadLetterRow {
-                                message,
-                                reason: format!("undecodable logical message: {reason}"),
-                            }])
-                            .await?;
-                        self.report.dead_lettered += 1;
-                        counter!(DEAD_LETTERED, "slot" => self.slot_label.clone()).increment(1);
+                        self.dead_letter_raw(
+                            lsn,
+                            &content,
+                            stream.commit_time,
+                            UNDECODABLE_DESTINATION,
+                            format!("undecodable logical message: {reason}"),
+                        )
+                        .await?;
                     }
                 }
             }
@@ -428,19 +543,67 @@ impl WalRelay {
         Ok(())
     }
 
-    /// Publish the first batch of `stream.ready` and settle it. `Some` ends the
-    /// session: a retryable failure, to resume after the wait.
-    async fn publish_batch(&mut self, stream: &mut Stream) -> Result<Option<(Duration, Error)>> {
-        let n = stream.ready.len().min(self.config.batch_size);
-        // Count the hand-over: `attempts` says how many times this relay (since it
-        // started) has handed the message to the publisher, this time included.
+    /// Write a log record under the outbox prefix that is not published (undecodable
+    /// or non-transactional) to the dead letters, with its raw content as the payload.
+    /// Its id is derived from the slot and the record's position, so a record read
+    /// again after a resume is the same dead letter, not a second one.
+    async fn dead_letter_raw(
+        &mut self,
+        lsn: Lsn,
+        content: &[u8],
+        at: SystemTime,
+        destination: &str,
+        reason: String,
+    ) -> Result<()> {
+        let message = Message::from(outbox_core::message::MessageParts {
+            id: record_id(self.outbox.config().slot(), lsn),
+            destination: destination.to_owned(),
+            partition_key: None,
+            payload: content.to_vec(),
+            content_type: None,
+            headers: outbox_core::Headers::new(),
+            created_at: at,
+            attempts: 0,
+            last_error: None,
+        });
+        tracing::warn!(%lsn, destination, %reason, "wal relay: dead-lettering a log record");
+        self.outbox
+            .write_dead_letters(&[DeadLetterRow { message, reason }])
+            .await?;
+        self.report.dead_lettered += 1;
+        counter!(DEAD_LETTERED, "slot" => self.slot_label.clone()).increment(1);
+        Ok(())
+    }
+
+    /// Publish the first batch of `stream.ready` and settle it.
+    ///
+    /// A batch holds at most one message per partition key: it is cut before a key's
+    /// second message. A broker accepting a later message of a key while refusing an
+    /// earlier one (to retry) would otherwise put the later one first.
+    async fn publish_batch(
+        &mut self,
+        stream: &mut Stream,
+        shutdown: &CancellationToken,
+    ) -> Result<BatchEnd> {
+        let n = batch_len(&stream.ready, self.config.batch_size);
+        // `attempts`: this hand-over, counted from 1, after the retryable failures
+        // this relay (since it started) met publishing the message.
         for message in stream.ready.range_mut(..n) {
-            let handed = self.attempts.entry(message.id).or_insert(0);
-            *handed += 1;
-            message.attempts = *handed;
+            message.attempts = self.failures.get(&message.id).copied().unwrap_or(0) + 1;
         }
         let batch = &stream.ready.make_contiguous()[..n];
-        let mut outcomes = match self.publisher.publish(batch).await {
+        let grace = self.config.shutdown_grace;
+        let published = tokio::select! {
+            published = self.publisher.publish(batch) => published,
+            () = async {
+                shutdown.cancelled().await;
+                tokio::time::sleep(grace).await;
+            } => {
+                tracing::warn!(count = n, ?grace, "wal relay: shutdown grace expired; abandoning the publish in flight (its messages are published again by the next relay)");
+                return Ok(BatchEnd::Abandoned);
+            }
+        };
+        let mut outcomes = match published {
             Ok(outcomes) if outcomes.len() == n => outcomes,
             Ok(outcomes) => vec![
                 PublishOutcome::Retryable(format!(
@@ -458,24 +621,29 @@ impl WalRelay {
         let mut settled = n;
         let mut retry = None;
         for (i, outcome) in outcomes.iter_mut().enumerate() {
-            if let PublishOutcome::Retryable(reason) = outcome {
-                let attempts = batch[i].attempts;
-                if attempts >= self.config.retry.max_attempts {
-                    *outcome = PublishOutcome::Permanent(format!(
-                        "gave up after {attempts} attempts: {reason}"
-                    ));
-                } else {
-                    settled = i;
-                    retry = Some((
-                        self.config.retry.delay(attempts),
-                        Error::new(
-                            ErrorKind::Publish,
-                            format!("publish will be retried: {reason}"),
-                        )
-                        .with_ids(vec![batch[i].id]),
-                    ));
-                    break;
-                }
+            let PublishOutcome::Retryable(reason) = outcome else {
+                continue;
+            };
+            let attempts = batch[i].attempts;
+            if retry.is_none() && attempts >= self.config.retry.max_attempts {
+                *outcome = PublishOutcome::Permanent(format!(
+                    "gave up after {attempts} attempts: {reason}"
+                ));
+                continue;
+            }
+            // Only a retryable failure counts against a message: one accepted in a
+            // batch that failed elsewhere is not charged for the other's failure.
+            *self.failures.entry(batch[i].id).or_insert(0) += 1;
+            if retry.is_none() {
+                settled = i;
+                retry = Some((
+                    self.config.retry.delay(attempts),
+                    Error::new(
+                        ErrorKind::Publish,
+                        format!("publish will be retried: {reason}"),
+                    )
+                    .with_ids(vec![batch[i].id]),
+                ));
             }
         }
         let dead: Vec<DeadLetterRow> = batch[..settled]
@@ -504,9 +672,12 @@ impl WalRelay {
             if let Some(end) = stream.ends.pop_front().expect("one end per message") {
                 stream.settled_to = Some(end);
             }
-            self.attempts.remove(&message.id);
+            self.failures.remove(&message.id);
         }
-        Ok(retry)
+        Ok(match retry {
+            Some((wait, cause)) => BatchEnd::Retry(wait, cause),
+            None => BatchEnd::Settled,
+        })
     }
 
     /// Report the settled position to the server (sent within `status_interval`).
@@ -526,19 +697,28 @@ impl WalRelay {
     }
 
     /// End the session, first waiting (up to twice the status interval) until the
-    /// confirmed position has been sent, so a resume starts there.
+    /// confirmed position has been sent, so a resume starts there. The wait ends on
+    /// the replication worker's report of a sent status update, on the worker's end or
+    /// at the deadline.
     async fn close(&self, mut client: ReplicationClient, stream: &Stream) {
         if let Err(e) = self.outbox.save_position(stream.confirmed).await {
             tracing::warn!(error = %e.report(), "wal relay: saving the confirmed position failed");
         }
         let metrics = client.metrics();
-        let deadline =
-            Instant::now() + self.config.status_interval * 2 + Duration::from_millis(500);
-        while metrics.last_applied_lsn() < stream.confirmed && Instant::now() < deadline {
-            if !client.is_running() {
-                break;
+        let mut sent = self.feedback.subscribe();
+        let deadline = tokio::time::Instant::now()
+            + self.config.status_interval * 2
+            + Duration::from_millis(500);
+        while metrics.last_applied_lsn() < stream.confirmed && client.is_running() {
+            // A worker that ends sends no more updates: re-check it at least every
+            // status interval.
+            let wake = deadline.min(tokio::time::Instant::now() + self.config.status_interval);
+            match tokio::time::timeout_at(wake, sent.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => break,
+                Err(_) if tokio::time::Instant::now() >= deadline => break,
+                Err(_) => {}
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
         }
         if tokio::time::timeout(Duration::from_secs(5), client.shutdown())
             .await
@@ -613,6 +793,31 @@ impl Stream {
     fn oldest(&self) -> Option<SystemTime> {
         self.ready.front().map(|m| m.created_at)
     }
+}
+
+/// How many messages from the front of `ready` make the next batch: at most `max`, and
+/// cut before the second message of a partition key (unkeyed messages are not limited).
+fn batch_len(ready: &VecDeque<Message>, max: usize) -> usize {
+    let mut keys = HashSet::new();
+    ready
+        .iter()
+        .take(max)
+        .take_while(|m| m.partition_key.as_deref().is_none_or(|k| keys.insert(k)))
+        .count()
+}
+
+/// The dead-letter id of the log record at `lsn` read from `slot`: the same every time
+/// the record is read (64 bits of the slot name's FNV-1a hash, then the position; the
+/// version and variant bits overwrite 6 bits, 2 of them the position's top bits,
+/// reached after 2^62 bytes of log).
+fn record_id(slot: &str, lsn: Lsn) -> MessageId {
+    let hash = slot.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    let mut bytes = [0_u8; 16];
+    bytes[..8].copy_from_slice(&hash.to_be_bytes());
+    bytes[8..].copy_from_slice(&lsn.as_u64().to_be_bytes());
+    MessageId::from_uuid(uuid::Builder::from_custom_bytes(bytes).into_uuid())
 }
 
 /// Release a slot lock; a lock whose session is gone is released already.

@@ -25,7 +25,10 @@ use sqlx::error::DatabaseError;
 /// | `22xxx` | data exceptions | InvalidInput |
 /// | `42P01` `42703` `3F000` | undefined_table, undefined_column, invalid_schema_name | Schema |
 /// | anything else | | Storage |
-pub(crate) fn kind_for_sqlstate(code: &str) -> ErrorKind {
+///
+/// Public for crates that talk to PostgreSQL beside this one (the log-tailing relay)
+/// and should classify its errors the same way.
+pub fn kind_for_sqlstate(code: &str) -> ErrorKind {
     match code {
         "40001" | "40P01" | "55P03" => ErrorKind::Contention,
         "57P01" | "57P02" | "57P03" => ErrorKind::Unavailable,
@@ -51,8 +54,9 @@ impl ErrorCodes for Pg {
 }
 
 /// Map a sqlx error met while doing `what` (for example `"claim"`) to the workspace
-/// error, keeping the sqlx error as the source.
-pub(crate) fn from_sqlx(what: &str, err: sqlx::Error) -> Error {
+/// error, keeping the sqlx error as the source; database errors are classified with
+/// [`kind_for_sqlstate`].
+pub fn from_sqlx(what: &str, err: sqlx::Error) -> Error {
     outbox_sqlx::from_sqlx::<Pg>(what, err)
 }
 

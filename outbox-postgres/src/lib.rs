@@ -19,6 +19,7 @@ pub use config::{
 };
 pub use dedup::PgDedupStore;
 pub use entity::PgEntityStore;
+pub use error::{from_sqlx, kind_for_sqlstate};
 pub use ident::{PgRules, QualifiedName};
 pub use listener::{spawn_listener, ListenerHandle};
 pub use lock::PgDistributedLock;

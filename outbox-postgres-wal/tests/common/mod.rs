@@ -39,9 +39,15 @@ impl Env {
     /// line when the machine has no PostgreSQL server binaries (a failure under
     /// `OUTBOX_REQUIRE_INTEGRATION=1`).
     pub async fn start(extra: &[(&str, &str)]) -> Option<Env> {
-        let settings: Vec<(String, String)> = LOGICAL
+        let settings: Vec<(&str, &str)> = LOGICAL.iter().chain(extra).copied().collect();
+        Self::start_with_only(&settings).await
+    }
+
+    /// A cluster with exactly `settings` (each setting once), or `None` as for
+    /// [`start`](Self::start).
+    pub async fn start_with_only(settings: &[(&str, &str)]) -> Option<Env> {
+        let settings: Vec<(String, String)> = settings
             .iter()
-            .chain(extra)
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
         let cluster = match tokio::task::spawn_blocking(move || {
@@ -151,4 +157,120 @@ pub fn messages(destination: &str, n: usize, keys: usize) -> Vec<NewMessage> {
                 .unwrap()
         })
         .collect()
+}
+
+/// What [`Scripted`] answers for a message on its `n`th hand-over (from 1).
+pub type Script = dyn Fn(&outbox_core::Message, u32) -> outbox_core::PublishOutcome + Send + Sync;
+
+/// A publisher answering per message by a script, recording every batch handed to it
+/// and every accepted message (in order).
+#[derive(Clone)]
+pub struct Scripted {
+    script: Arc<Script>,
+    state: Arc<std::sync::Mutex<ScriptedLog>>,
+}
+
+/// [`Scripted`]'s record.
+#[derive(Default, Clone)]
+pub struct ScriptedLog {
+    /// Hand-overs per message id.
+    pub seen: std::collections::HashMap<outbox_core::MessageId, u32>,
+    /// Every batch handed over, as handed.
+    pub batches: Vec<Vec<outbox_core::Message>>,
+    /// Accepted messages, in order, repeats included.
+    pub accepted: Vec<outbox_core::Message>,
+}
+
+impl std::fmt::Debug for Scripted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Scripted")
+    }
+}
+
+impl Scripted {
+    pub fn new(
+        script: impl Fn(&outbox_core::Message, u32) -> outbox_core::PublishOutcome
+            + Send
+            + Sync
+            + 'static,
+    ) -> Self {
+        Scripted {
+            script: Arc::new(script),
+            state: Arc::default(),
+        }
+    }
+
+    pub fn log(&self) -> ScriptedLog {
+        self.state.lock().unwrap().clone()
+    }
+
+    /// Whether every id in `ids` was accepted at least once.
+    pub fn accepted_all(&self, ids: &[outbox_core::MessageId]) -> bool {
+        let log = self.state.lock().unwrap();
+        ids.iter()
+            .all(|id| log.accepted.iter().any(|m| m.id == *id))
+    }
+}
+
+#[async_trait::async_trait]
+impl Publisher for Scripted {
+    async fn publish(
+        &self,
+        batch: &[outbox_core::Message],
+    ) -> Result<Vec<outbox_core::PublishOutcome>> {
+        let mut log = self.state.lock().unwrap();
+        log.batches.push(batch.to_vec());
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for m in batch {
+            let n = {
+                let seen = log.seen.entry(m.id).or_insert(0);
+                *seen += 1;
+                *seen
+            };
+            let outcome = (self.script)(m, n);
+            if outcome == outbox_core::PublishOutcome::Published {
+                log.accepted.push(m.clone());
+            }
+            outcomes.push(outcome);
+        }
+        Ok(outcomes)
+    }
+}
+
+/// Content in the crate's message layout (version 1) with a given id, destination
+/// and payload, no key, content type or headers: what a foreign writer could emit.
+pub fn raw_content(id: outbox_core::MessageId, destination: &str, payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![1_u8];
+    out.extend_from_slice(id.as_uuid().as_bytes());
+    out.extend_from_slice(&u32::try_from(destination.len()).unwrap().to_be_bytes());
+    out.extend_from_slice(destination.as_bytes());
+    out.extend_from_slice(&[0, 0]);
+    out.extend_from_slice(&0_u32.to_be_bytes());
+    out.extend_from_slice(&u32::try_from(payload.len()).unwrap().to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// Emit `content` under `outbox`'s prefix, transactional or not, in its own statement.
+pub async fn emit(outbox: &WalOutbox, transactional: bool, content: &[u8]) {
+    sqlx::query("SELECT pg_logical_emit_message($1, $2, $3)")
+        .bind(transactional)
+        .bind(outbox.config().prefix())
+        .bind(content)
+        .execute(outbox.pool())
+        .await
+        .unwrap();
+}
+
+/// Dead letters of `outbox`, oldest id first.
+pub async fn dead_letters(outbox: &WalOutbox) -> Vec<outbox_core::DeadLetter> {
+    use outbox_core::OutboxAdmin;
+    outbox
+        .dead_letters()
+        .dead_letters(
+            &outbox_core::DeadLetterPage::new(outbox_core::DeadLetterFilter::default(), 100)
+                .unwrap(),
+        )
+        .await
+        .unwrap()
 }
