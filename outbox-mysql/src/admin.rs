@@ -72,7 +72,7 @@ impl SqlxAdmin for MySqlOutbox {
     }
 
     async fn read_stats(&self) -> Result<OutboxStats> {
-        let (pending, in_flight, dead, dispatched, oldest): (i64, i64, i64, i64, Option<i64>) =
+        let (pending, in_flight, oldest, dead, dispatched): (i64, i64, Option<i64>, i64, i64) =
             sqlx::query_as(&self.statements().stats)
                 .fetch_one(self.pool())
                 .await
