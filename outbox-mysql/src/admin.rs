@@ -15,7 +15,7 @@ use sqlx::mysql::MySqlQueryResult;
 use sqlx::{MySql, Pool};
 
 use crate::error::from_sqlx;
-use crate::row::{decode_dead_letter, get};
+use crate::row::decode_dead_letter;
 use crate::store::MySqlOutbox;
 
 type Query<'q> = outbox_sqlx::Query<'q, MySql>;
@@ -72,20 +72,17 @@ impl SqlxAdmin for MySqlOutbox {
     }
 
     async fn read_stats(&self) -> Result<OutboxStats> {
-        let row = sqlx::query(&self.statements().stats)
-            .fetch_one(self.pool())
-            .await
-            .map_err(|e| from_sqlx("stats", e))?;
-        let count = |name: &str| -> Result<u64> {
-            let n: i64 = get(&row, name)?;
-            u64::try_from(n).map_err(|_| Self::negative_count(name))
-        };
-        let oldest: Option<i64> = get(&row, "oldest_us")?;
+        let (pending, in_flight, oldest, dead, dispatched): (i64, i64, Option<i64>, i64, i64) =
+            sqlx::query_as(&self.statements().stats)
+                .fetch_one(self.pool())
+                .await
+                .map_err(|e| from_sqlx("stats", e))?;
+        let unsigned = |n: i64| u64::try_from(n).map_err(|_| Self::negative_count("stats"));
         Ok(OutboxStats::new(
-            count("pending")?,
-            count("in_flight")?,
-            count("dead")?,
-            count("dispatched")?,
+            unsigned(pending)?,
+            unsigned(in_flight)?,
+            unsigned(dead)?,
+            unsigned(dispatched)?,
             oldest.map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0))),
         ))
     }

@@ -105,39 +105,45 @@ impl MySqlDedupStore {
         &self.config
     }
 
-    /// The DDL for this store's table, idempotent, for your migration tool.
+    /// The idempotent DDL of the inbox table (and its database and version table).
     pub fn ddl(&self) -> String {
         ddl(&self.name, &inbox_objects(&self.name))
     }
 
-    /// Create the database and table if missing and record the layout version.
+    /// Create what [`ddl`](Self::ddl) describes where missing, recording the version.
     ///
     /// # Errors
-    /// [`ErrorKind::Schema`](outbox_core::ErrorKind::Schema) when the table exists at
-    /// another layout version; mapped driver errors otherwise.
+    /// As [`MySqlOutbox::install`](crate::MySqlOutbox::install).
     pub async fn install(&self) -> Result<()> {
         install(&self.pool, &self.name, &inbox_objects(&self.name)).await
     }
 }
 
+// The table, for tools such as the CLI.
+outbox_core::schema_from_inherent!(
+    MySqlDedupStore,
+    name = |s| s.config().display_name(),
+    version = 1
+);
+
 #[async_trait]
 impl SqlxInbox for MySqlDedupStore {
     type Db = MySql;
 
-    fn map_error(what: &str, err: sqlx::Error) -> Error {
-        from_sqlx(what, err)
-    }
-
-    fn pool(&self) -> &MySqlPool {
-        &self.pool
+    fn statements(&self) -> &InboxStatements {
+        &self.sql
     }
 
     async fn begin_consumer(&self) -> sqlx::Result<Transaction<'static, MySql>> {
         self.pool.begin().await
     }
 
-    fn statements(&self) -> &InboxStatements {
-        &self.sql
+    fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    fn map_error(what: &str, err: sqlx::Error) -> Error {
+        from_sqlx(what, err)
     }
 
     fn rows_affected(done: &MySqlQueryResult) -> u64 {

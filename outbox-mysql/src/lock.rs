@@ -50,24 +50,20 @@ impl MySqlDistributedLock {
 #[async_trait]
 impl DistributedLock for MySqlDistributedLock {
     async fn try_lock(&self, name: &LockName) -> Result<Option<Box<dyn LockGuard>>> {
-        let conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| from_sqlx("acquire lock connection", e))?;
-        // Owned by the guard before the lock is taken, so a future dropped mid-statement
-        // closes the connection instead of pooling it.
-        let mut guard = SessionLockGuard::new(name.clone(), Session(conn));
-        let locked: Option<i64> = sqlx::query_scalar(&format!("SELECT GET_LOCK({LOCK_KEY}, 0)"))
-            .bind(name.as_str())
-            .fetch_one(&mut *guard.session_mut().0)
-            .await
-            .map_err(|e| from_sqlx("GET_LOCK", e))?;
-        if locked == Some(1) {
-            Ok(Some(Box::new(guard)))
-        } else {
-            drop(guard.into_session());
-            Ok(None)
+        let acquired = self.pool.acquire().await;
+        let session = Session(acquired.map_err(|e| from_sqlx("acquire lock connection", e))?);
+        // The guard owns the session before the lock is taken: a future dropped
+        // mid-statement closes the connection instead of pooling it.
+        let mut guard = SessionLockGuard::new(name.clone(), session);
+        let get_lock = format!("SELECT GET_LOCK({LOCK_KEY}, 0) <=> 1");
+        let query = sqlx::query_scalar(&get_lock).bind(name.as_str());
+        match query.fetch_one(&mut *guard.session_mut().0).await {
+            Ok(true) => Ok(Some(Box::new(guard))),
+            Ok(false) => {
+                drop(guard.into_session());
+                Ok(None)
+            }
+            Err(e) => Err(from_sqlx("GET_LOCK", e)),
         }
     }
 }

@@ -49,8 +49,8 @@ pub(crate) fn decode_claimed(
 ) -> Result<DecodedClaim<Uuid>> {
     let mut decoded = ClaimDecoder::new(token, rows.len());
     for row in rows {
-        let id: Uuid = get(row, "id")?;
-        let order: (NaiveDateTime, i64) = (get(row, "due_at")?, get(row, "seq")?);
+        let (id, due, seq): (Uuid, NaiveDateTime, i64) =
+            (get(row, "id")?, get(row, "due_at")?, get(row, "seq")?);
         let headers = Headers::from_json(get(row, "headers")?);
         let attempts: i32 = get(row, "attempts")?;
         let checked = match (headers, u32::try_from(attempts)) {
@@ -60,7 +60,7 @@ pub(crate) fn decode_claimed(
         }
         .map_err(|reason| format!("undecodable row: {reason}"))
         .and_then(|m| m.check_stored(limits).map(|()| m));
-        decoded.push(order, id, checked, || time(row, "lease_expires_at"))?;
+        decoded.push((due, seq), id, checked, || time(row, "lease_expires_at"))?;
     }
     Ok(decoded.finish())
 }

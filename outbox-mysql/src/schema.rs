@@ -171,34 +171,18 @@ pub(crate) async fn install(pool: &MySqlPool, name: &QualifiedName, objects: &st
     .fetch_optional(&mut conn)
     .await
     .map_err(err)?;
-    match installed {
-        Some(SCHEMA_VERSION) => {}
-        Some(other) => {
-            return Err(outbox_core::backend::layout_mismatch(
-                &name,
-                other.into(),
-                SCHEMA_VERSION.into(),
-            ))
-        }
-        None => {
-            let create = versioned(name, objects);
-            conn.execute(sqlx::raw_sql(&create)).await.map_err(err)?;
-        }
+    if let Some(found) = installed.filter(|v| *v != SCHEMA_VERSION) {
+        let (found, expected) = (found.into(), SCHEMA_VERSION.into());
+        return Err(outbox_core::backend::layout_mismatch(
+            &name, found, expected,
+        ));
+    }
+    if installed.is_none() {
+        let create = versioned(name, objects);
+        conn.execute(sqlx::raw_sql(&create)).await.map_err(err)?;
     }
     conn.close().await.map_err(err)
 }
-
-// The outbox and inbox tables, for tools.
-outbox_core::schema_from_inherent!(
-    crate::MySqlOutbox,
-    name = |s| s.qualified_name().to_string(),
-    version = SCHEMA_VERSION.unsigned_abs()
-);
-outbox_core::schema_from_inherent!(
-    crate::MySqlDedupStore,
-    name = |s| s.config().display_name(),
-    version = SCHEMA_VERSION.unsigned_abs()
-);
 
 #[cfg(test)]
 mod tests {

@@ -365,6 +365,13 @@ impl MySqlOutbox {
     }
 }
 
+// The table, for tools such as the CLI.
+outbox_core::schema_from_inherent!(
+    MySqlOutbox,
+    name = |s| s.qualified_name().to_string(),
+    version = 1
+);
+
 #[async_trait]
 impl OutboxStore for MySqlOutbox {
     fn capabilities(&self) -> StoreCapabilities {
@@ -404,50 +411,34 @@ impl OutboxStore for MySqlOutbox {
             .settle("renew", in_id_order(leases, |l| l.id), write)
             .await?;
         let expiry: HashMap<Uuid, NaiveDateTime> = applied.into_iter().collect();
-        let mut renewed = Renewed::default();
-        for l in leases {
-            match expiry.get(&l.id.as_uuid()) {
-                Some(at) => renewed.leases.push(Lease {
-                    expires_at: at.and_utc().into(),
+        let (held, lost): (Vec<&Lease>, Vec<&Lease>) = leases
+            .iter()
+            .partition(|l| expiry.contains_key(&l.id.as_uuid()));
+        Ok(Renewed {
+            lost: lost.into_iter().map(|l| l.id).collect(),
+            leases: held
+                .into_iter()
+                .map(|l| Lease {
+                    expires_at: expiry[&l.id.as_uuid()].and_utc().into(),
                     ..*l
-                }),
-                None => renewed.lost.push(l.id),
-            }
-        }
-        Ok(renewed)
+                })
+                .collect(),
+        })
     }
 }
 
-/// The fenced writes after a claim, on the relay's connections.
+/// Dead-lettering a claim's poison rows and giving back a claim that cannot be
+/// returned, by primary key on the relay pool.
 impl CommittedClaim for MySqlOutbox {
     type Row = MySqlRow;
     type Id = Uuid;
-
-    fn decode(&self, token: LeaseToken, rows: &[MySqlRow]) -> Result<DecodedClaim<Uuid>> {
-        decode_claimed(rows, token, self.inner.config.limits())
-    }
 
     fn row_id(row: &MySqlRow) -> Result<Uuid> {
         get(row, "id")
     }
 
-    async fn dead_letter_rows(
-        &self,
-        token: LeaseToken,
-        rows: Vec<(Uuid, String)>,
-    ) -> Result<usize> {
-        let mut done = 0;
-        for (id, reason) in rows {
-            let result = sqlx::query(&self.inner.sql.dead_letter)
-                .bind(reason)
-                .bind(id)
-                .bind(token.as_uuid())
-                .execute(&self.relay)
-                .await
-                .map_err(|e| from_sqlx("dead-lettering undeliverable rows", e))?;
-            done += usize::try_from(result.rows_affected()).unwrap_or(0);
-        }
-        Ok(done)
+    fn decode(&self, token: LeaseToken, rows: &[MySqlRow]) -> Result<DecodedClaim<Uuid>> {
+        decode_claimed(rows, token, self.inner.config.limits())
     }
 
     async fn release_rows(&self, token: LeaseToken, ids: Vec<Uuid>) -> Result<()> {
@@ -458,5 +449,25 @@ impl CommittedClaim for MySqlOutbox {
             .await
             .map_err(|e| from_sqlx("releasing an undecodable claim", e))?;
         Ok(())
+    }
+
+    /// One statement per row: poison is rare.
+    async fn dead_letter_rows(
+        &self,
+        claim: LeaseToken,
+        poison: Vec<(Uuid, String)>,
+    ) -> Result<usize> {
+        let mut done = 0;
+        for (id, reason) in poison {
+            let result = sqlx::query(&self.inner.sql.dead_letter)
+                .bind(reason)
+                .bind(id)
+                .bind(claim.as_uuid())
+                .execute(&self.relay)
+                .await
+                .map_err(|e| from_sqlx("dead-lettering undeliverable rows", e))?;
+            done += usize::try_from(result.rows_affected()).unwrap_or(0);
+        }
+        Ok(done)
     }
 }
