@@ -26,9 +26,11 @@ use crate::config::{MySqlOutboxConfig, QualifiedName};
 /// The storage clock: UTC, microseconds, fixed for the statement.
 pub(crate) const NOW: &str = "UTC_TIMESTAMP(6)";
 
-/// The message columns, as the claim and dead-letter pages read them.
+/// The message columns, as the claim and dead-letter pages read them. A time that is
+/// not a date (`0000-00-00`, written with `NO_ZERO_DATE` off) reads as `NULL` through
+/// `+ INTERVAL 0 SECOND`, so the row is poison instead of failing the statement.
 const COLUMNS: &str = "id, destination, partition_key, payload, content_type, headers, \
-                       created_at, last_error";
+                       created_at + INTERVAL 0 SECOND AS created_at, last_error";
 
 /// Prebuilt statement text; `{ids}` marks where an id list goes ([`with_ids`]).
 /// Parameters: `claim` lease µs, limit (`claim_ids`: lease µs, ids, limit); `lease`
@@ -102,8 +104,8 @@ impl Statements {
         let claim = |index: &str, ids: &str| {
             format!(
                 "SELECT {COLUMNS}, IF(attempts < {MAX_ATTEMPTS}, attempts + 1, attempts) AS \
-                 attempts, due_at, seq, {NOW} + INTERVAL ? MICROSECOND AS lease_expires_at \
-                 FROM {t} AS c FORCE INDEX ({index}) WHERE {ids}due_at <= {NOW}{head} \
+                 attempts, due_at + INTERVAL 0 SECOND AS due_time, seq, \
+                 {NOW} + INTERVAL ? MICROSECOND AS lease_expires_at FROM {t} AS c FORCE INDEX ({index}) WHERE {ids}due_at <= {NOW}{head} \
                  ORDER BY due_at, seq LIMIT ? FOR UPDATE SKIP LOCKED"
             )
         };
@@ -125,8 +127,8 @@ impl Statements {
         );
         let page = |direction: &str, after: &str| {
             format!(
-                "SELECT {COLUMNS}, attempts, dead_at FROM {t} FORCE INDEX ({dead}) \
-                 WHERE dead_flag = 1 AND {f}{after} ORDER BY id{direction} LIMIT ?",
+                "SELECT {COLUMNS}, attempts, dead_at + INTERVAL 0 SECOND AS dead_time \
+                 FROM {t} FORCE INDEX ({dead}) WHERE dead_flag = 1 AND {f}{after} ORDER BY id{direction} LIMIT ?",
                 f = dead_filter()
             )
         };

@@ -1,0 +1,109 @@
+//! Engine-specific cases the shared suites cannot write: rows planted by hand with
+//! content the crate never writes (zero dates, bad headers), and InnoDB locking.
+//!
+//! Run: `OUTBOX_MYSQL_URL=mysql://root@127.0.0.1:3306/outbox_test cargo test -p outbox-mysql --test engine`
+
+mod common;
+
+use std::time::{Duration, SystemTime};
+
+use outbox_core::{
+    ClaimRequest, DeadLetterFilter, DeadLetterPage, MessageId, NewMessage, OutboxAdmin, OutboxStore,
+};
+use outbox_mysql::{MySqlOutbox, MySqlOutboxConfig};
+use sqlx::MySqlPool;
+
+const LEASE: Duration = Duration::from_secs(30);
+
+/// A fresh outbox on its own database, or `None` when the URL is unset.
+async fn outbox(what: &str, config: MySqlOutboxConfig) -> Option<(MySqlPool, MySqlOutbox)> {
+    let url = common::url(what)?;
+    let pool = common::pool(&url, 4).await;
+    let outbox =
+        MySqlOutbox::new(pool.clone(), config.with_schema(common::schema_name())).expect("outbox");
+    outbox.install().await.expect("install");
+    Some((pool, outbox))
+}
+
+/// Enqueue `n` messages, committed; their ids in enqueue order.
+async fn enqueue(outbox: &MySqlOutbox, n: usize) -> Vec<MessageId> {
+    let messages: Vec<NewMessage> = (0..n)
+        .map(|i| {
+            NewMessage::builder("engine")
+                .payload(format!("m{i}").into_bytes())
+                .build()
+                .expect("message")
+        })
+        .collect();
+    let mut tx = outbox.pool().begin().await.expect("begin");
+    outbox.enqueue(&mut tx, &messages).await.expect("enqueue");
+    tx.commit().await.expect("commit");
+    messages.iter().map(NewMessage::id).collect()
+}
+
+/// Write `set` on row `id` in a session that allows zero dates and invalid JSON
+/// (`sql_mode = ''`), as another tool could.
+async fn plant(pool: &MySqlPool, outbox: &MySqlOutbox, id: MessageId, set: &str) {
+    let mut conn = pool.acquire().await.expect("acquire").detach();
+    sqlx::raw_sql("SET SESSION sql_mode = ''")
+        .execute(&mut conn)
+        .await
+        .expect("sql_mode");
+    let sql = format!("UPDATE {} SET {set} WHERE id = ?", outbox.qualified_name());
+    let done = sqlx::query(&sql)
+        .bind(id.as_uuid())
+        .execute(&mut conn)
+        .await
+        .expect("plant");
+    assert_eq!(done.rows_affected(), 1, "{sql}");
+}
+
+/// Zero dates, headers that are not an object and negative attempts do not stop a
+/// claim: the rows are dead-lettered with a reason (the zero due time sorts first in
+/// `<table>_due`, so before the fix every claim failed on it) and listed afterwards.
+#[tokio::test]
+async fn hand_written_poison_rows_are_dead_lettered_not_fatal() {
+    let Some((pool, outbox)) = outbox("engine poison", MySqlOutboxConfig::default()).await else {
+        return;
+    };
+    let ids = enqueue(&outbox, 5).await;
+    plant(
+        &pool,
+        &outbox,
+        ids[0],
+        "available_at = '0000-00-00 00:00:00'",
+    )
+    .await;
+    plant(&pool, &outbox, ids[1], "created_at = '0000-00-00 00:00:00'").await;
+    plant(&pool, &outbox, ids[2], "created_at = '2020-00-10 00:00:00'").await;
+    plant(&pool, &outbox, ids[3], "headers = '[1]', attempts = -3").await;
+
+    let claimed = outbox
+        .claim(ClaimRequest::new(10, LEASE).expect("request"))
+        .await
+        .expect("a claim meeting poison rows succeeds");
+    let got: Vec<MessageId> = claimed.iter().map(|c| c.message.id).collect();
+    assert_eq!(got, [ids[4]]);
+    assert_eq!(claimed.dead_lettered, 4);
+
+    let page = DeadLetterPage::new(DeadLetterFilter::default(), 10).expect("page");
+    let dead = outbox.dead_letters(&page).await.expect("dead letters list");
+    let mut listed: Vec<MessageId> = dead.iter().map(|d| d.message.id).collect();
+    listed.sort();
+    let mut expected = ids[..4].to_vec();
+    expected.sort();
+    assert_eq!(listed, expected);
+    for letter in &dead {
+        let reason = letter.message.last_error.as_deref().unwrap_or("");
+        assert!(
+            reason.starts_with("undecodable row") || reason.contains("date"),
+            "{reason}"
+        );
+        assert!(letter.dead_at > SystemTime::UNIX_EPOCH);
+    }
+    let zero = dead
+        .iter()
+        .find(|d| d.message.id == ids[1])
+        .expect("listed");
+    assert_eq!(zero.message.created_at, SystemTime::UNIX_EPOCH);
+}
