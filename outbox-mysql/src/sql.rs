@@ -76,7 +76,9 @@ fn cutoff(param: &str) -> String {
     )
 }
 
-/// Ids bound as one JSON array of hex strings.
+/// Ids bound as one JSON array of hex strings, as a table `j` of hex `h`.
+const JSON_TABLE: &str = "JSON_TABLE(?, '$[*]' COLUMNS (h CHAR(32) PATH '$')) AS j";
+/// [`JSON_TABLE`] as a subquery of ids.
 const JSON_IDS: &str =
     "SELECT UNHEX(j.h) FROM JSON_TABLE(?, '$[*]' COLUMNS (h CHAR(32) PATH '$')) AS j";
 
@@ -120,6 +122,9 @@ impl Statements {
              ORDER BY id LIMIT ?) AS x ON x.id = {t}.id",
             f = dead_filter()
         );
+        // Joined, not `IN (JSON_TABLE)`: MariaDB < 11.1 has no semijoin for a
+        // single-table UPDATE/DELETE and scans the table with a dependent subquery.
+        let by_json = format!("FORCE INDEX (PRIMARY) JOIN {JSON_TABLE} ON {t}.id = UNHEX(j.h)");
         let dispatched = format!(
             "FROM {t} FORCE INDEX ({index}) WHERE dispatched_at < {cut}",
             index = ix("dispatched"),
@@ -186,13 +191,9 @@ impl Statements {
                     "SELECT COUNT(*) FROM {t} FORCE INDEX ({dead}) WHERE dead_flag = 1 AND {f}",
                     f = dead_filter()
                 ),
-                requeue_ids: format!(
-                    "UPDATE {t} SET {requeue} WHERE dead_flag = 1 AND id IN ({JSON_IDS})"
-                ),
+                requeue_ids: format!("UPDATE {t} {by_json} SET {requeue} WHERE {t}.dead_flag = 1"),
                 requeue_matching: format!("UPDATE {t} {matching} SET {requeue}"),
-                discard_ids: format!(
-                    "DELETE FROM {t} WHERE dead_flag = 1 AND id IN ({JSON_IDS})"
-                ),
+                discard_ids: format!("DELETE {t} FROM {t} {by_json} WHERE {t}.dead_flag = 1"),
                 discard_matching: format!("DELETE {t} FROM {t} {matching}"),
                 purge_dispatched: format!(
                     "DELETE {t} FROM {t} JOIN (SELECT id {dispatched} ORDER BY dispatched_at \

@@ -157,8 +157,8 @@ impl MySqlOutbox {
         schema::install(&self.pool, name, &schema::outbox_objects(name)).await
     }
 
-    /// The text of a relay statement by name, with room for `ids` ids: for the plan
-    /// tests, which explain what the store sends.
+    /// The text of a relay or admin statement by name, with room for `ids` ids: for
+    /// the plan tests, which explain what the store sends.
     #[doc(hidden)]
     pub fn relay_sql(&self, statement: &str, ids: usize) -> Option<String> {
         let sql = &self.inner.sql;
@@ -173,6 +173,12 @@ impl MySqlOutbox {
             "fail" => &sql.fail,
             "dead_letter" => &sql.dead_letter,
             "purge" => &sql.admin.purge_dispatched,
+            "requeue_ids" => &sql.admin.requeue_ids,
+            "requeue_matching" => &sql.admin.requeue_matching,
+            "discard_ids" => &sql.admin.discard_ids,
+            "discard_matching" => &sql.admin.discard_matching,
+            "count_dead" => &sql.admin.count_dead,
+            "count_dispatched" => &sql.admin.count_dispatched,
             _ => return None,
         };
         Some(with_ids(text, ids))
