@@ -69,7 +69,7 @@ pub(crate) fn padded<T: Copy>(items: &[T]) -> impl Iterator<Item = T> + '_ {
 }
 
 /// `now` minus `param` µs, stopping at the Unix epoch instead of overflowing.
-fn cutoff(param: &str) -> String {
+pub(crate) fn cutoff(param: &str) -> String {
     format!(
         "{NOW} - INTERVAL LEAST({param}, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', {NOW})) \
          MICROSECOND"

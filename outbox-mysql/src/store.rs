@@ -92,6 +92,28 @@ enum Write<'a> {
     Fail(&'a [Failure]),
 }
 
+/// A pool beside `pool` with its connect options, size, timeouts and lifetimes, opened
+/// on first use, whose sessions are READ COMMITTED. `pool`'s `after_connect` hook is
+/// not copied (sqlx does not expose it): session settings belong in its connect options.
+pub(crate) fn read_committed(pool: &MySqlPool) -> MySqlPool {
+    let options = pool.options();
+    MySqlPoolOptions::new()
+        .max_connections(options.get_max_connections())
+        .min_connections(options.get_min_connections())
+        .acquire_timeout(options.get_acquire_timeout())
+        .idle_timeout(options.get_idle_timeout())
+        .max_lifetime(options.get_max_lifetime())
+        .test_before_acquire(options.get_test_before_acquire())
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                    .await?;
+                Ok(())
+            })
+        })
+        .connect_lazy_with((*pool.connect_options()).clone())
+}
+
 impl MySqlOutbox {
     /// An outbox on `pool` with `config`. Runs no SQL; call [`install`](Self::install)
     /// or apply [`ddl`](Self::ddl) with your migration tool first.
@@ -103,29 +125,21 @@ impl MySqlOutbox {
         config.validate()?;
         let name = config.qualified_name()?;
         let sql = Statements::new(&name, &config);
-        let relay = MySqlPoolOptions::new()
-            .max_connections(pool.options().get_max_connections())
-            .acquire_timeout(pool.options().get_acquire_timeout())
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                        .await?;
-                    Ok(())
-                })
-            })
-            .connect_lazy_with((*pool.connect_options()).clone());
+        let relay = read_committed(&pool);
         let inner = Arc::new(Inner { config, name, sql });
         Ok(MySqlOutbox { pool, relay, inner })
     }
 
-    /// The pool this outbox was made with: installs and operator calls run on it.
+    /// The pool this outbox was made with: installs, stats and dead-letter pages run on
+    /// it.
     pub fn pool(&self) -> &MySqlPool {
         &self.pool
     }
 
-    /// The connections the relay's statements run on: a pool beside
-    /// [`pool`](Self::pool), with its options and size, opened on first use, whose
-    /// sessions are `READ COMMITTED`.
+    /// The connections the relay's and the admin's writes run on: a pool beside
+    /// [`pool`](Self::pool), with its connect options, size, timeouts and lifetimes
+    /// (not its `after_connect` hook, which sqlx does not expose), opened on first use,
+    /// whose sessions are `READ COMMITTED`, so locking reads take no gap locks.
     pub fn relay_pool(&self) -> &MySqlPool {
         &self.relay
     }

@@ -107,3 +107,55 @@ async fn hand_written_poison_rows_are_dead_lettered_not_fatal() {
         .expect("listed");
     assert_eq!(zero.message.created_at, SystemTime::UNIX_EPOCH);
 }
+
+/// A retention reaching past year 1000 saturates at the epoch instead of making the
+/// expiry `NULL`: before, `record` reported the id a duplicate while `contains` said no.
+#[tokio::test]
+async fn very_long_dedup_retention_still_remembers() {
+    let Some(url) = common::url("engine dedup retention") else {
+        return;
+    };
+    let pool = common::pool(&url, 2).await;
+    let ten_thousand_years = Duration::from_secs(10_000 * 366 * 86_400);
+    let store = common::dedup_store(&pool, ten_thousand_years)
+        .await
+        .expect("store");
+    let consumer = outbox_core::ConsumerName::new("engine").expect("name");
+    let id = MessageId::new();
+    use outbox_core::{Dedup, DedupStore};
+    assert_eq!(
+        store.record(&consumer, id).await.expect("record"),
+        Dedup::New
+    );
+    assert!(store.contains(&consumer, id).await.expect("contains"));
+    assert_eq!(
+        store.record(&consumer, id).await.expect("again"),
+        Dedup::Duplicate
+    );
+}
+
+/// The relay's pool keeps the caller's pool's timeouts and lifetimes.
+#[tokio::test]
+async fn relay_pool_copies_the_pool_options() {
+    let Some(url) = common::url("engine relay pool") else {
+        return;
+    };
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(3)
+        .min_connections(1)
+        .idle_timeout(Duration::from_secs(7))
+        .max_lifetime(Duration::from_secs(70))
+        .connect_lazy(&url)
+        .expect("pool");
+    let outbox = MySqlOutbox::new(pool, MySqlOutboxConfig::default()).expect("outbox");
+    let relay = outbox.relay_pool().options();
+    assert_eq!(relay.get_max_connections(), 3);
+    assert_eq!(relay.get_min_connections(), 1);
+    assert_eq!(relay.get_idle_timeout(), Some(Duration::from_secs(7)));
+    assert_eq!(relay.get_max_lifetime(), Some(Duration::from_secs(70)));
+    let level: String = sqlx::query_scalar("SELECT @@tx_isolation")
+        .fetch_one(outbox.relay_pool())
+        .await
+        .expect("isolation");
+    assert_eq!(level, "READ-COMMITTED");
+}
