@@ -26,6 +26,9 @@ use crate::row::{decode_claimed, get};
 use crate::schema;
 use crate::sql::{padded, with_ids, Statements};
 
+/// The most messages one `INSERT` of an enqueue carries (7 parameters each).
+const ENQUEUE_CHUNK: usize = 4096;
+
 /// A MySQL / MariaDB outbox: enqueue with [`enqueue`](Self::enqueue) inside your
 /// transaction, hand the store to a [`Relay`](outbox_core::Relay) to publish, and to
 /// operators as an [`OutboxAdmin`](outbox_core::OutboxAdmin).
@@ -203,9 +206,10 @@ impl MySqlOutbox {
     ///
     /// - Every message is checked against the config's limits first; one bad message,
     ///   or an id given twice, rejects the batch before anything is sent.
-    /// - The batch is one multi-row `INSERT`, in slice order. If an id is already
-    ///   stored, InnoDB undoes the statement (only the statement: your transaction goes
-    ///   on) and the call fails with [`ErrorKind::Conflict`](outbox_core::ErrorKind::Conflict)
+    /// - The batch is one multi-row `INSERT` per 4,096 messages, in slice order (a longer
+    ///   batch runs under a savepoint, `outbox_enqueue`). If an id is already stored,
+    ///   InnoDB undoes the statement and the savepoint undoes the earlier ones (only
+    ///   those: your transaction goes on), and the call fails with [`ErrorKind::Conflict`](outbox_core::ErrorKind::Conflict)
     ///   naming the stored ids that your transaction can see.
     /// - `created_at` is the statement's `UTC_TIMESTAMP(6)`, and each message is due
     ///   `delay` after it.
@@ -220,29 +224,52 @@ impl MySqlOutbox {
         if messages.is_empty() {
             return Ok(());
         }
-        let row = "(?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
-        let sql = format!(
-            "INSERT INTO {} (id, destination, partition_key, payload, content_type, headers, \
-             created_at, available_at) VALUES {}",
-            self.inner.name,
-            vec![row; messages.len()].join(", ")
-        );
-        let mut query = sqlx::query(&sql);
-        for m in messages {
-            query = query
-                .bind(m.id().as_uuid())
-                .bind(m.destination())
-                .bind(m.partition_key())
-                .bind(m.payload())
-                .bind(m.content_type())
-                .bind(m.headers().to_json())
-                .bind(micros("delay", m.delay())?);
+        // 7 parameters a message, at most 65,535 a statement: longer batches are several
+        // statements under a savepoint, so a refused batch still writes nothing.
+        let chunked = messages.len() > ENQUEUE_CHUNK;
+        if chunked {
+            let sp = conn.execute("SAVEPOINT outbox_enqueue").await;
+            sp.map_err(|e| from_sqlx("enqueue", e))?;
         }
-        let err = match query.execute(&mut *conn).await {
-            Ok(_) => return Ok(()),
-            Err(err) if number(&err) == Some(1062) => err,
-            Err(err) => return Err(from_sqlx("enqueue", err)),
+        let row = "(?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
+        let mut failed = None;
+        for chunk in messages.chunks(ENQUEUE_CHUNK) {
+            let sql = format!(
+                "INSERT INTO {} (id, destination, partition_key, payload, content_type, \
+                 headers, created_at, available_at) VALUES {}",
+                self.inner.name,
+                vec![row; chunk.len()].join(", ")
+            );
+            let mut query = sqlx::query(&sql);
+            for m in chunk {
+                query = query
+                    .bind(m.id().as_uuid())
+                    .bind(m.destination())
+                    .bind(m.partition_key())
+                    .bind(m.payload())
+                    .bind(m.content_type())
+                    .bind(m.headers().to_json())
+                    .bind(micros("delay", m.delay())?);
+            }
+            if let Err(err) = query.execute(&mut *conn).await {
+                failed = Some((chunk, err));
+                break;
+            }
+        }
+        let Some((messages, err)) = failed else {
+            if chunked {
+                let sp = conn.execute("RELEASE SAVEPOINT outbox_enqueue").await;
+                sp.map_err(|e| from_sqlx("enqueue", e))?;
+            }
+            return Ok(());
         };
+        if chunked {
+            let sp = conn.execute("ROLLBACK TO SAVEPOINT outbox_enqueue").await;
+            sp.map_err(|e| from_sqlx("undoing a refused enqueue", e))?;
+        }
+        if number(&err) != Some(1062) {
+            return Err(from_sqlx("enqueue", err));
+        }
         let ids: Vec<Uuid> = messages.iter().map(|m| m.id().as_uuid()).collect();
         let sql = with_ids(
             &format!("SELECT id FROM {} WHERE id IN ({{ids}})", self.inner.name),
@@ -345,6 +372,7 @@ impl MySqlOutbox {
             Write::Fail(_) => (&sql.fail, None),
         };
         if let Write::Fail(failures) = write {
+            let applied_ids: std::collections::HashSet<Uuid> = ids.iter().copied().collect();
             for failure in in_id_order(failures, |f| f.lease().id) {
                 let id = failure.lease().id.as_uuid();
                 let (dead, after) = match failure.disposition() {
@@ -356,7 +384,7 @@ impl MySqlOutbox {
                     .bind(micros("retry delay", after)?)
                     .bind(dead)
                     .bind(id);
-                if ids.contains(&id) {
+                if applied_ids.contains(&id) {
                     query.execute(&mut *tx).await.map_err(err)?;
                 }
             }

@@ -159,3 +159,46 @@ async fn relay_pool_copies_the_pool_options() {
         .expect("isolation");
     assert_eq!(level, "READ-COMMITTED");
 }
+
+/// 10,000 messages (70,000 parameters) enqueue in one call; a batch that long whose
+/// last id is stored writes nothing and leaves the transaction usable.
+#[tokio::test]
+async fn ten_thousand_message_batches_are_all_or_nothing() {
+    let Some((_pool, outbox)) = outbox("engine big batch", MySqlOutboxConfig::default()).await
+    else {
+        return;
+    };
+    let batch = |n: usize| -> Vec<NewMessage> {
+        (0..n)
+            .map(|_| {
+                NewMessage::builder("big")
+                    .payload(vec![1])
+                    .build()
+                    .expect("message")
+            })
+            .collect()
+    };
+    let first = batch(10_000);
+    let mut tx = outbox.pool().begin().await.expect("begin");
+    outbox
+        .enqueue(&mut tx, &first)
+        .await
+        .expect("10,000 messages");
+    tx.commit().await.expect("commit");
+    assert_eq!(outbox.stats().await.expect("stats").pending, 10_000);
+
+    let mut second = batch(9_999);
+    second.push(first[9_999].clone());
+    let mut tx = outbox.pool().begin().await.expect("begin");
+    let err = outbox
+        .enqueue(&mut tx, &second)
+        .await
+        .expect_err("a stored id");
+    assert_eq!(err.kind(), outbox_core::ErrorKind::Conflict, "{err}");
+    outbox
+        .enqueue(&mut tx, &batch(1))
+        .await
+        .expect("the transaction goes on");
+    tx.commit().await.expect("commit");
+    assert_eq!(outbox.stats().await.expect("stats").pending, 10_001);
+}
