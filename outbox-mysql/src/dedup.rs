@@ -51,9 +51,10 @@ use crate::store::read_committed;
 /// ```
 #[derive(Debug, Clone)]
 pub struct MySqlDedupStore {
+    /// The pool the store was made with: `process` begins on it.
+    caller: MySqlPool,
+    /// Its READ COMMITTED sibling, for `record`, `contains` and purges.
     pool: MySqlPool,
-    /// `pool`'s READ COMMITTED sibling, for `record`, `contains` and purges.
-    own: MySqlPool,
     config: MySqlDedupConfig,
     name: QualifiedName,
     retention_us: i64,
@@ -98,8 +99,8 @@ impl MySqlDedupStore {
         let retention_us = i64::try_from(config.retention().as_micros())
             .map_err(|_| Error::config("dedup retention is too long"))?;
         Ok(MySqlDedupStore {
-            own: read_committed(&pool),
-            pool,
+            pool: read_committed(&pool),
+            caller: pool,
             sql: Arc::new(dedup_statements(&name)),
             config,
             name,
@@ -123,7 +124,7 @@ impl MySqlDedupStore {
     /// [`ErrorKind::Schema`](outbox_core::ErrorKind::Schema) when the table exists at
     /// another layout version; mapped driver errors otherwise.
     pub async fn install(&self) -> Result<()> {
-        install(&self.pool, &self.name, &inbox_objects(&self.name)).await
+        install(&self.caller, &self.name, &inbox_objects(&self.name)).await
     }
 }
 
@@ -136,11 +137,11 @@ impl SqlxInbox for MySqlDedupStore {
     }
 
     fn pool(&self) -> &MySqlPool {
-        &self.own
+        &self.pool
     }
 
     async fn begin_consumer(&self) -> sqlx::Result<Transaction<'static, MySql>> {
-        self.pool.begin().await
+        self.caller.begin().await
     }
 
     fn statements(&self) -> &InboxStatements {

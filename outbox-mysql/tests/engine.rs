@@ -202,3 +202,33 @@ async fn ten_thousand_message_batches_are_all_or_nothing() {
     tx.commit().await.expect("commit");
     assert_eq!(outbox.stats().await.expect("stats").pending, 10_001);
 }
+
+/// Two settles of the same leases given in opposite orders, at once: both succeed
+/// (they lock in id order, so one waits for the other instead of deadlocking) and
+/// each lease is applied by exactly one of them.
+#[tokio::test]
+async fn overlapping_settles_in_opposite_orders_do_not_deadlock() {
+    let Some((_pool, outbox)) = outbox("engine settles", MySqlOutboxConfig::default()).await else {
+        return;
+    };
+    for _ in 0..10 {
+        enqueue(&outbox, 40).await;
+        let claimed = outbox
+            .claim(ClaimRequest::new(40, LEASE).expect("request"))
+            .await
+            .expect("claim");
+        let leases: Vec<outbox_core::Lease> = claimed.iter().map(|c| c.lease).collect();
+        let reversed: Vec<outbox_core::Lease> = leases.iter().rev().copied().collect();
+        let (done, released) = tokio::join!(outbox.complete(&leases), outbox.release(&reversed));
+        let (done, released) = (done.expect("complete"), released.expect("release"));
+        assert_eq!(done.applied + released.applied, leases.len());
+        let left = outbox
+            .claim(ClaimRequest::new(40, LEASE).expect("request"))
+            .await
+            .expect("claim the released");
+        assert_eq!(left.len(), released.applied);
+        let leases: Vec<outbox_core::Lease> = left.iter().map(|c| c.lease).collect();
+        let done = outbox.complete(&leases).await.expect("done");
+        assert_eq!(done.applied, leases.len());
+    }
+}
