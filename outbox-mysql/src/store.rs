@@ -29,6 +29,15 @@ use crate::sql::{padded, with_ids, Statements};
 /// The most messages one `INSERT` of an enqueue carries (7 parameters each).
 const ENQUEUE_CHUNK: usize = 4096;
 
+/// `verb` the savepoint of an enqueue of several statements (`chunked`).
+async fn savepoint(conn: &mut MySqlConnection, chunked: bool, verb: &str) -> Result<()> {
+    if chunked {
+        let sql = format!("{verb} outbox_enqueue");
+        conn.execute(&*sql).await.map_err(|e| from_sqlx(&sql, e))?;
+    }
+    Ok(())
+}
+
 /// A MySQL / MariaDB outbox: enqueue with [`enqueue`](Self::enqueue) inside your
 /// transaction, hand the store to a [`Relay`](outbox_core::Relay) to publish, and to
 /// operators as an [`OutboxAdmin`](outbox_core::OutboxAdmin).
@@ -227,10 +236,7 @@ impl MySqlOutbox {
         // 7 parameters a message, at most 65,535 a statement: longer batches are several
         // statements under a savepoint, so a refused batch still writes nothing.
         let chunked = messages.len() > ENQUEUE_CHUNK;
-        if chunked {
-            let sp = conn.execute("SAVEPOINT outbox_enqueue").await;
-            sp.map_err(|e| from_sqlx("enqueue", e))?;
-        }
+        savepoint(conn, chunked, "SAVEPOINT").await?;
         let row = "(?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
         let mut failed = None;
         for chunk in messages.chunks(ENQUEUE_CHUNK) {
@@ -257,16 +263,9 @@ impl MySqlOutbox {
             }
         }
         let Some((messages, err)) = failed else {
-            if chunked {
-                let sp = conn.execute("RELEASE SAVEPOINT outbox_enqueue").await;
-                sp.map_err(|e| from_sqlx("enqueue", e))?;
-            }
-            return Ok(());
+            return savepoint(conn, chunked, "RELEASE SAVEPOINT").await;
         };
-        if chunked {
-            let sp = conn.execute("ROLLBACK TO SAVEPOINT outbox_enqueue").await;
-            sp.map_err(|e| from_sqlx("undoing a refused enqueue", e))?;
-        }
+        savepoint(conn, chunked, "ROLLBACK TO SAVEPOINT").await?;
         if number(&err) != Some(1062) {
             return Err(from_sqlx("enqueue", err));
         }
