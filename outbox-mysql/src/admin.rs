@@ -41,8 +41,10 @@ impl SqlxAdmin for MySqlOutbox {
         Error::new(ErrorKind::Decode, format!("negative {what} count"))
     }
 
+    /// The relay's READ COMMITTED pool: the admin writes and counts take no gap locks
+    /// on `<table>_dead` or `<table>_dispatched`, which would block relays.
     fn admin(&self) -> (&Pool<MySql>, &AdminStatements) {
-        (self.pool(), &self.statements().admin)
+        (self.relay_pool(), &self.statements().admin)
     }
 
     fn rows_affected(done: &MySqlQueryResult) -> u64 {

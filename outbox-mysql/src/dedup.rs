@@ -29,7 +29,8 @@ use outbox_core::{ConsumerName, Error, MessageId, Result};
 use crate::config::{MySqlDedupConfig, QualifiedName};
 use crate::error::from_sqlx;
 use crate::schema::{ddl, inbox_objects, install};
-use crate::sql::NOW;
+use crate::sql::{cutoff, NOW};
+use crate::store::read_committed;
 
 /// Processed message ids per consumer in a MySQL table; strongly consistent.
 ///
@@ -50,6 +51,9 @@ use crate::sql::NOW;
 /// ```
 #[derive(Debug, Clone)]
 pub struct MySqlDedupStore {
+    /// The pool the store was made with: `process` begins on it.
+    caller: MySqlPool,
+    /// Its READ COMMITTED sibling, for `record`, `contains` and purges.
     pool: MySqlPool,
     config: MySqlDedupConfig,
     name: QualifiedName,
@@ -60,7 +64,8 @@ pub struct MySqlDedupStore {
 /// The statements: `?` consumer, `?` id, `?` retention µs (record, contains); `?`
 /// retention µs, `?` limit (purge).
 fn dedup_statements(t: &QualifiedName) -> InboxStatements {
-    let expired = format!("processed_at < {NOW} - INTERVAL ? MICROSECOND");
+    // Saturating: a retention reaching past year 1000 would make `NOW - INTERVAL` NULL.
+    let expired = format!("processed_at < {}", cutoff("?"));
     InboxStatements {
         record: format!(
             "INSERT INTO {t} (consumer, message_id, processed_at) VALUES (?, ?, {NOW}) \
@@ -81,7 +86,9 @@ fn dedup_statements(t: &QualifiedName) -> InboxStatements {
 }
 
 impl MySqlDedupStore {
-    /// A store on `pool` with `config`. Runs no SQL.
+    /// A store on `pool` with `config`. Runs no SQL. Its own statements (`record`,
+    /// `contains`, purges) run on a READ COMMITTED pool beside `pool`, opened on first
+    /// use, so a purge takes no gap locks; `process` begins on `pool`.
     ///
     /// # Errors
     /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) when `config` does not
@@ -92,7 +99,8 @@ impl MySqlDedupStore {
         let retention_us = i64::try_from(config.retention().as_micros())
             .map_err(|_| Error::config("dedup retention is too long"))?;
         Ok(MySqlDedupStore {
-            pool,
+            pool: read_committed(&pool),
+            caller: pool,
             sql: Arc::new(dedup_statements(&name)),
             config,
             name,
@@ -115,7 +123,7 @@ impl MySqlDedupStore {
     /// # Errors
     /// As [`MySqlOutbox::install`](crate::MySqlOutbox::install).
     pub async fn install(&self) -> Result<()> {
-        install(&self.pool, &self.name, &inbox_objects(&self.name)).await
+        install(&self.caller, &self.name, &inbox_objects(&self.name)).await
     }
 }
 
@@ -135,7 +143,7 @@ impl SqlxInbox for MySqlDedupStore {
     }
 
     async fn begin_consumer(&self) -> sqlx::Result<Transaction<'static, MySql>> {
-        self.pool.begin().await
+        self.caller.begin().await
     }
 
     fn pool(&self) -> &MySqlPool {

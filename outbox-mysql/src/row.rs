@@ -32,6 +32,15 @@ pub(crate) fn time(row: &MySqlRow, column: &str) -> Result<SystemTime> {
     Ok(SystemTime::from(at.and_utc()))
 }
 
+/// A time the statement reads as `NULL` when it is not a date (`0000-00-00`): the
+/// time, or why the row is poison.
+fn valid_time(row: &MySqlRow, column: &str) -> Result<std::result::Result<SystemTime, String>> {
+    let at: Option<NaiveDateTime> = get(row, column)?;
+    Ok(at
+        .map(|at| SystemTime::from(at.and_utc()))
+        .ok_or_else(|| format!("{column} is not a valid date")))
+}
+
 /// Bytes as text, or why they are not; `lossy` replaces what is not UTF-8 instead.
 fn text(bytes: Vec<u8>, column: &str, lossy: bool) -> std::result::Result<String, String> {
     match String::from_utf8(bytes) {
@@ -49,14 +58,15 @@ pub(crate) fn decode_claimed(
 ) -> Result<DecodedClaim<Uuid>> {
     let mut decoded = ClaimDecoder::new(token, rows.len());
     for row in rows {
-        let (id, due, seq): (Uuid, NaiveDateTime, i64) =
-            (get(row, "id")?, get(row, "due_at")?, get(row, "seq")?);
+        let (id, due, seq): (Uuid, Option<NaiveDateTime>, i64) =
+            (get(row, "id")?, get(row, "due_time")?, get(row, "seq")?);
         let headers = Headers::from_json(get(row, "headers")?);
         let attempts: i32 = get(row, "attempts")?;
-        let checked = match (headers, u32::try_from(attempts)) {
-            (Ok(headers), Ok(attempts)) => message(row, id, headers, attempts, false)?,
-            (Err(reason), _) => Err(reason),
-            (_, Err(_)) => Err(format!("attempts is {attempts}")),
+        let checked = match (headers, u32::try_from(attempts), due) {
+            (_, _, None) => Err("due_at is not a valid date".to_owned()),
+            (Ok(headers), Ok(attempts), _) => message(row, id, headers, attempts, false)?,
+            (Err(reason), _, _) => Err(reason),
+            (_, Err(_), _) => Err(format!("attempts is {attempts}")),
         }
         .map_err(|reason| format!("undecodable row: {reason}"))
         .and_then(|m| m.check_stored(limits).map(|()| m));
@@ -66,14 +76,16 @@ pub(crate) fn decode_claimed(
 }
 
 /// A dead letter, listed with what decodes: headers that are strings, negative
-/// attempts as 0, text that is not UTF-8 replaced.
+/// attempts as 0, text that is not UTF-8 replaced, times that are not dates as the
+/// Unix epoch.
 pub(crate) fn decode_dead_letter(row: &MySqlRow) -> Result<DeadLetter> {
     let headers = Headers::from_json_lossy(get(row, "headers")?);
     let attempts = u32::try_from(get::<i32>(row, "attempts")?).unwrap_or(0);
     let message = message(row, get(row, "id")?, headers, attempts, true)?;
     let message =
         message.map_err(|e| outbox_core::Error::new(outbox_core::ErrorKind::Decode, e))?;
-    Ok(DeadLetter::new(message, time(row, "dead_at")?))
+    let dead_at = valid_time(row, "dead_time")?.unwrap_or(SystemTime::UNIX_EPOCH);
+    Ok(DeadLetter::new(message, dead_at))
 }
 
 /// The message of a row, or why its content does not make one (never, with `lossy`).
@@ -93,9 +105,13 @@ fn message(
         optional("partition_key")?,
         optional("content_type")?,
     );
-    let (destination, partition_key, content_type) = match parts {
-        (Ok(d), Ok(k), Ok(c)) => (d, k, c),
-        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return Ok(Err(e)),
+    let created_at = match valid_time(row, "created_at")? {
+        Err(_) if lossy => Ok(SystemTime::UNIX_EPOCH),
+        other => other,
+    };
+    let (destination, partition_key, content_type, created_at) = match (parts, created_at) {
+        ((Ok(d), Ok(k), Ok(c)), Ok(at)) => (d, k, c, at),
+        ((Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)), _) | (_, Err(e)) => return Ok(Err(e)),
     };
     Ok(Ok(Message::from(MessageParts {
         id: MessageId::from_uuid(id),
@@ -104,7 +120,7 @@ fn message(
         payload: get(row, "payload")?,
         content_type,
         headers,
-        created_at: time(row, "created_at")?,
+        created_at,
         attempts,
         last_error: get(row, "last_error")?,
     })))

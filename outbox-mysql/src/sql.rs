@@ -26,9 +26,11 @@ use crate::config::{MySqlOutboxConfig, QualifiedName};
 /// The storage clock: UTC, microseconds, fixed for the statement.
 pub(crate) const NOW: &str = "UTC_TIMESTAMP(6)";
 
-/// The message columns, as the claim and dead-letter pages read them.
+/// The message columns, as the claim and dead-letter pages read them. A time that is
+/// not a date (`0000-00-00`, written with `NO_ZERO_DATE` off) reads as `NULL` through
+/// `+ INTERVAL 0 SECOND`, so the row is poison instead of failing the statement.
 const COLUMNS: &str = "id, destination, partition_key, payload, content_type, headers, \
-                       created_at, last_error";
+                       created_at + INTERVAL 0 SECOND AS created_at, last_error";
 
 /// Prebuilt statement text; `{ids}` marks where an id list goes ([`with_ids`]).
 /// Parameters: `claim` lease µs, limit (`claim_ids`: lease µs, ids, limit); `lease`
@@ -67,14 +69,16 @@ pub(crate) fn padded<T: Copy>(items: &[T]) -> impl Iterator<Item = T> + '_ {
 }
 
 /// `now` minus `param` µs, stopping at the Unix epoch instead of overflowing.
-fn cutoff(param: &str) -> String {
+pub(crate) fn cutoff(param: &str) -> String {
     format!(
         "{NOW} - INTERVAL LEAST({param}, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', {NOW})) \
          MICROSECOND"
     )
 }
 
-/// Ids bound as one JSON array of hex strings.
+/// Ids bound as one JSON array of hex strings, as a table `j` of hex `h`.
+const JSON_TABLE: &str = "JSON_TABLE(?, '$[*]' COLUMNS (h CHAR(32) PATH '$')) AS j";
+/// [`JSON_TABLE`] as a subquery of ids.
 const JSON_IDS: &str =
     "SELECT UNHEX(j.h) FROM JSON_TABLE(?, '$[*]' COLUMNS (h CHAR(32) PATH '$')) AS j";
 
@@ -102,8 +106,8 @@ impl Statements {
         let claim = |index: &str, ids: &str| {
             format!(
                 "SELECT {COLUMNS}, IF(attempts < {MAX_ATTEMPTS}, attempts + 1, attempts) AS \
-                 attempts, due_at, seq, {NOW} + INTERVAL ? MICROSECOND AS lease_expires_at \
-                 FROM {t} AS c FORCE INDEX ({index}) WHERE {ids}due_at <= {NOW}{head} \
+                 attempts, due_at + INTERVAL 0 SECOND AS due_time, seq, \
+                 {NOW} + INTERVAL ? MICROSECOND AS lease_expires_at FROM {t} AS c FORCE INDEX ({index}) WHERE {ids}due_at <= {NOW}{head} \
                  ORDER BY due_at, seq LIMIT ? FOR UPDATE SKIP LOCKED"
             )
         };
@@ -118,6 +122,9 @@ impl Statements {
              ORDER BY id LIMIT ?) AS x ON x.id = {t}.id",
             f = dead_filter()
         );
+        // Joined, not `IN (JSON_TABLE)`: MariaDB < 11.1 has no semijoin for a
+        // single-table UPDATE/DELETE and scans the table with a dependent subquery.
+        let by_json = format!("FORCE INDEX (PRIMARY) JOIN {JSON_TABLE} ON {t}.id = UNHEX(j.h)");
         let dispatched = format!(
             "FROM {t} FORCE INDEX ({index}) WHERE dispatched_at < {cut}",
             index = ix("dispatched"),
@@ -125,8 +132,8 @@ impl Statements {
         );
         let page = |direction: &str, after: &str| {
             format!(
-                "SELECT {COLUMNS}, attempts, dead_at FROM {t} FORCE INDEX ({dead}) \
-                 WHERE dead_flag = 1 AND {f}{after} ORDER BY id{direction} LIMIT ?",
+                "SELECT {COLUMNS}, attempts, dead_at + INTERVAL 0 SECOND AS dead_time \
+                 FROM {t} FORCE INDEX ({dead}) WHERE dead_flag = 1 AND {f}{after} ORDER BY id{direction} LIMIT ?",
                 f = dead_filter()
             )
         };
@@ -184,13 +191,9 @@ impl Statements {
                     "SELECT COUNT(*) FROM {t} FORCE INDEX ({dead}) WHERE dead_flag = 1 AND {f}",
                     f = dead_filter()
                 ),
-                requeue_ids: format!(
-                    "UPDATE {t} SET {requeue} WHERE dead_flag = 1 AND id IN ({JSON_IDS})"
-                ),
+                requeue_ids: format!("UPDATE {t} {by_json} SET {requeue} WHERE {t}.dead_flag = 1"),
                 requeue_matching: format!("UPDATE {t} {matching} SET {requeue}"),
-                discard_ids: format!(
-                    "DELETE FROM {t} WHERE dead_flag = 1 AND id IN ({JSON_IDS})"
-                ),
+                discard_ids: format!("DELETE {t} FROM {t} {by_json} WHERE {t}.dead_flag = 1"),
                 discard_matching: format!("DELETE {t} FROM {t} {matching}"),
                 purge_dispatched: format!(
                     "DELETE {t} FROM {t} JOIN (SELECT id {dispatched} ORDER BY dispatched_at \

@@ -26,6 +26,18 @@ use crate::row::{decode_claimed, get};
 use crate::schema;
 use crate::sql::{padded, with_ids, Statements};
 
+/// The most messages one `INSERT` of an enqueue carries (7 parameters each).
+const ENQUEUE_CHUNK: usize = 4096;
+
+/// `verb` the savepoint of an enqueue of several statements (`chunked`).
+async fn savepoint(conn: &mut MySqlConnection, chunked: bool, verb: &str) -> Result<()> {
+    if chunked {
+        let sql = format!("{verb} outbox_enqueue");
+        conn.execute(&*sql).await.map_err(|e| from_sqlx(&sql, e))?;
+    }
+    Ok(())
+}
+
 /// A MySQL / MariaDB outbox: enqueue with [`enqueue`](Self::enqueue) inside your
 /// transaction, hand the store to a [`Relay`](outbox_core::Relay) to publish, and to
 /// operators as an [`OutboxAdmin`](outbox_core::OutboxAdmin).
@@ -92,6 +104,28 @@ enum Write<'a> {
     Fail(&'a [Failure]),
 }
 
+/// A pool beside `pool` with its connect options, size, timeouts and lifetimes, opened
+/// on first use, whose sessions are READ COMMITTED. `pool`'s `after_connect` hook is
+/// not copied (sqlx does not expose it): session settings belong in its connect options.
+pub(crate) fn read_committed(pool: &MySqlPool) -> MySqlPool {
+    let options = pool.options();
+    MySqlPoolOptions::new()
+        .max_connections(options.get_max_connections())
+        .min_connections(options.get_min_connections())
+        .acquire_timeout(options.get_acquire_timeout())
+        .idle_timeout(options.get_idle_timeout())
+        .max_lifetime(options.get_max_lifetime())
+        .test_before_acquire(options.get_test_before_acquire())
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                    .await?;
+                Ok(())
+            })
+        })
+        .connect_lazy_with((*pool.connect_options()).clone())
+}
+
 impl MySqlOutbox {
     /// An outbox on `pool` with `config`. Runs no SQL; call [`install`](Self::install)
     /// or apply [`ddl`](Self::ddl) with your migration tool first.
@@ -103,29 +137,21 @@ impl MySqlOutbox {
         config.validate()?;
         let name = config.qualified_name()?;
         let sql = Statements::new(&name, &config);
-        let relay = MySqlPoolOptions::new()
-            .max_connections(pool.options().get_max_connections())
-            .acquire_timeout(pool.options().get_acquire_timeout())
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                        .await?;
-                    Ok(())
-                })
-            })
-            .connect_lazy_with((*pool.connect_options()).clone());
+        let relay = read_committed(&pool);
         let inner = Arc::new(Inner { config, name, sql });
         Ok(MySqlOutbox { pool, relay, inner })
     }
 
-    /// The pool this outbox was made with: installs and operator calls run on it.
+    /// The pool this outbox was made with: installs, stats and dead-letter pages run on
+    /// it.
     pub fn pool(&self) -> &MySqlPool {
         &self.pool
     }
 
-    /// The connections the relay's statements run on: a pool beside
-    /// [`pool`](Self::pool), with its options and size, opened on first use, whose
-    /// sessions are `READ COMMITTED`.
+    /// The connections the relay's and the admin's writes run on: a pool beside
+    /// [`pool`](Self::pool), with its connect options, size, timeouts and lifetimes
+    /// (not its `after_connect` hook, which sqlx does not expose), opened on first use,
+    /// whose sessions are `READ COMMITTED`, so locking reads take no gap locks.
     pub fn relay_pool(&self) -> &MySqlPool {
         &self.relay
     }
@@ -157,8 +183,8 @@ impl MySqlOutbox {
         schema::install(&self.pool, name, &schema::outbox_objects(name)).await
     }
 
-    /// The text of a relay statement by name, with room for `ids` ids: for the plan
-    /// tests, which explain what the store sends.
+    /// The text of a relay or admin statement by name, with room for `ids` ids: for
+    /// the plan tests, which explain what the store sends.
     #[doc(hidden)]
     pub fn relay_sql(&self, statement: &str, ids: usize) -> Option<String> {
         let sql = &self.inner.sql;
@@ -173,6 +199,12 @@ impl MySqlOutbox {
             "fail" => &sql.fail,
             "dead_letter" => &sql.dead_letter,
             "purge" => &sql.admin.purge_dispatched,
+            "requeue_ids" => &sql.admin.requeue_ids,
+            "requeue_matching" => &sql.admin.requeue_matching,
+            "discard_ids" => &sql.admin.discard_ids,
+            "discard_matching" => &sql.admin.discard_matching,
+            "count_dead" => &sql.admin.count_dead,
+            "count_dispatched" => &sql.admin.count_dispatched,
             _ => return None,
         };
         Some(with_ids(text, ids))
@@ -183,9 +215,10 @@ impl MySqlOutbox {
     ///
     /// - Every message is checked against the config's limits first; one bad message,
     ///   or an id given twice, rejects the batch before anything is sent.
-    /// - The batch is one multi-row `INSERT`, in slice order. If an id is already
-    ///   stored, InnoDB undoes the statement (only the statement: your transaction goes
-    ///   on) and the call fails with [`ErrorKind::Conflict`](outbox_core::ErrorKind::Conflict)
+    /// - The batch is one multi-row `INSERT` per 4,096 messages, in slice order (a longer
+    ///   batch runs under a savepoint, `outbox_enqueue`). If an id is already stored,
+    ///   InnoDB undoes the statement and the savepoint undoes the earlier ones (only
+    ///   those: your transaction goes on), and the call fails with [`ErrorKind::Conflict`](outbox_core::ErrorKind::Conflict)
     ///   naming the stored ids that your transaction can see.
     /// - `created_at` is the statement's `UTC_TIMESTAMP(6)`, and each message is due
     ///   `delay` after it.
@@ -200,29 +233,42 @@ impl MySqlOutbox {
         if messages.is_empty() {
             return Ok(());
         }
+        // 7 parameters a message, at most 65,535 a statement: longer batches are several
+        // statements under a savepoint, so a refused batch still writes nothing.
+        let chunked = messages.len() > ENQUEUE_CHUNK;
+        savepoint(conn, chunked, "SAVEPOINT").await?;
         let row = "(?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
-        let sql = format!(
-            "INSERT INTO {} (id, destination, partition_key, payload, content_type, headers, \
-             created_at, available_at) VALUES {}",
-            self.inner.name,
-            vec![row; messages.len()].join(", ")
-        );
-        let mut query = sqlx::query(&sql);
-        for m in messages {
-            query = query
-                .bind(m.id().as_uuid())
-                .bind(m.destination())
-                .bind(m.partition_key())
-                .bind(m.payload())
-                .bind(m.content_type())
-                .bind(m.headers().to_json())
-                .bind(micros("delay", m.delay())?);
+        let mut failed = None;
+        for chunk in messages.chunks(ENQUEUE_CHUNK) {
+            let sql = format!(
+                "INSERT INTO {} (id, destination, partition_key, payload, content_type, \
+                 headers, created_at, available_at) VALUES {}",
+                self.inner.name,
+                vec![row; chunk.len()].join(", ")
+            );
+            let mut query = sqlx::query(&sql);
+            for m in chunk {
+                query = query
+                    .bind(m.id().as_uuid())
+                    .bind(m.destination())
+                    .bind(m.partition_key())
+                    .bind(m.payload())
+                    .bind(m.content_type())
+                    .bind(m.headers().to_json())
+                    .bind(micros("delay", m.delay())?);
+            }
+            if let Err(err) = query.execute(&mut *conn).await {
+                failed = Some((chunk, err));
+                break;
+            }
         }
-        let err = match query.execute(&mut *conn).await {
-            Ok(_) => return Ok(()),
-            Err(err) if number(&err) == Some(1062) => err,
-            Err(err) => return Err(from_sqlx("enqueue", err)),
+        let Some((messages, err)) = failed else {
+            return savepoint(conn, chunked, "RELEASE SAVEPOINT").await;
         };
+        savepoint(conn, chunked, "ROLLBACK TO SAVEPOINT").await?;
+        if number(&err) != Some(1062) {
+            return Err(from_sqlx("enqueue", err));
+        }
         let ids: Vec<Uuid> = messages.iter().map(|m| m.id().as_uuid()).collect();
         let sql = with_ids(
             &format!("SELECT id FROM {} WHERE id IN ({{ids}})", self.inner.name),
@@ -264,6 +310,7 @@ impl MySqlOutbox {
             .await
             .map_err(err)?;
         let Some(first) = rows.first() else {
+            tx.rollback().await.map_err(err)?;
             return Ok(Claimed::default());
         };
         let expiry: NaiveDateTime = get(first, "lease_expires_at")?;
@@ -314,6 +361,9 @@ impl MySqlOutbox {
             .map(|(id, _, _, expiry)| (id, expiry))
             .collect();
         if applied.is_empty() {
+            // Roll back now: a dropped transaction is rolled back only when its
+            // connection is next used, and until then it keeps the rows locked.
+            tx.rollback().await.map_err(err)?;
             return Ok(applied);
         }
         let ids: Vec<Uuid> = applied.iter().map(|(id, _)| *id).collect();
@@ -325,6 +375,7 @@ impl MySqlOutbox {
             Write::Fail(_) => (&sql.fail, None),
         };
         if let Write::Fail(failures) = write {
+            let applied_ids: std::collections::HashSet<Uuid> = ids.iter().copied().collect();
             for failure in in_id_order(failures, |f| f.lease().id) {
                 let id = failure.lease().id.as_uuid();
                 let (dead, after) = match failure.disposition() {
@@ -336,7 +387,7 @@ impl MySqlOutbox {
                     .bind(micros("retry delay", after)?)
                     .bind(dead)
                     .bind(id);
-                if ids.contains(&id) {
+                if applied_ids.contains(&id) {
                     query.execute(&mut *tx).await.map_err(err)?;
                 }
             }
