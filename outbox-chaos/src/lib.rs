@@ -15,6 +15,8 @@
 //! the tests.
 
 use std::fmt;
+use std::future::Future;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -228,6 +230,47 @@ impl Publisher for TablePublisher {
 /// A sqlx error as a core storage error.
 pub fn storage_error(what: &str, e: sqlx::Error) -> Error {
     Error::new(ErrorKind::Storage, what.to_owned()).with_source(e)
+}
+
+/// The body of a worker binary's `main`: a panic exits with 101, logs go to stderr
+/// (`RUST_LOG`, `warn` by default), settings that do not parse exit with 2, and `run`'s
+/// outcome is printed: its report on stdout (exit 0) or its error on stderr (exit 1).
+pub async fn worker_main<R, F>(bin: &str, run: impl FnOnce(WorkerSettings) -> F) -> ExitCode
+where
+    R: fmt::Debug,
+    F: Future<Output = outbox_core::Result<R>>,
+{
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default_hook(info);
+        std::process::exit(101);
+    }));
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    let settings = match WorkerSettings::from_env() {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("{bin}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let worker = settings.worker.clone();
+    match run(settings).await {
+        Ok(report) => {
+            println!("{bin} {worker} stopped: {report:?}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{bin} {worker} failed: {}", e.report());
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[cfg(test)]

@@ -28,38 +28,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let default_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        default_hook(info);
-        std::process::exit(101);
-    }));
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .init();
-
-    let settings = match WorkerSettings::from_env() {
-        Ok(settings) => settings,
-        Err(e) => {
-            eprintln!("chaos-worker: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let worker = settings.worker.clone();
-    match run(settings).await {
-        Ok(report) => {
-            println!("chaos-worker {worker} stopped: {report:?}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("chaos-worker {worker} failed: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    outbox_chaos::worker_main("chaos-worker", run).await
 }
 
 async fn run(settings: WorkerSettings) -> outbox_core::Result<DispatchReport> {
