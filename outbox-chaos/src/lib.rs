@@ -273,6 +273,30 @@ where
     }
 }
 
+/// Wait until stdin reaches its end, or SIGTERM or SIGINT arrives; says which. `bin`
+/// names the worker in the message printed when SIGTERM cannot be watched.
+pub async fn stop_requested(bin: &str) -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (closed, stdin_closed) = tokio::sync::oneshot::channel();
+    // A plain thread: a blocked read must not keep the runtime from shutting down.
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+        let _ = closed.send(());
+    });
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(e) => {
+            eprintln!("{bin}: cannot watch SIGTERM: {e}");
+            return "no SIGTERM handler";
+        }
+    };
+    tokio::select! {
+        _ = stdin_closed => "stdin closed",
+        _ = term.recv() => "SIGTERM",
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,7 +18,6 @@ use outbox_chaos::{
 };
 use outbox_postgres_wal::{ReplicationTarget, WalOutbox, WalRelay, WalRelayReport};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main(flavor = "current_thread")]
@@ -48,7 +47,7 @@ async fn run(settings: WorkerSettings) -> outbox_core::Result<WalRelayReport> {
     let mut running = tokio::spawn(relay.run(stop.clone()));
     println!("chaos-wal-worker {} running: {settings:?}", settings.worker);
     tokio::select! {
-        why = stop_requested() => {
+        why = outbox_chaos::stop_requested("chaos-wal-worker") => {
             println!("chaos-wal-worker {}: {why}, shutting down", settings.worker);
             stop.cancel();
             running.await.map_err(|e| outbox_core::Error::new(outbox_core::ErrorKind::Panicked, e.to_string()))?
@@ -56,26 +55,5 @@ async fn run(settings: WorkerSettings) -> outbox_core::Result<WalRelayReport> {
         ended = &mut running => {
             ended.map_err(|e| outbox_core::Error::new(outbox_core::ErrorKind::Panicked, e.to_string()))?
         }
-    }
-}
-
-/// Wait until stdin reaches its end, or SIGTERM or SIGINT arrives; says which.
-async fn stop_requested() -> &'static str {
-    let (closed, stdin_closed) = tokio::sync::oneshot::channel();
-    std::thread::spawn(move || {
-        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
-        let _ = closed.send(());
-    });
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(e) => {
-            eprintln!("chaos-wal-worker: cannot watch SIGTERM: {e}");
-            return "no SIGTERM handler";
-        }
-    };
-    tokio::select! {
-        _ = stdin_closed => "stdin closed",
-        _ = term.recv() => "SIGTERM",
-        _ = tokio::signal::ctrl_c() => "SIGINT",
     }
 }

@@ -24,7 +24,6 @@ use outbox_core::{DispatchReport, OutboxStore, Relay};
 use outbox_mysql::{MySqlOutbox, MySqlOutboxConfig};
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio::signal::unix::{signal, SignalKind};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
@@ -69,29 +68,7 @@ async fn run(settings: WorkerSettings) -> outbox_core::Result<DispatchReport> {
     let relay = Relay::new(outbox, Arc::new(publisher), relay_config(&settings.worker))?;
     let handle = relay.spawn();
     println!("chaos-worker {} running: {settings:?}", settings.worker);
-    let why = stop_requested().await;
+    let why = outbox_chaos::stop_requested("chaos-worker").await;
     println!("chaos-worker {}: {why}, shutting down", settings.worker);
     handle.shutdown().await
-}
-
-/// Wait until stdin reaches its end, or SIGTERM or SIGINT arrives; says which.
-async fn stop_requested() -> &'static str {
-    let (closed, stdin_closed) = tokio::sync::oneshot::channel();
-    // A plain thread: a blocked read must not keep the runtime from shutting down.
-    std::thread::spawn(move || {
-        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
-        let _ = closed.send(());
-    });
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(e) => {
-            eprintln!("chaos-worker: cannot watch SIGTERM: {e}");
-            return "no SIGTERM handler";
-        }
-    };
-    tokio::select! {
-        _ = stdin_closed => "stdin closed",
-        _ = term.recv() => "SIGTERM",
-        _ = tokio::signal::ctrl_c() => "SIGINT",
-    }
 }
