@@ -8,9 +8,12 @@
 //!    minimal claim + delete statements (1 and 2 clients): the polling ceiling. Batches
 //!    of 100 everywhere. The systems take turns, round after round; medians.
 //! 2. **Enqueue**: transactions of one business `INSERT`, alone, with a log-tailing
-//!    enqueue of one message, and with an `outbox-postgres` row enqueue (the table-row
-//!    variant's write), 4 concurrent connections, the log-tailing relay streaming
-//!    meanwhile; rounds taking turns.
+//!    enqueue of one message (its own statement, or in the business statement through
+//!    `WalOutbox::contents`), with an `outbox-postgres` row enqueue (the table-row
+//!    variant's write), and with a `SELECT 1`: what any second statement costs, the
+//!    floor for an enqueue that is not part of the business statement. 4 concurrent
+//!    connections; rounds taking turns; three settings: fsync off and on with the
+//!    log-tailing relay streaming, and fsync off with it stopped (the writer's own cost).
 //! 3. **Latency**: one message per transaction at 1,000 transactions/s for 10 s; the
 //!    time from the commit (the commit record's timestamp) to the publisher call.
 //!
@@ -19,7 +22,10 @@
 //! ```sh
 //! cargo bench -p outbox-postgres-wal --bench wal_bench        # about two minutes
 //! OUTBOX_BENCH_QUICK=1 cargo bench -p outbox-postgres-wal --bench wal_bench
+//! OUTBOX_BENCH_ONLY=enqueue,latency cargo bench -p outbox-postgres-wal --bench wal_bench
 //! ```
+//!
+//! `OUTBOX_BENCH_ONLY` runs the scenarios named (`drain`, `enqueue`, `latency`, `nats`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -45,6 +51,8 @@ struct Plan {
     backlog: u64,
     rounds: usize,
     enqueue_txns: usize,
+    /// Enqueue's runs are short and noisy: more of them than the drain's.
+    enqueue_rounds: usize,
     latency_secs: u64,
 }
 
@@ -55,13 +63,15 @@ fn main() -> Res<()> {
             backlog: 20_000,
             rounds: 1,
             enqueue_txns: 1_000,
+            enqueue_rounds: 3,
             latency_secs: 3,
         }
     } else {
         Plan {
             backlog: 100_000,
             rounds: 3,
-            enqueue_txns: 4_000,
+            enqueue_txns: 12_000,
+            enqueue_rounds: 5,
             latency_secs: 10,
         }
     };
@@ -100,12 +110,22 @@ async fn run(cluster: &Cluster, plan: Plan) -> Res<()> {
         plan.backlog,
         plan.rounds
     );
-    drain(cluster, &pool, plan).await?;
-    enqueue(cluster, &pool, plan).await?;
-    latency(cluster, &pool, plan).await?;
-    match std::env::var("OUTBOX_NATS_URL") {
-        Ok(url) if !url.trim().is_empty() => nats(cluster, &pool, plan, &url).await?,
-        _ => println!("\n4. NATS JetStream: SKIPPED (OUTBOX_NATS_URL is not set)"),
+    let only = std::env::var("OUTBOX_BENCH_ONLY").unwrap_or_default();
+    let runs = |name: &str| only.trim().is_empty() || only.split(',').any(|n| n.trim() == name);
+    if runs("drain") {
+        drain(cluster, &pool, plan).await?;
+    }
+    if runs("enqueue") {
+        enqueue(cluster, &pool, plan).await?;
+    }
+    if runs("latency") {
+        latency(cluster, &pool, plan).await?;
+    }
+    if runs("nats") {
+        match std::env::var("OUTBOX_NATS_URL") {
+            Ok(url) if !url.trim().is_empty() => nats(cluster, &pool, plan, &url).await?,
+            _ => println!("\n4. NATS JetStream: SKIPPED (OUTBOX_NATS_URL is not set)"),
+        }
     }
     Ok(())
 }
@@ -407,7 +427,10 @@ async fn enqueue(cluster: &Cluster, pool: &PgPool, plan: Plan) -> Res<()> {
         PgOutboxConfig::default().with_schema("bench_rows"),
     )?;
     rows.install().await?;
-    // The log-tailing relay streams meanwhile, as in production.
+    // The log-tailing relay streams meanwhile, as in production, then stops: with it
+    // stopped, the figures are the writer's own cost (the slot keeps the log, and no
+    // walsender decodes it on these two cores), as the outbox row's enqueue is measured
+    // without a polling relay claiming the rows.
     let publisher = Arc::new(Counting::default());
     let stop = CancellationToken::new();
     let relay = WalRelay::new(
@@ -417,15 +440,52 @@ async fn enqueue(cluster: &Cluster, pool: &PgPool, plan: Plan) -> Res<()> {
         WalRelayConfig::default(),
     )?;
     let task = tokio::spawn(relay.run(stop.clone()));
-    let kinds = [
-        "business insert alone",
-        "+ log-tailing enqueue",
-        "+ log-tailing, one statement",
-        "+ outbox row enqueue",
-    ];
-    let mut rates: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); kinds.len()];
-    for round in 0..plan.rounds.max(3) {
-        for (k, kind) in kinds.iter().enumerate() {
+    // fsync is reloadable: the same cluster measures commits as the testkit runs them
+    // (fsync off: a commit costs only CPU, so an extra statement weighs most) and as a
+    // production server makes them (fsync on: the commit waits for the disk).
+    for (fsync, streaming) in [("off", true), ("on", true), ("off", false)] {
+        if !streaming {
+            stop.cancel();
+        }
+        sqlx::query(&format!("ALTER SYSTEM SET fsync = {fsync}"))
+            .execute(pool)
+            .await?;
+        sqlx::query("SELECT pg_reload_conf()").execute(pool).await?;
+        let rates = enqueue_turns(pool, &wal, &rows, plan).await?;
+        let relay = if streaming {
+            "the relay streaming"
+        } else {
+            "the relay stopped"
+        };
+        print_enqueue(&rates, &format!("fsync {fsync}, {relay}"), plan);
+    }
+    sqlx::query("ALTER SYSTEM RESET fsync")
+        .execute(pool)
+        .await?;
+    sqlx::query("SELECT pg_reload_conf()").execute(pool).await?;
+    task.await??;
+    drop_slot(pool, "bench_enqueue").await?;
+    Ok(())
+}
+
+const ENQUEUE_KINDS: [&str; 5] = [
+    "business insert alone",
+    "+ log-tailing enqueue",
+    "+ log-tailing, one statement",
+    "+ outbox row enqueue",
+    "+ SELECT 1 (the floor)",
+];
+
+/// Rounds of every kind of transaction, taking turns: one `Run` per kind and round.
+async fn enqueue_turns(
+    pool: &PgPool,
+    wal: &WalOutbox,
+    rows: &PgOutbox,
+    plan: Plan,
+) -> Res<Vec<Vec<Run>>> {
+    let mut rates: Vec<Vec<Run>> = vec![Vec::new(); ENQUEUE_KINDS.len()];
+    for round in 0..plan.enqueue_rounds {
+        for (k, kind) in ENQUEUE_KINDS.iter().enumerate() {
             let before = cpu::sample();
             let start = Instant::now();
             let mut tasks = Vec::new();
@@ -461,6 +521,10 @@ async fn enqueue(cluster: &Cluster, pool: &PgPool, plan: Plan) -> Res<()> {
                         match k {
                             1 => wal.enqueue(&mut tx, &[message(i as u64)]).await?,
                             3 => rows.enqueue(&mut tx, &[message(i as u64)]).await?,
+                            // What any second statement costs: the round trip alone.
+                            4 => {
+                                sqlx::query("SELECT 1").execute(&mut *tx).await?;
+                            }
                             _ => {}
                         }
                         tx.commit().await?;
@@ -472,47 +536,46 @@ async fn enqueue(cluster: &Cluster, pool: &PgPool, plan: Plan) -> Res<()> {
                 t.await??;
             }
             let elapsed = start.elapsed();
-            let spent = cpu::since(before);
             let n = (plan.enqueue_txns / 4 * 4) as u64;
-            let run = spent.run(n, elapsed);
+            let run = cpu::since(before).run(n, elapsed);
             println!(
-                "  round {} {kind:<24} {:>8.0} txn/s  client {:>6.2} µs/txn  server {:>6.2} µs/txn",
+                "  round {} {kind:<29} {:>8.0} txn/s  client {:>6.2} µs/txn  server {:>6.2} µs/txn",
                 round + 1,
                 run.rate,
                 run.client_us,
                 run.server_us
             );
-            rates[k].push((run.rate, run.client_us, run.server_us));
+            rates[k].push(run);
         }
     }
-    stop.cancel();
-    task.await??;
-    drop_slot(pool, "bench_enqueue").await?;
-    let med = |v: &[(f64, f64, f64)]| {
+    Ok(rates)
+}
+
+fn print_enqueue(rates: &[Vec<Run>], mode: &str, plan: Plan) {
+    let med = |v: &[Run]| {
         let mut v = v.to_vec();
-        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        v.sort_by(|a, b| a.rate.total_cmp(&b.rate));
         v[v.len() / 2]
     };
-    let base = med(&rates[0]).0;
+    let base = med(&rates[0]).rate;
     println!(
-        "\n2. Enqueue: transactions of one business INSERT (+ one message), 4 connections, \
-         {} transactions per run, medians:\n",
+        "\n2. Enqueue ({mode}): transactions of one business INSERT (+ one message), \
+         4 connections, {} transactions per run, medians:\n",
         plan.enqueue_txns
     );
     println!("| transaction | txn/s | vs business alone | client CPU µs/txn | server CPU µs/txn |");
     println!("|---|---:|---:|---:|---:|");
-    for (kind, r) in kinds.iter().zip(&rates) {
+    for (kind, r) in ENQUEUE_KINDS.iter().zip(rates) {
         let m = med(r);
         println!(
             "| {kind} | {:.0} | {:.2} | {:.2} | {:.2} |",
-            m.0,
-            m.0 / base,
-            m.1,
-            m.2
+            m.rate,
+            m.rate / base,
+            m.client_us,
+            m.server_us
         );
     }
     println!();
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------------

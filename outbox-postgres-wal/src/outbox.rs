@@ -20,6 +20,10 @@ use crate::error::from_sqlx;
 const ENQUEUE: &str =
     "SELECT count(pg_logical_emit_message(true, $1, m))::int8 FROM unnest($2::bytea[]) AS t(m)";
 
+/// One message, the common case, without the array: about 10 µs less of client and
+/// server CPU per transaction than [`ENQUEUE`] (`wal_bench`'s enqueue scenario).
+const ENQUEUE_ONE: &str = "SELECT pg_logical_emit_message(true, $1, $2)::text";
+
 /// The table (in the dead letters' schema) where relays save each slot's confirmed
 /// position.
 pub const POSITIONS_TABLE: &str = "outbox_wal_positions";
@@ -345,16 +349,22 @@ impl WalOutbox {
     /// - Mapped driver errors otherwise; after them, roll the transaction back.
     pub async fn enqueue(&self, conn: &mut PgConnection, messages: &[NewMessage]) -> Result<()> {
         let contents = self.contents(messages)?;
-        if contents.is_empty() {
-            return Ok(());
-        }
-        sqlx::query_scalar::<_, i64>(ENQUEUE)
-            .bind(self.config.prefix())
-            .bind(contents)
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(|e| from_sqlx("enqueue", e))?;
-        Ok(())
+        let sent = match contents.as_slice() {
+            [] => return Ok(()),
+            [one] => sqlx::query(ENQUEUE_ONE)
+                .bind(self.config.prefix())
+                .bind(one.as_slice())
+                .execute(&mut *conn)
+                .await
+                .map(|_| ()),
+            _ => sqlx::query(ENQUEUE)
+                .bind(self.config.prefix())
+                .bind(contents)
+                .execute(&mut *conn)
+                .await
+                .map(|_| ()),
+        };
+        sent.map_err(|e| from_sqlx("enqueue", e))
     }
 
     /// The logical decoding message contents of `messages`, checked as
