@@ -202,7 +202,12 @@ async fn dedup_bench(client: &Client, scale: usize) {
 /// CPU time of this process so far (user + system), from `/proc/self/stat`; zero where
 /// that file does not exist.
 fn process_cpu() -> Duration {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+    cpu_of("/proc/self/stat")
+}
+
+/// CPU time of the process whose `/proc/<pid>/stat` is at `path`.
+fn cpu_of(path: &str) -> Duration {
+    let Ok(stat) = std::fs::read_to_string(path) else {
         return Duration::ZERO;
     };
     // Fields after the parenthesised command name; utime and stime are the 12th and
@@ -218,16 +223,39 @@ fn process_cpu() -> Duration {
     Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
+/// CPU time of every DynamoDB Local process on this machine (zero when the endpoint
+/// is elsewhere).
+fn server_cpu() -> Duration {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Duration::ZERO;
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| c.windows(13).any(|w| w == b"DynamoDBLocal"))
+        })
+        .map(|e| cpu_of(&e.path().join("stat").to_string_lossy()))
+        .sum()
+}
+
+/// What one relay run measured.
+struct RelayRun {
+    rate: f64,
+    /// Refused conditional writes per message, whole run and steady state.
+    refused: f64,
+    steady: f64,
+    /// Claim + complete write units and claim read units per message.
+    writes: f64,
+    reads: f64,
+    /// CPU microseconds per message while draining: this process, DynamoDB Local.
+    cpu: f64,
+    server_cpu: f64,
+}
+
 /// One relay run: `relays` stores (shard leases on or off) draining `backlog`
-/// messages. Returns (msgs/s, refused per message whole run, refused per message in
-/// steady state, claim+complete write units per message, claim read units per message,
-/// this process's CPU microseconds per message while draining).
-async fn relay_run(
-    client: &Client,
-    relays: usize,
-    backlog: usize,
-    leases: bool,
-) -> (f64, f64, f64, f64, f64, f64) {
+/// messages.
+async fn relay_run(client: &Client, relays: usize, backlog: usize, leases: bool) -> RelayRun {
     let config = DynamoOutboxConfig::default()
         .with_table(table("bench_relays"))
         .with_shards(16)
@@ -259,7 +287,7 @@ async fn relay_run(
         .collect();
     let publisher = RecordingPublisher::new();
     let start = Instant::now();
-    let cpu_start = process_cpu();
+    let (cpu_start, server_start) = (process_cpu(), server_cpu());
     let handles: Vec<_> = stores
         .iter()
         .enumerate()
@@ -296,6 +324,7 @@ async fn relay_run(
         .unwrap();
     let elapsed = start.elapsed();
     let cpu = process_cpu().saturating_sub(cpu_start);
+    let server = server_cpu().saturating_sub(server_start);
     for h in handles {
         h.shutdown().await.unwrap();
     }
@@ -309,14 +338,15 @@ async fn relay_run(
     }
     writer.drop_table().await.unwrap();
     let per = |x: f64, n: u64| x / n.max(1) as f64;
-    (
-        backlog as f64 / elapsed.as_secs_f64(),
-        per(refused as f64, claimed),
-        per((refused_b - refused_a) as f64, claimed_b - claimed_a),
-        per(writes, claimed),
-        per(reads, claimed),
-        cpu.as_secs_f64() * 1e6 / backlog as f64,
-    )
+    RelayRun {
+        rate: backlog as f64 / elapsed.as_secs_f64(),
+        refused: per(refused as f64, claimed),
+        steady: per((refused_b - refused_a) as f64, claimed_b - claimed_a),
+        writes: per(writes, claimed),
+        reads: per(reads, claimed),
+        cpu: cpu.as_secs_f64() * 1e6 / backlog as f64,
+        server_cpu: server.as_secs_f64() * 1e6 / backlog as f64,
+    }
 }
 
 async fn relay_bench(client: &Client, backlog: usize) -> f64 {
@@ -328,28 +358,35 @@ async fn relay_bench(client: &Client, backlog: usize) -> f64 {
               leases (6 s); `all shards`: the baseline, every relay claims from every shard. \
               Steady state: between 25% and 90% of the backlog published. The two modes take \
               turns for each relay count. Bench CPU: this process (library, SDK, relays, \
-              publisher), not DynamoDB Local.\n"
+              publisher); server CPU: DynamoDB Local's processes, whose saturation bounds the \
+              drain on a small machine whatever the relay count.\n"
     );
     println!(
-        "| relays | mode | msgs/s | vs 1 relay | refused writes/msg (whole drain) | refused writes/msg (steady state) | claim+complete WCU/msg | claim RCU/msg | bench CPU µs/msg |"
+        "| relays | mode | msgs/s | vs 1 relay | refused writes/msg (whole drain) | refused writes/msg (steady state) | claim+complete WCU/msg | claim RCU/msg | bench CPU µs/msg | server CPU µs/msg |"
     );
-    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut four = f64::NAN;
     let mut one = [f64::NAN; 2];
     for relays in [1usize, 2, 4, 8] {
         for (slot, leases) in [(0usize, true), (1, false)] {
-            let (rate, refused, steady, writes, reads, cpu) =
-                relay_run(client, relays, backlog, leases).await;
+            let run = relay_run(client, relays, backlog, leases).await;
             if relays == 1 {
-                one[slot] = rate;
+                one[slot] = run.rate;
             }
             if relays == 4 && leases {
-                four = steady;
+                four = run.steady;
             }
             println!(
-                "| {relays} | {} | {rate:.0} | {:.2}x | {refused:.3} | {steady:.3} | {writes:.2} | {reads:.2} | {cpu:.0} |",
+                "| {relays} | {} | {:.0} | {:.2}x | {:.3} | {:.3} | {:.2} | {:.2} | {:.0} | {:.0} |",
                 if leases { "leases" } else { "all shards" },
-                rate / one[slot],
+                run.rate,
+                run.rate / one[slot],
+                run.refused,
+                run.steady,
+                run.writes,
+                run.reads,
+                run.cpu,
+                run.server_cpu,
             );
         }
     }

@@ -477,6 +477,59 @@ async fn an_invalidated_slot_stops_the_relay() {
         .contains("invalidated"));
 }
 
+/// A slot invalidated while its relay streams (the relay fell behind: its publisher
+/// holds a batch, so nothing past it is confirmed) stops the relay with the same error
+/// once the stream breaks; nothing committed after the lost log is ever published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    outbox_service_unset,
+    ignore = "no PostgreSQL server binaries when built: see the build warning"
+)]
+async fn a_slot_invalidated_while_streaming_stops_the_relay() {
+    let Some(env) = Env::start(&[("max_slot_wal_keep_size", "1MB")]).await else {
+        return;
+    };
+    let outbox = env.outbox().await;
+    let (publisher, gate) = RecordingPublisher::new().hold_destination("held");
+    let publisher = Arc::new(publisher);
+    let relay = WalRelay::new(outbox.clone(), env.target(), publisher.clone(), fast()).unwrap();
+    let task = tokio::spawn(relay.run(CancellationToken::new()));
+    commit(&outbox, &messages("held", 1, 1)).await;
+    publisher
+        .wait_for_calls(1, DEADLINE)
+        .await
+        .expect("the relay hands the batch over");
+    sqlx::raw_sql("CREATE TABLE filler (x text)")
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    wait_until(
+        "the slot is invalidated under the running relay",
+        || async {
+            sqlx::raw_sql(
+                "INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 2000); \
+             SELECT pg_switch_wal(); CHECKPOINT;",
+            )
+            .execute(&env.pool)
+            .await
+            .unwrap();
+            outbox.slot_status().await.unwrap().unwrap().invalidated
+        },
+    )
+    .await;
+    let after = messages("after", 1, 1);
+    commit(&outbox, &after).await;
+    gate.open();
+    let err = tokio::time::timeout(DEADLINE, task)
+        .await
+        .expect("the relay stops by itself")
+        .expect("relay task")
+        .unwrap_err();
+    assert!(!err.is_retryable());
+    assert!(err.message().contains("invalidated"), "{}", err.report());
+    assert_eq!(publisher.times_seen(after[0].id()), 0, "skipped ahead");
+}
+
 /// Enqueue's input rules: the core limits, repeated ids, no delays, empty batches;
 /// install is idempotent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
