@@ -3,15 +3,16 @@
 mod codec;
 mod config;
 mod error;
+mod meters;
 mod outbox;
 mod relay;
 
 pub use config::{ReplicationTarget, WalOutboxConfig, WalRelayConfig};
-pub use outbox::{SlotStatus, WalOutbox, POSITIONS_TABLE};
-pub use relay::{
-    WalRelay, WalRelayReport, DEAD_LETTERED, NON_TRANSACTIONAL_DESTINATION, PUBLISHED, RECONNECTS,
-    SLOT_LAG_BYTES, SLOT_LAG_SECONDS, UNDECODABLE_DESTINATION,
+pub use meters::{
+    describe_metrics, DEAD_LETTERED, PUBLISHED, RECONNECTS, SLOT_LAG_BYTES, SLOT_LAG_SECONDS,
 };
+pub use outbox::{SlotStatus, WalOutbox, POSITIONS_TABLE};
+pub use relay::{WalRelay, WalRelayReport, NON_TRANSACTIONAL_DESTINATION, UNDECODABLE_DESTINATION};
 
 /// The sqlx this crate was built with: open pools and begin the transactions you pass
 /// to `enqueue` with it.

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::FutureExt;
-use metrics::{counter, gauge};
 use outbox_core::backend::Backoff;
 use outbox_core::{
     DistributedLock, Error, ErrorKind, LockGuard, LockName, Message, MessageId, PublishOutcome,
@@ -22,20 +21,8 @@ use tokio_util::sync::CancellationToken;
 use crate::codec;
 use crate::config::{ReplicationTarget, WalRelayConfig};
 use crate::error::from_wire;
+use crate::meters::Meters;
 use crate::outbox::{pg_time, DeadLetterRow, WalOutbox};
-
-/// Gauge, bytes: log between the server's current position and the slot's confirmed
-/// position (label `slot`).
-pub const SLOT_LAG_BYTES: &str = "outbox_wal_slot_lag_bytes";
-/// Gauge, seconds: age of the oldest committed message the relay has read but not yet
-/// settled, 0 when it is caught up (label `slot`).
-pub const SLOT_LAG_SECONDS: &str = "outbox_wal_slot_lag_seconds";
-/// Counter: messages the broker accepted (label `slot`).
-pub const PUBLISHED: &str = "outbox_wal_messages_published_total";
-/// Counter: messages written to the dead letters (label `slot`).
-pub const DEAD_LETTERED: &str = "outbox_wal_messages_dead_lettered_total";
-/// Counter: stream sessions ended by an error and resumed (label `slot`).
-pub const RECONNECTS: &str = "outbox_wal_reconnects_total";
 
 /// Destination recorded for a message with this outbox's prefix whose content does not
 /// decode (written by another tool), when it is dead-lettered.
@@ -98,8 +85,9 @@ pub struct WalRelayReport {
 ///    most [`shutdown_grace`](WalRelayConfig::shutdown_grace) for a publish in flight.
 ///
 /// Every [`lag_interval`](WalRelayConfig::lag_interval) the relay reads the slot and
-/// sets the [`SLOT_LAG_BYTES`] and [`SLOT_LAG_SECONDS`] gauges, and stops if the slot
-/// was invalidated meanwhile.
+/// sets the [`SLOT_LAG_BYTES`](crate::SLOT_LAG_BYTES) and
+/// [`SLOT_LAG_SECONDS`](crate::SLOT_LAG_SECONDS) gauges, also while a publish hangs,
+/// and stops if the slot was invalidated meanwhile.
 ///
 /// ## Duplicates
 ///
@@ -143,7 +131,7 @@ pub struct WalRelay {
     /// process).
     failures: HashMap<MessageId, u32>,
     report: WalRelayReport,
-    slot_label: String,
+    meters: Meters,
     /// The highest position this relay confirmed: later sessions start there, as the
     /// server may have gone back to an older one (a restart before PostgreSQL 17).
     resume_from: Lsn,
@@ -192,7 +180,7 @@ impl WalRelay {
         config: WalRelayConfig,
     ) -> Result<Self> {
         config.validate()?;
-        let slot_label = outbox.config().slot().to_owned();
+        let meters = Meters::new(outbox.config().slot());
         Ok(WalRelay {
             outbox,
             target,
@@ -200,7 +188,7 @@ impl WalRelay {
             config,
             failures: HashMap::new(),
             report: WalRelayReport::default(),
-            slot_label,
+            meters,
             resume_from: Lsn::ZERO,
             feedback: Arc::new(watch::channel(0).0),
         })
@@ -279,7 +267,7 @@ impl WalRelay {
                     return Err(e);
                 }
             };
-            counter!(RECONNECTS, "slot" => self.slot_label.clone()).increment(1);
+            self.meters.reconnects.increment(1);
             if sleep_or_shutdown(wait, &shutdown).await {
                 if let Some(guard) = held.take() {
                     release(guard).await;
@@ -304,7 +292,7 @@ impl WalRelay {
                 Ok(None) => {
                     // A standby: keep the lag visible while another relay streams.
                     if let Ok(Some(status)) = self.outbox.slot_status().await {
-                        self.export_lag(status.lag_bytes, None);
+                        self.meters.lag(status.lag_bytes, None);
                     }
                     if sleep_or_shutdown(self.config.lock_retry, shutdown).await {
                         return Ok(None);
@@ -394,7 +382,7 @@ impl WalRelay {
                     }
                     _ = lag_tick.tick() => {
                         let status = self.outbox.check_slot().await?;
-                        self.export_lag(status.lag_bytes, stream.oldest());
+                        self.meters.lag(status.lag_bytes, stream.oldest());
                         continue;
                     }
                     event = client.recv() => event,
@@ -571,7 +559,7 @@ impl WalRelay {
             .write_dead_letters(&[DeadLetterRow { message, reason }])
             .await?;
         self.report.dead_lettered += 1;
-        counter!(DEAD_LETTERED, "slot" => self.slot_label.clone()).increment(1);
+        self.meters.dead_lettered.increment(1);
         Ok(())
     }
 
@@ -591,16 +579,35 @@ impl WalRelay {
         for message in stream.ready.range_mut(..n) {
             message.attempts = self.failures.get(&message.id).copied().unwrap_or(0) + 1;
         }
+        let oldest = stream.oldest();
         let batch = &stream.ready.make_contiguous()[..n];
         let grace = self.config.shutdown_grace;
-        let published = tokio::select! {
-            published = self.publisher.publish(batch) => published,
-            () = async {
+        // The publish future borrows the batch: it ends with this block.
+        let published = {
+            let mut publish = std::pin::pin!(self.publisher.publish(batch));
+            let mut grace_over = std::pin::pin!(async {
                 shutdown.cancelled().await;
                 tokio::time::sleep(grace).await;
-            } => {
-                tracing::warn!(count = n, ?grace, "wal relay: shutdown grace expired; abandoning the publish in flight (its messages are published again by the next relay)");
-                return Ok(BatchEnd::Abandoned);
+            });
+            // A publish that hangs (a stalled broker) must not freeze the lag gauges: they
+            // matter most then.
+            let mut lag_tick = tokio::time::interval_at(
+                tokio::time::Instant::now() + self.config.lag_interval,
+                self.config.lag_interval,
+            );
+            loop {
+                tokio::select! {
+                    published = &mut publish => break published,
+                    () = &mut grace_over => {
+                        tracing::warn!(count = n, ?grace, "wal relay: shutdown grace expired; abandoning the publish in flight (its messages are published again by the next relay)");
+                        return Ok(BatchEnd::Abandoned);
+                    }
+                    _ = lag_tick.tick() => match self.outbox.check_slot().await {
+                        Ok(status) => self.meters.lag(status.lag_bytes, oldest),
+                        // The session's own check reports it once the publish ends.
+                        Err(e) => tracing::debug!(error = %e.report(), "wal relay: slot check during a publish"),
+                    },
+                }
             }
         };
         let mut outcomes = match published {
@@ -663,9 +670,9 @@ impl WalRelay {
         let published = (settled - dead.len()) as u64;
         self.report.published += published;
         self.report.dead_lettered += dead.len() as u64;
-        counter!(PUBLISHED, "slot" => self.slot_label.clone()).increment(published);
+        self.meters.published.increment(published);
         if !dead.is_empty() {
-            counter!(DEAD_LETTERED, "slot" => self.slot_label.clone()).increment(dead.len() as u64);
+            self.meters.dead_lettered.increment(dead.len() as u64);
         }
         for _ in 0..settled {
             let message = stream.ready.pop_front().expect("settled within the batch");
@@ -726,17 +733,6 @@ impl WalRelay {
         {
             client.abort();
         }
-    }
-
-    fn export_lag(&self, bytes: Option<u64>, oldest: Option<SystemTime>) {
-        if let Some(bytes) = bytes {
-            #[allow(clippy::cast_precision_loss)] // a gauge: f64 is what it takes
-            gauge!(SLOT_LAG_BYTES, "slot" => self.slot_label.clone()).set(bytes as f64);
-        }
-        let age = oldest
-            .and_then(|t| SystemTime::now().duration_since(t).ok())
-            .unwrap_or_default();
-        gauge!(SLOT_LAG_SECONDS, "slot" => self.slot_label.clone()).set(age.as_secs_f64());
     }
 }
 

@@ -15,9 +15,10 @@ use outbox_core::{
     OutboxAdmin, PublishOutcome,
 };
 use outbox_postgres_wal::{
-    WalOutbox, WalRelay, NON_TRANSACTIONAL_DESTINATION, UNDECODABLE_DESTINATION,
+    WalOutbox, WalRelay, DEAD_LETTERED, NON_TRANSACTIONAL_DESTINATION, PUBLISHED, SLOT_LAG_BYTES,
+    SLOT_LAG_SECONDS, UNDECODABLE_DESTINATION,
 };
-use outbox_testkit::RecordingPublisher;
+use outbox_testkit::{RecordingPublisher, TestRecorder};
 use tokio_util::sync::CancellationToken;
 
 fn ids(messages: &[NewMessage]) -> Vec<MessageId> {
@@ -528,6 +529,63 @@ async fn a_slot_invalidated_while_streaming_stops_the_relay() {
     assert!(!err.is_retryable());
     assert!(err.message().contains("invalidated"), "{}", err.report());
     assert_eq!(publisher.times_seen(after[0].id()), 0, "skipped ahead");
+}
+
+/// The lag gauges follow the stream: while the publisher holds a batch the retained
+/// log and the oldest message's age grow; once it is published both fall back. The
+/// counters agree with the relay's report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    outbox_service_unset,
+    ignore = "no PostgreSQL server binaries when built: see the build warning"
+)]
+async fn lag_gauges_and_counters_follow_the_stream() {
+    let Some(env) = Env::start(&[]).await else {
+        return;
+    };
+    let outbox = env.outbox().await;
+    let (publisher, gate) = RecordingPublisher::new().hold_destination("held");
+    let publisher = Arc::new(publisher);
+    let recorder = TestRecorder::default();
+    // A relay registers its handles when it is made.
+    let relay = metrics::with_local_recorder(&recorder, || {
+        WalRelay::new(outbox.clone(), env.target(), publisher.clone(), fast()).unwrap()
+    });
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(relay.run(stop.clone()));
+    let slot = format!("slot={}", outbox.config().slot());
+    let (bytes, age) = (
+        || recorder.gauge(SLOT_LAG_BYTES, &slot).unwrap_or(0.0),
+        || recorder.gauge(SLOT_LAG_SECONDS, &slot).unwrap_or(0.0),
+    );
+    commit(&outbox, &messages("held", 1, 1)).await;
+    commit(&outbox, &messages("after", 3, 1)).await;
+    publisher.wait_for_calls(1, DEADLINE).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE filler (x text); \
+         INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 2000)",
+    )
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    wait_until("the lag gauges show the held batch", || async {
+        bytes() > 1_000_000.0 && age() > 0.0
+    })
+    .await;
+    gate.open();
+    wait_until("the lag gauges fall back once it is published", || async {
+        publisher.unique_count() == 4 && bytes() < 500_000.0 && age() == 0.0
+    })
+    .await;
+    stop.cancel();
+    let report = tokio::time::timeout(DEADLINE, task)
+        .await
+        .expect("the relay stops")
+        .unwrap()
+        .unwrap();
+    assert_eq!(recorder.counter(PUBLISHED, &slot), report.published);
+    assert!(report.published >= 4);
+    assert_eq!(recorder.counter(DEAD_LETTERED, &slot), 0);
 }
 
 /// Enqueue's input rules: the core limits, repeated ids, no delays, empty batches;

@@ -232,6 +232,7 @@ mod plan_macros;
 mod publisher_harness;
 mod publisher_macros;
 mod publishers;
+mod recorder;
 pub mod suite;
 pub mod wait;
 
@@ -258,4 +259,5 @@ pub use publisher_harness::{
     RestartableNamespace,
 };
 pub use publishers::{Gate, RecordingPublisher};
+pub use recorder::TestRecorder;
 pub use wait::{poll_for, wait_until, within};

@@ -2,85 +2,19 @@
 //! counters agree with the relay's own report, gauges follow the store, and every
 //! metric has help text.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use outbox_core::monitor::{self, describe_metrics, StatsReporter};
 use outbox_core::relay::metrics as names;
 use outbox_core::{
     Disposition, ErrorStatus, Failure, NewMessage, OutboxStore, OutboxStoreExt, Relay, RelayConfig,
     RetryPolicy,
 };
-use outbox_testkit::{Fault, FaultyStore, MemoryStore, Op, RecordingPublisher};
+use outbox_testkit::{Fault, FaultyStore, MemoryStore, Op, RecordingPublisher, TestRecorder};
 
-/// Keeps every counter and gauge by name and labels, and every description.
-#[derive(Debug, Default)]
-struct TestRecorder {
-    values: Mutex<HashMap<String, Arc<AtomicU64>>>,
-    described: Mutex<HashSet<String>>,
-}
-
-impl TestRecorder {
-    fn slot(&self, key: &Key) -> Arc<AtomicU64> {
-        let labels: Vec<String> = key
-            .labels()
-            .map(|l| format!("{}={}", l.key(), l.value()))
-            .collect();
-        let name = format!("{}{{{}}}", key.name(), labels.join(","));
-        Arc::clone(self.values.lock().unwrap().entry(name).or_default())
-    }
-
-    fn counter(&self, name: &str, label: &str) -> u64 {
-        self.read(name, label)
-            .map_or(0, |v| v.load(Ordering::Relaxed))
-    }
-
-    fn gauge(&self, name: &str, label: &str) -> f64 {
-        let bits = self
-            .read(name, label)
-            .expect("gauge set")
-            .load(Ordering::Relaxed);
-        f64::from_bits(bits)
-    }
-
-    fn read(&self, name: &str, label: &str) -> Option<Arc<AtomicU64>> {
-        self.values
-            .lock()
-            .unwrap()
-            .get(&format!("{name}{{{label}}}"))
-            .cloned()
-    }
-
-    fn describe(&self, key: KeyName) {
-        self.described
-            .lock()
-            .unwrap()
-            .insert(key.as_str().to_owned());
-    }
-}
-
-impl Recorder for TestRecorder {
-    fn describe_counter(&self, key: KeyName, _: Option<Unit>, _: SharedString) {
-        self.describe(key);
-    }
-    fn describe_gauge(&self, key: KeyName, _: Option<Unit>, _: SharedString) {
-        self.describe(key);
-    }
-    fn describe_histogram(&self, key: KeyName, _: Option<Unit>, _: SharedString) {
-        self.describe(key);
-    }
-    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        Counter::from_arc(self.slot(key))
-    }
-    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::from_arc(self.slot(key))
-    }
-    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
-        Histogram::noop()
-    }
+fn gauge(recorder: &TestRecorder, name: &str, labels: &str) -> f64 {
+    recorder.gauge(name, labels).expect("gauge set")
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -169,11 +103,11 @@ fn the_reporter_sets_the_stats_as_gauges() {
     });
     let label = "outbox=orders";
     assert_eq!((stats.pending, stats.in_flight, stats.dead), (2, 1, 1));
-    assert!((recorder.gauge(monitor::PENDING, label) - 2.0).abs() < f64::EPSILON);
-    assert!((recorder.gauge(monitor::IN_FLIGHT, label) - 1.0).abs() < f64::EPSILON);
-    assert!((recorder.gauge(monitor::DEAD, label) - 1.0).abs() < f64::EPSILON);
-    assert!(recorder.gauge(monitor::DISPATCHED_KEPT, label).abs() < f64::EPSILON);
-    let age = recorder.gauge(monitor::OLDEST_PENDING_AGE, label);
+    assert!((gauge(&recorder, monitor::PENDING, label) - 2.0).abs() < f64::EPSILON);
+    assert!((gauge(&recorder, monitor::IN_FLIGHT, label) - 1.0).abs() < f64::EPSILON);
+    assert!((gauge(&recorder, monitor::DEAD, label) - 1.0).abs() < f64::EPSILON);
+    assert!(gauge(&recorder, monitor::DISPATCHED_KEPT, label).abs() < f64::EPSILON);
+    let age = gauge(&recorder, monitor::OLDEST_PENDING_AGE, label);
     assert!((0.0..60.0).contains(&age), "{age}");
 }
 
@@ -197,7 +131,6 @@ fn the_spawned_reporter_stops_on_shutdown() {
 fn every_metric_is_described() {
     let recorder = TestRecorder::default();
     metrics::with_local_recorder(&recorder, describe_metrics);
-    let described = recorder.described.lock().unwrap();
     for name in [
         names::DISPATCHED,
         names::RETRIED,
@@ -215,6 +148,6 @@ fn every_metric_is_described() {
         monitor::OLDEST_PENDING_AGE,
         monitor::STATS_ERRORS,
     ] {
-        assert!(described.contains(name), "{name} has no description");
+        assert!(recorder.is_described(name), "{name} has no description");
     }
 }
