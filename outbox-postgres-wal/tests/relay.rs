@@ -441,21 +441,7 @@ async fn an_invalidated_slot_stops_the_relay() {
     };
     let outbox = env.outbox().await;
     commit(&outbox, &messages("d", 1, 1)).await;
-    sqlx::raw_sql("CREATE TABLE filler (x text)")
-        .execute(&env.pool)
-        .await
-        .unwrap();
-    wait_until("the slot is invalidated", || async {
-        sqlx::raw_sql(
-            "INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 2000); \
-             SELECT pg_switch_wal(); CHECKPOINT;",
-        )
-        .execute(&env.pool)
-        .await
-        .unwrap();
-        outbox.slot_status().await.unwrap().unwrap().invalidated
-    })
-    .await;
+    invalidate_slot(&env, &outbox).await;
     let relay = WalRelay::new(
         outbox.clone(),
         env.target(),
@@ -500,24 +486,7 @@ async fn a_slot_invalidated_while_streaming_stops_the_relay() {
         .wait_for_calls(1, DEADLINE)
         .await
         .expect("the relay hands the batch over");
-    sqlx::raw_sql("CREATE TABLE filler (x text)")
-        .execute(&env.pool)
-        .await
-        .unwrap();
-    wait_until(
-        "the slot is invalidated under the running relay",
-        || async {
-            sqlx::raw_sql(
-                "INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 2000); \
-             SELECT pg_switch_wal(); CHECKPOINT;",
-            )
-            .execute(&env.pool)
-            .await
-            .unwrap();
-            outbox.slot_status().await.unwrap().unwrap().invalidated
-        },
-    )
-    .await;
+    invalidate_slot(&env, &outbox).await;
     let after = messages("after", 1, 1);
     commit(&outbox, &after).await;
     gate.open();

@@ -139,6 +139,26 @@ pub fn spawn(
     Running { stop, task }
 }
 
+/// Write log past the cluster's `max_slot_wal_keep_size` and checkpoint until the
+/// server invalidates `outbox`'s slot.
+pub async fn invalidate_slot(env: &Env, outbox: &WalOutbox) {
+    sqlx::raw_sql("CREATE TABLE IF NOT EXISTS filler (x text)")
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    wait_until("the slot is invalidated", || async {
+        sqlx::raw_sql(
+            "INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 2000); \
+             SELECT pg_switch_wal(); CHECKPOINT;",
+        )
+        .execute(&env.pool)
+        .await
+        .unwrap();
+        outbox.slot_status().await.unwrap().unwrap().invalidated
+    })
+    .await;
+}
+
 /// Enqueue `messages` in one committed transaction.
 pub async fn commit(outbox: &WalOutbox, messages: &[NewMessage]) {
     let mut tx = outbox.pool().begin().await.unwrap();
