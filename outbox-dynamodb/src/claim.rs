@@ -81,6 +81,7 @@ impl DynamoOutbox {
         if shards.is_empty() {
             return Ok(Claimed::default());
         }
+        self.sweep_step(&shards).await;
         let mut cursors: Vec<Cursor> = shards
             .into_iter()
             .map(|shard| Cursor {
@@ -393,25 +394,6 @@ impl DynamoOutbox {
         }
     }
 
-    /// Push the time to live of a body with less than half of
-    /// [`body_ttl`](crate::DynamoOutboxConfig::with_body_ttl) left out by a full
-    /// period: one write per body item, billed at its size, only for messages that
-    /// stayed undelivered that long. Best effort: a failure is logged.
-    async fn renew_body_ttl(&self, id: MessageId, body: &[Item]) {
-        let ttl_s = self.inner.config.body_ttl().as_secs();
-        let now_s = now_us() / 1_000_000;
-        let left = body
-            .first()
-            .and_then(|f| get_n::<u64>(f, TTL).ok().flatten())
-            .map(|t| t.saturating_sub(now_s));
-        if left.is_none_or(|left| left >= ttl_s / 2) {
-            return;
-        }
-        if let Err(e) = self.set_body_ttl(id, body.len(), Some(now_s + ttl_s)).await {
-            tracing::warn!(%id, error = %e.report(), "body time to live not renewed");
-        }
-    }
-
     /// The conditional write that claims `c`: due (undelivered, available) at the time
     /// of the write, attempts counted up to [`MAX_ATTEMPTS`]. `None` when another claimer
     /// won or the message changed since it was read; rows that do not make a valid
@@ -478,7 +460,12 @@ impl DynamoOutbox {
         let checked = decode_message(&item, &body)
             .and_then(|m| m.check_stored(self.inner.config.limits()).map(|()| m));
         if checked.is_ok() {
-            self.renew_body_ttl(c.id, &body).await;
+            // A body without a time to live (a requeue that could not set it) never
+            // expires; any other is kept ahead of the new lease.
+            if let Some(Some(exp)) = body.first().map(|f| get_n::<u64>(f, TTL).ok().flatten()) {
+                self.keep_body_ahead(c.id, body.len(), Some(exp), expires)
+                    .await;
+            }
         }
         match checked {
             Ok(message) => {

@@ -264,6 +264,7 @@ mod item;
 mod lock;
 mod markers;
 mod metrics;
+mod renew;
 mod schema;
 mod settle;
 mod shards;
