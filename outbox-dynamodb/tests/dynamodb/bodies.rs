@@ -11,7 +11,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use outbox_core::{
-    ClaimRequest, Disposition, Failure, KeyOrder, MessageId, MessageLimits, NewMessage, OutboxStore, Retention,
+    ClaimRequest, Disposition, Failure, KeyOrder, MessageId, MessageLimits, NewMessage,
+    OutboxStore, Retention,
 };
 use outbox_dynamodb::{DynamoOutbox, DynamoOutboxConfig};
 
@@ -176,7 +177,9 @@ async fn a_message_waiting_past_half_its_body_ttl_is_renewed_by_the_sweep() {
     let after = body_ttls(&outbox, old.id()).await;
     let full = start + BODY_TTL.as_secs();
     assert!(
-        after.iter().all(|t| *t >= full && *t <= now_s() + BODY_TTL.as_secs() + 1),
+        after
+            .iter()
+            .all(|t| *t >= full && *t <= now_s() + BODY_TTL.as_secs() + 1),
         "every part renewed to a full TTL from now: {before:?} -> {after:?}"
     );
     assert_eq!(body_exp(&outbox, old.id()).await, Some(after[0]));
@@ -203,11 +206,16 @@ async fn a_message_waiting_past_half_its_body_ttl_is_renewed_by_the_sweep() {
     assert_eq!(ids, want);
     let whole = got.iter().find(|c| c.message.id == old.id()).unwrap();
     assert_eq!(whole.message.payload, old.payload());
-    assert_eq!(outbox.metrics().bodies_renewed, 1, "the claim had enough left");
+    assert_eq!(
+        outbox.metrics().bodies_renewed,
+        1,
+        "the claim had enough left"
+    );
 }
 
 /// A message waiting long enough to be looked at but with more than half its body TTL
-/// left, and a fresh one, are not written; the at-risk one beside them is.
+/// left, and a fresh one, are not written by the sweep; the at-risk one beside them is.
+/// A claim then renews the waiting one (too little left past its lease), not the fresh.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_not_at_risk_is_not_renewed() {
     let Some(client) = common::client("outbox-dynamodb body not at risk").await else {
@@ -248,6 +256,14 @@ async fn a_message_not_at_risk_is_not_renewed() {
     );
     assert!(body_ttls(&outbox, at_risk).await[0] > at_risk_before[0] + 30 * 60);
     assert_eq!(outbox.metrics().bodies_renewed, 1);
+
+    // A claim keeps three quarters of the TTL past its lease: the waiting message (40
+    // minutes left) is renewed by the claim, the fresh one is not.
+    let start = now_s();
+    assert_eq!(claim(&outbox, 10).await.len(), 3);
+    assert!(body_ttls(&outbox, waiting).await[0] >= start + LEASE.as_secs() + BODY_TTL.as_secs());
+    assert_eq!(body_ttls(&outbox, fresh).await, fresh_before.0);
+    assert_eq!(outbox.metrics().bodies_renewed, 2);
 }
 
 /// Under per-key order, a message blocked behind its key's head is never claimed while
