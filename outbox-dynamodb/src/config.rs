@@ -114,8 +114,9 @@ impl DynamoOutboxConfig {
     /// ([`with_body_sweep_every`](Self::with_body_sweep_every)); dead-lettering removes
     /// it. Only when no relay runs for longer than half of it minus the sweep interval
     /// can a waiting message lose its body (it is then dead-lettered naming the
-    /// missing body): set it above twice your longest relay outage plus the sweep
-    /// interval. See the crate docs, "Bodies expire by time to live".
+    /// missing body): choose it so that half of it minus the sweep interval exceeds
+    /// your longest relay outage (at the default interval, `body_ttl` above 8/3 of the
+    /// outage). See the crate docs, "Bodies of undelivered messages are renewed".
     pub fn with_body_ttl(mut self, ttl: Duration) -> Self {
         self.body_ttl = ttl;
         self

@@ -85,7 +85,7 @@ impl DynamoOutbox {
     /// Sweep the shards this store claims from for messages whose bodies need their
     /// time to live renewed, now, whatever the schedule (claims do it on their own every
     /// [`body_sweep_every`](crate::DynamoOutboxConfig::with_body_sweep_every); see the
-    /// crate docs, "Bodies expire by time to live"). Reads the `due` index of each shard
+    /// crate docs, "Bodies of undelivered messages are renewed"). Reads the `due` index of each shard
     /// (with shard leases, those this store holds after a maintenance round), the state
     /// item of every undelivered message waiting longer than a quarter of `body_ttl`,
     /// and renews the bodies with less than half of `body_ttl` left. Useful from a
