@@ -23,9 +23,9 @@ pub(crate) struct Metrics {
     pub(crate) refused: AtomicU64,
     pub(crate) bodies_renewed: AtomicU64,
     pub(crate) renewal_units: AtomicU64,
-    /// Gauge of the last sweep: the oldest due availability seen (microseconds, 0 for
-    /// none) and when the sweep ran (0 for never).
-    pub(crate) oldest_due_us: AtomicU64,
+    /// Gauge of the last sweep: how long the oldest due message had waited, plus one
+    /// (microseconds, 0 for none), and when the sweep ran (0 for never).
+    pub(crate) oldest_due_age_us: AtomicU64,
     pub(crate) swept_us: AtomicU64,
 }
 
@@ -67,12 +67,9 @@ impl Metrics {
             refused_writes: self.refused.load(Ordering::Relaxed),
             bodies_renewed: self.bodies_renewed.load(Ordering::Relaxed),
             body_renewal_units: units(&self.renewal_units),
-            oldest_due_age: match (
-                self.oldest_due_us.load(Ordering::Relaxed),
-                self.swept_us.load(Ordering::Relaxed),
-            ) {
-                (0, _) | (_, 0) => None,
-                (oldest, swept) => Some(Duration::from_micros(swept.saturating_sub(oldest))),
+            oldest_due_age: match self.oldest_due_age_us.load(Ordering::Relaxed) {
+                0 => None,
+                age => Some(Duration::from_micros(age - 1)),
             },
             last_body_sweep: match self.swept_us.load(Ordering::Relaxed) {
                 0 => None,

@@ -8,8 +8,8 @@
 //!    end) and a release that find less left renew it to availability + `T`.
 //! 2. **Sweep.** Every [`body_sweep_every`](crate::DynamoOutboxConfig::with_body_sweep_every)
 //!    (default `T/8`, at most `T/4`), inside a claim, a store walks the `due` index of
-//!    each shard it claims from, oldest first: the first entry (one read) gives the
-//!    oldest due availability (the [`oldest_due_age`](crate::OutboxMetrics::oldest_due_age)
+//!    each shard it claims from, oldest first: the first entry (one read) gives how
+//!    long the oldest due message waited (the [`oldest_due_age`](crate::OutboxMetrics::oldest_due_age)
 //!    gauge); entries whose availability is more than `T/4` old are the messages
 //!    waiting long (blocked behind their key's head, a backlog far behind, put back by
 //!    a release or requeue), normally none. For each, the state item is read (strongly
@@ -65,8 +65,9 @@ struct ShardSweep {
     next_at: u64,
     /// Where an unfinished pass goes on.
     resume: Option<Item>,
-    /// The oldest due availability the last pass saw.
-    oldest_due_us: Option<u64>,
+    /// How long the oldest due message had waited when the last pass began
+    /// (microseconds).
+    oldest_due_age_us: Option<u64>,
 }
 
 impl Sweeper {
@@ -89,7 +90,9 @@ impl DynamoOutbox {
     /// (with shard leases, those this store holds after a maintenance round), the state
     /// item of every undelivered message waiting longer than a quarter of `body_ttl`,
     /// and renews the bodies with less than half of `body_ttl` left. Useful from a
-    /// maintenance job while relays are stopped for long. Returns how many bodies were
+    /// maintenance job while relays are stopped for long (with shard leases, this store
+    /// takes the lapsed leases of the stopped relays; call
+    /// [`release_shards`](Self::release_shards) after). Returns how many bodies were
     /// renewed.
     ///
     /// # Errors
@@ -185,7 +188,7 @@ impl DynamoOutbox {
             let next = out.last_evaluated_key.filter(|k| !k.is_empty());
             if first {
                 let oldest = match entries.first() {
-                    Some(e) => get_n::<u64>(e, AVAILABLE)?,
+                    Some(e) => get_n::<u64>(e, AVAILABLE)?.map(|a| now.saturating_sub(a)),
                     None => None,
                 };
                 self.inner
@@ -193,7 +196,7 @@ impl DynamoOutbox {
                     .shards()
                     .entry(shard)
                     .or_default()
-                    .oldest_due_us = oldest;
+                    .oldest_due_age_us = oldest;
                 first = false;
             }
             let mut ids = Vec::new();
@@ -325,19 +328,20 @@ impl DynamoOutbox {
         }
     }
 
-    /// Publish the gauge of the sweeps: the oldest due availability over the shards
-    /// swept, and now as the sweep time.
+    /// Publish the gauge of the sweeps: the longest wait of an oldest due message over
+    /// the shards swept (as of each shard's last pass), and now as the sweep time.
     fn publish_sweep_gauge(&self) {
         let oldest = self
             .inner
             .sweep
             .shards()
             .values()
-            .filter_map(|s| s.oldest_due_us)
-            .min()
-            .unwrap_or(0);
+            .filter_map(|s| s.oldest_due_age_us)
+            .max();
         let metrics = &self.inner.metrics;
-        metrics.oldest_due_us.store(oldest, Ordering::Relaxed);
+        // 0 stands for none.
+        let stored = oldest.map_or(0, |age| age.saturating_add(1));
+        metrics.oldest_due_age_us.store(stored, Ordering::Relaxed);
         metrics.swept_us.store(now_us(), Ordering::Relaxed);
     }
 }
