@@ -18,8 +18,8 @@ use outbox_core::{
 use crate::error::{from_sdk, is_condition_failed};
 use crate::item::{
     self, candidate, decode_message, get_n, get_s, marker_partition, marker_prefix,
-    message_partition, message_pk, n, now_us, s, shard_of, Candidate, Item, AVAILABLE, DUE,
-    DUE_INDEX, DUE_SCALE, MARKED_ID, PARTS, PK, SHARD, SK, TTL,
+    message_partition, n, now_us, s, shard_of, Candidate, Item, AVAILABLE, DUE, DUE_INDEX,
+    DUE_SCALE, MARKED_ID, PK, SHARD, SK, TTL,
 };
 use crate::store::{bounded, DynamoOutbox};
 
@@ -350,48 +350,6 @@ impl DynamoOutbox {
             out.consumed_capacity(),
         );
         Ok(out.item)
-    }
-
-    /// The body items of message `id` whose state item is `state`, in part order: an
-    /// eventually consistent query of the message's partition (the body was committed
-    /// with the state, long before in most cases), read again strongly consistent when
-    /// parts are missing. Empty when the body is gone.
-    pub(crate) async fn read_body(&self, id: MessageId, state: &Item) -> Result<Vec<Item>> {
-        let parts = get_n::<usize>(state, PARTS).ok().flatten().unwrap_or(1);
-        let mut body = self.query_body(id, false).await?;
-        if body.len() < parts {
-            body = self.query_body(id, true).await?;
-        }
-        Ok(body)
-    }
-
-    async fn query_body(&self, id: MessageId, consistent: bool) -> Result<Vec<Item>> {
-        let mut body = Vec::new();
-        let mut start = None;
-        loop {
-            let out = self
-                .inner
-                .client
-                .query()
-                .table_name(self.table())
-                .consistent_read(consistent)
-                .key_condition_expression("#pk = :pk AND begins_with(#sk, :b)")
-                .expression_attribute_names("#pk", PK)
-                .expression_attribute_names("#sk", SK)
-                .expression_attribute_values(":pk", s(message_pk(id)))
-                .expression_attribute_values(":b", s("b#"))
-                .set_exclusive_start_key(start.take())
-                .return_consumed_capacity(ReturnConsumedCapacity::Total)
-                .send()
-                .await
-                .map_err(|e| from_sdk("read message body", e))?;
-            self.record_capacity(&self.inner.metrics.body_read_units, out.consumed_capacity());
-            body.extend(out.items.unwrap_or_default());
-            match out.last_evaluated_key {
-                Some(next) if !next.is_empty() => start = Some(next),
-                _ => return Ok(body),
-            }
-        }
     }
 
     /// The conditional write that claims `c`: due (undelivered, available) at the time

@@ -294,6 +294,7 @@
 //!   that were already waiting.
 
 mod admin;
+mod body;
 mod claim;
 mod config;
 mod dedup;
@@ -303,7 +304,6 @@ mod item;
 mod lock;
 mod markers;
 mod metrics;
-mod renew;
 mod schema;
 mod settle;
 mod shards;

@@ -1,6 +1,9 @@
-//! Keeping the bodies of undelivered messages alive: body items expire by DynamoDB's
-//! time to live (`ttl`, epoch seconds), so a message that waits long must have it
-//! pushed out before it passes. With `T` = [`body_ttl`](crate::DynamoOutboxConfig::with_body_ttl):
+//! Bodies: reading a message's body items, and keeping the bodies of undelivered
+//! messages alive.
+//!
+//! Body items expire by DynamoDB's time to live (`ttl`, epoch seconds), so a message
+//! that waits long must have it pushed out before it passes. With `T` =
+//! [`body_ttl`](crate::DynamoOutboxConfig::with_body_ttl):
 //!
 //! 1. **Headroom.** Every write that sets a message's availability keeps its body's
 //!    expiry at least `3T/4` past that availability: enqueue and requeue write
@@ -9,20 +12,22 @@
 //! 2. **Sweep.** Every [`body_sweep_every`](crate::DynamoOutboxConfig::with_body_sweep_every)
 //!    (default `T/8`, at most `T/4`), inside a claim, a store walks the `due` index of
 //!    each shard it claims from, oldest first: the first entry (one read) gives how
-//!    long the oldest due message waited (the [`oldest_due_age`](crate::OutboxMetrics::oldest_due_age)
-//!    gauge); entries whose availability is more than `T/4` old are the messages
-//!    waiting long (blocked behind their key's head, a backlog far behind, put back by
-//!    a release or requeue), normally none. For each, the state item is read (strongly
-//!    consistent); if it is still undelivered and its `body_exp` is less than `T/2`
-//!    away, the body items' `ttl` is set to now + `T` and then `body_exp` too.
+//!    long the oldest due message waited (the
+//!    [`oldest_due_age`](crate::OutboxMetrics::oldest_due_age) gauge); entries whose
+//!    availability is more than `T/4` old are the messages waiting long (blocked
+//!    behind their key's head, a backlog far behind, put back by a release or
+//!    requeue), normally none. For each, the state item is read (strongly consistent);
+//!    if it is still undelivered and its `body_exp` is less than `T/2` away, the body
+//!    items' `ttl` is set to now + `T` and then `body_exp` too.
 //!
-//! A message not yet waiting `T/4` has at least `3T/4 − T/4 = T/2` of body left, so
-//! while sweeps run every interval `S` no body expires; a message the last sweep left
-//! alone has at least `T/2 − S` left at that sweep. Hence no body is lost unless no
-//! sweep of its shard runs for `T/2 − S` (`3T/8` by default: 5¼ days of 14). A
-//! renewal only ever pushes `ttl` out, and only on body items that still have one:
-//! dead-lettering removes it after writing the state item, so a renewal racing it does
-//! not give a dead letter's body a time to live back.
+//! A message not yet waiting `T/4` has at least `3T/4 − T/4 = T/2` of body left, and
+//! one a sweep looked at and left alone has at least `T/2` left then; so while sweeps
+//! run every interval `S` (at most `T/4`) no body expires. When sweeps stop, the last
+//! one ran at most `S` earlier, so no body is lost unless no sweep of its shard runs
+//! for `T/2 − S` (`3T/8` by default: 5¼ days of 14). A renewal only ever pushes `ttl`
+//! out, and only on body items that still have one: dead-lettering removes it after
+//! writing the state item, so a renewal racing it does not give a dead letter's body
+//! a time to live back.
 //!
 //! `body_exp` lives on the state item only, outside every index projection (the `due`
 //! index projects `avail_us`, which is what the sweep selects on), so layout 2 is
@@ -37,8 +42,8 @@ use outbox_core::{MessageId, Result};
 
 use crate::error::{from_sdk, is_condition_failed};
 use crate::item::{
-    self, candidate_id, get_n, message_partition, n, now_us, s, Item, AVAILABLE, BODY_EXP, DUE,
-    DUE_INDEX, DUE_SCALE, PARTS, SHARD,
+    self, candidate_id, get_n, message_partition, message_pk, n, now_us, s, Item, AVAILABLE,
+    BODY_EXP, DUE, DUE_INDEX, DUE_SCALE, PARTS, PK, SHARD, SK,
 };
 use crate::settle::BodyTtl;
 use crate::store::{bounded, DynamoOutbox};
@@ -79,6 +84,48 @@ impl Sweeper {
 }
 
 impl DynamoOutbox {
+    /// The body items of message `id` whose state item is `state`, in part order: an
+    /// eventually consistent query of the message's partition (the body was committed
+    /// with the state, long before in most cases), read again strongly consistent when
+    /// parts are missing. Empty when the body is gone.
+    pub(crate) async fn read_body(&self, id: MessageId, state: &Item) -> Result<Vec<Item>> {
+        let parts = get_n::<usize>(state, PARTS).ok().flatten().unwrap_or(1);
+        let mut body = self.query_body(id, false).await?;
+        if body.len() < parts {
+            body = self.query_body(id, true).await?;
+        }
+        Ok(body)
+    }
+
+    async fn query_body(&self, id: MessageId, consistent: bool) -> Result<Vec<Item>> {
+        let mut body = Vec::new();
+        let mut start = None;
+        loop {
+            let out = self
+                .inner
+                .client
+                .query()
+                .table_name(self.table())
+                .consistent_read(consistent)
+                .key_condition_expression("#pk = :pk AND begins_with(#sk, :b)")
+                .expression_attribute_names("#pk", PK)
+                .expression_attribute_names("#sk", SK)
+                .expression_attribute_values(":pk", s(message_pk(id)))
+                .expression_attribute_values(":b", s("b#"))
+                .set_exclusive_start_key(start.take())
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                .send()
+                .await
+                .map_err(|e| from_sdk("read message body", e))?;
+            self.record_capacity(&self.inner.metrics.body_read_units, out.consumed_capacity());
+            body.extend(out.items.unwrap_or_default());
+            match out.last_evaluated_key {
+                Some(next) if !next.is_empty() => start = Some(next),
+                _ => return Ok(body),
+            }
+        }
+    }
+
     fn body_ttl_us(&self) -> u64 {
         item::duration_us(self.inner.config.body_ttl())
     }
