@@ -106,13 +106,14 @@
 //! 2. Every [`body_sweep_every`](DynamoOutboxConfig::with_body_sweep_every) (default
 //!    `T`/8), one of a store's claims walks the `due` index of each shard it claims
 //!    from (with shard leases, the shards it holds; without, every shard), oldest
-//!    first. The first entry (one read) gives how long the oldest due message has waited,
-//!    published as [`OutboxMetrics::oldest_due_age`]. Entries more than `T`/4 old are the messages
-//!    waiting long (keys blocked behind a head that keeps retrying, a backlog far
-//!    behind, messages put back by a release or requeue), normally none. For each, the
-//!    state item is read (strongly consistent); a body with less than `T`/2 left gets
-//!    every body item's `ttl` set to now + `T`, and then `body_exp`. A claim looks at
-//!    most 100 such messages and leaves the rest to the next claim.
+//!    first. The first entry (one read) gives how long the oldest due message has
+//!    waited, published as [`OutboxMetrics::oldest_due_age`]. Entries more than `T`/4
+//!    old are the messages waiting long (keys blocked behind a head that keeps
+//!    retrying, a backlog far behind, messages put back by a release or requeue),
+//!    normally none. For each, the state item is read (strongly consistent); a body
+//!    with less than `T`/2 left gets every body item's `ttl` set to now + `T`, and then
+//!    `body_exp`. One claim looks at no more than 100 such messages and leaves the
+//!    rest to the next claim.
 //!    [`DynamoOutbox::renew_bodies`] sweeps at once.
 //!
 //! What this guarantees: while at least one relay claims (polling counts), every
