@@ -131,7 +131,9 @@
 //! Each message waiting longer than `T`/4 costs one state read per sweep, and each
 //! renewal (about every `T`/2 per waiting message) rewrites every body item, **billed
 //! at the body's size** (⌈`P`⌉ write units for a `P` KB body), plus one write unit for
-//! `body_exp`. [`OutboxMetrics::bodies_renewed`] and
+//! `body_exp`. A claim of a message that became available more than about `T`/4
+//! earlier renews its body too, so draining a backlog that far behind pays one body
+//! write per message. [`OutboxMetrics::bodies_renewed`] and
 //! [`OutboxMetrics::body_renewal_units`] count them.
 //!
 //! ## Claim protocol
