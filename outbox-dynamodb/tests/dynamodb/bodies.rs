@@ -375,3 +375,41 @@ async fn a_completed_messages_body_is_not_renewed() {
         assert!(body_ttls(&outbox, pending.id()).await[0] > pending_before[0] + 30 * 60);
     }
 }
+
+/// A dead letter keeps its body (no time to live) and is never swept; a requeue gives
+/// the body a full time to live back and records it on the state item.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_keeps_its_body_and_a_requeue_renews_it() {
+    let Some(client) = common::client("outbox-dynamodb body dead letter").await else {
+        return;
+    };
+    let outbox = common::outbox(&client, config()).await.unwrap();
+    let m = NewMessage::builder("dead").build().unwrap();
+    common::enqueue_all(&outbox, std::slice::from_ref(&m))
+        .await
+        .unwrap();
+    let got = claim(&outbox, 1).await;
+    let failure = Failure::new(got[0].lease, "refused", Disposition::DeadLetter);
+    assert!(outbox.fail(&[failure]).await.unwrap().lost.is_empty());
+    age(&outbox, m.id(), AT_RISK).await;
+    let parts = body(&outbox, m.id()).await;
+    assert_eq!(parts.len(), 1);
+    assert!(
+        !parts[0].contains_key("ttl"),
+        "a dead letter's body has no TTL"
+    );
+    assert_eq!(outbox.renew_bodies().await.unwrap(), 0);
+    assert!(!body(&outbox, m.id()).await[0].contains_key("ttl"));
+
+    let start = now_s();
+    let selection = outbox_core::DeadLetterSelection::Ids(vec![m.id()]);
+    assert_eq!(
+        outbox_core::OutboxAdmin::requeue_dead(&outbox, &selection)
+            .await
+            .unwrap(),
+        1
+    );
+    let ttl = body_ttls(&outbox, m.id()).await[0];
+    assert!(ttl >= start + BODY_TTL.as_secs(), "{ttl}");
+    assert_eq!(body_exp(&outbox, m.id()).await, Some(ttl));
+}
