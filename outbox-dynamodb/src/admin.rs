@@ -18,9 +18,10 @@ use outbox_core::{
 use crate::error::{build_error, from_sdk, is_condition_failed};
 use crate::item::{
     self, body_key, decode_lossy, get_n, id_text, message_partition, n, now_us, s, Item, ATTEMPTS,
-    AVAILABLE, CREATED, DEAD_AT, DEAD_ID, DEAD_INDEX, DONE_AT, DONE_INDEX, DUE, DUE_INDEX,
-    DUE_SCALE, PARTITION_KEY, PARTS, SEQ, SHARD, TOKEN,
+    AVAILABLE, BODY_EXP, CREATED, DEAD_AT, DEAD_ID, DEAD_INDEX, DONE_AT, DONE_INDEX, DUE,
+    DUE_INDEX, DUE_SCALE, PARTITION_KEY, PARTS, SEQ, SHARD, TOKEN,
 };
+use crate::settle::BodyTtl;
 use crate::store::{bounded, DynamoOutbox};
 
 /// One query of one shard's global index, every page.
@@ -166,33 +167,35 @@ impl DynamoOutbox {
     }
 
     /// Requeue dead letter `id`, then give its body its time to live back (a failure of
-    /// that leaves the body without one: logged).
+    /// that leaves the body without one: logged). The state item records that time to
+    /// live (`body_exp`) in the requeue's own write.
     async fn requeue_one(&self, id: MessageId) -> Result<bool> {
-        if !self.requeue_state(id).await? {
+        let now = now_us();
+        let ttl = (now + item::duration_us(self.inner.config.body_ttl())).div_ceil(1_000_000);
+        if !self.requeue_state(id, now, ttl).await? {
             return Ok(false);
         }
         let Some(state) = self.read(id).await? else {
             return Ok(true);
         };
         let parts = get_n::<usize>(&state, PARTS).ok().flatten().unwrap_or(1);
-        let ttl = (now_us() + item::duration_us(self.inner.config.body_ttl())).div_ceil(1_000_000);
-        if let Err(e) = self.set_body_ttl(id, parts, Some(ttl)).await {
+        if let Err(e) = self.set_body_ttl(id, parts, BodyTtl::Set(ttl)).await {
             tracing::warn!(%id, error = %e.report(), "requeued message's body left without a time to live");
         }
         Ok(true)
     }
 
-    async fn requeue_state(&self, id: MessageId) -> Result<bool> {
-        let now = now_us();
+    async fn requeue_state(&self, id: MessageId, now: u64, body_exp: u64) -> Result<bool> {
         let update = format!(
-            "SET #{AVAILABLE} = :now, #{DUE} = :base + #{SEQ}, #{ATTEMPTS} = :zero \
-             REMOVE #{DEAD_ID}, #{DEAD_AT}, #{TOKEN}, #{DONE_AT}"
+            "SET #{AVAILABLE} = :now, #{DUE} = :base + #{SEQ}, #{ATTEMPTS} = :zero, \
+             #{BODY_EXP} = :bexp REMOVE #{DEAD_ID}, #{DEAD_AT}, #{TOKEN}, #{DONE_AT}"
         );
         let condition = format!("attribute_exists(#{DEAD_ID})");
         let values = [
             (":now", n(now)),
             (":base", n(u128::from(now) * DUE_SCALE)),
             (":zero", n(0)),
+            (":bexp", n(body_exp)),
         ];
         if self.per_key() {
             // A keyed message goes back with its marker in one transaction, so no claim

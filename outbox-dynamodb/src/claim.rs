@@ -18,8 +18,8 @@ use outbox_core::{
 use crate::error::{from_sdk, is_condition_failed};
 use crate::item::{
     self, candidate, decode_message, get_n, get_s, marker_partition, marker_prefix,
-    message_partition, message_pk, n, now_us, s, shard_of, Candidate, Item, AVAILABLE, DUE,
-    DUE_INDEX, DUE_SCALE, MARKED_ID, PARTS, PK, SHARD, SK, TTL,
+    message_partition, n, now_us, s, shard_of, Candidate, Item, AVAILABLE, DUE, DUE_INDEX,
+    DUE_SCALE, MARKED_ID, PK, SHARD, SK, TTL,
 };
 use crate::store::{bounded, DynamoOutbox};
 
@@ -81,6 +81,7 @@ impl DynamoOutbox {
         if shards.is_empty() {
             return Ok(Claimed::default());
         }
+        self.sweep_step(&shards).await;
         let mut cursors: Vec<Cursor> = shards
             .into_iter()
             .map(|shard| Cursor {
@@ -351,67 +352,6 @@ impl DynamoOutbox {
         Ok(out.item)
     }
 
-    /// The body items of message `id` whose state item is `state`, in part order: an
-    /// eventually consistent query of the message's partition (the body was committed
-    /// with the state, long before in most cases), read again strongly consistent when
-    /// parts are missing. Empty when the body is gone.
-    pub(crate) async fn read_body(&self, id: MessageId, state: &Item) -> Result<Vec<Item>> {
-        let parts = get_n::<usize>(state, PARTS).ok().flatten().unwrap_or(1);
-        let mut body = self.query_body(id, false).await?;
-        if body.len() < parts {
-            body = self.query_body(id, true).await?;
-        }
-        Ok(body)
-    }
-
-    async fn query_body(&self, id: MessageId, consistent: bool) -> Result<Vec<Item>> {
-        let mut body = Vec::new();
-        let mut start = None;
-        loop {
-            let out = self
-                .inner
-                .client
-                .query()
-                .table_name(self.table())
-                .consistent_read(consistent)
-                .key_condition_expression("#pk = :pk AND begins_with(#sk, :b)")
-                .expression_attribute_names("#pk", PK)
-                .expression_attribute_names("#sk", SK)
-                .expression_attribute_values(":pk", s(message_pk(id)))
-                .expression_attribute_values(":b", s("b#"))
-                .set_exclusive_start_key(start.take())
-                .return_consumed_capacity(ReturnConsumedCapacity::Total)
-                .send()
-                .await
-                .map_err(|e| from_sdk("read message body", e))?;
-            self.record_capacity(&self.inner.metrics.body_read_units, out.consumed_capacity());
-            body.extend(out.items.unwrap_or_default());
-            match out.last_evaluated_key {
-                Some(next) if !next.is_empty() => start = Some(next),
-                _ => return Ok(body),
-            }
-        }
-    }
-
-    /// Push the time to live of a body with less than half of
-    /// [`body_ttl`](crate::DynamoOutboxConfig::with_body_ttl) left out by a full
-    /// period: one write per body item, billed at its size, only for messages that
-    /// stayed undelivered that long. Best effort: a failure is logged.
-    async fn renew_body_ttl(&self, id: MessageId, body: &[Item]) {
-        let ttl_s = self.inner.config.body_ttl().as_secs();
-        let now_s = now_us() / 1_000_000;
-        let left = body
-            .first()
-            .and_then(|f| get_n::<u64>(f, TTL).ok().flatten())
-            .map(|t| t.saturating_sub(now_s));
-        if left.is_none_or(|left| left >= ttl_s / 2) {
-            return;
-        }
-        if let Err(e) = self.set_body_ttl(id, body.len(), Some(now_s + ttl_s)).await {
-            tracing::warn!(%id, error = %e.report(), "body time to live not renewed");
-        }
-    }
-
     /// The conditional write that claims `c`: due (undelivered, available) at the time
     /// of the write, attempts counted up to [`MAX_ATTEMPTS`]. `None` when another claimer
     /// won or the message changed since it was read; rows that do not make a valid
@@ -478,7 +418,12 @@ impl DynamoOutbox {
         let checked = decode_message(&item, &body)
             .and_then(|m| m.check_stored(self.inner.config.limits()).map(|()| m));
         if checked.is_ok() {
-            self.renew_body_ttl(c.id, &body).await;
+            // A body without a time to live (a requeue that could not set it) never
+            // expires; any other is kept ahead of the new lease.
+            if let Some(Some(exp)) = body.first().map(|f| get_n::<u64>(f, TTL).ok().flatten()) {
+                self.keep_body_ahead(c.id, body.len(), Some(exp), expires)
+                    .await;
+            }
         }
         match checked {
             Ok(message) => {

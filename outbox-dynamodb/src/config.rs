@@ -50,6 +50,7 @@ pub struct DynamoOutboxConfig {
     retention: Retention,
     limits: MessageLimits,
     body_ttl: Duration,
+    body_sweep_every: Option<Duration>,
     shard_lease: Option<Duration>,
 }
 
@@ -70,6 +71,7 @@ impl Default for DynamoOutboxConfig {
             retention: Retention::Delete,
             limits: MessageLimits::default().with_max_payload_bytes(DEFAULT_MAX_PAYLOAD_BYTES),
             body_ttl: DEFAULT_BODY_TTL,
+            body_sweep_every: None,
             shard_lease: Some(DEFAULT_SHARD_LEASE),
         }
     }
@@ -105,13 +107,32 @@ impl DynamoOutboxConfig {
     /// How long after its availability a message's body items may be deleted by
     /// DynamoDB's time to live (at least one hour). Completing a message deletes only its
     /// small state item (one write unit whatever the payload); the body, written once at
-    /// enqueue and never updated, is left to TTL, which deletes for free. A claim renews
-    /// the TTL of a body with less than half of it left, and dead-lettering removes it,
-    /// so only a message that no relay claims for this long loses its body (it is then
-    /// dead-lettered naming the missing body). Set it above your longest relay outage.
+    /// enqueue, is left to TTL, which deletes for free. While the message is
+    /// undelivered its body is kept alive: claims, retries and releases that leave less
+    /// than three quarters of it past the new availability renew it, and relays sweep
+    /// the shards they own for messages waiting longer than a quarter of it
+    /// ([`with_body_sweep_every`](Self::with_body_sweep_every)); dead-lettering removes
+    /// it. Only when no relay runs for longer than half of it minus the sweep interval
+    /// can a waiting message lose its body (it is then dead-lettered naming the
+    /// missing body): choose it so that half of it minus the sweep interval exceeds
+    /// your longest relay outage (at the default interval, `body_ttl` above 8/3 of the
+    /// outage). See the crate docs, "Bodies of undelivered messages are renewed".
     pub fn with_body_ttl(mut self, ttl: Duration) -> Self {
         self.body_ttl = ttl;
         self
+    }
+    /// How often each store sweeps the shards it claims from for undelivered messages
+    /// whose bodies need their time to live renewed (at most once per interval per
+    /// shard, inside its claims; see the crate docs). Default: an eighth of
+    /// [`body_ttl`](Self::with_body_ttl). At least one minute and at most a quarter of
+    /// `body_ttl`; the longer it is, the shorter the relay outage bodies survive.
+    pub fn with_body_sweep_every(mut self, every: Duration) -> Self {
+        self.body_sweep_every = Some(every);
+        self
+    }
+    /// The body sweep interval in effect.
+    pub fn body_sweep_every(&self) -> Duration {
+        self.body_sweep_every.unwrap_or(self.body_ttl / 8)
     }
     /// Whether and how relays divide the shards: with `Some(lease)` (the default,
     /// [`DEFAULT_SHARD_LEASE`]) each store (each [`DynamoOutbox::new`](crate::DynamoOutbox::new),
@@ -153,8 +174,9 @@ impl DynamoOutboxConfig {
     ///
     /// # Errors
     /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad table name, a
-    /// shard count out of range, a `Keep` window of zero, a body TTL under an hour or a
-    /// shard lease under a second.
+    /// shard count out of range, a `Keep` window of zero, a body TTL under an hour, a
+    /// body sweep interval under a minute or over a quarter of the body TTL, or a shard
+    /// lease under a second.
     pub fn validate(&self) -> Result<()> {
         validate_table_name("outbox", &self.table)?;
         check_shards("outbox", self.shards)?;
@@ -167,6 +189,14 @@ impl DynamoOutboxConfig {
         if self.body_ttl < Duration::from_secs(3600) {
             return Err(Error::config(format!(
                 "body TTL {:?} is under one hour",
+                self.body_ttl
+            )));
+        }
+        let sweep = self.body_sweep_every();
+        if sweep < Duration::from_secs(60) || sweep > self.body_ttl / 4 {
+            return Err(Error::config(format!(
+                "body sweep interval {sweep:?} must be at least one minute and at most a \
+                 quarter of the body TTL {:?}",
                 self.body_ttl
             )));
         }
@@ -305,6 +335,15 @@ mod tests {
     #[test]
     fn configs_validate() {
         DynamoOutboxConfig::default().validate().unwrap();
+        let hour = DynamoOutboxConfig::default().with_body_ttl(Duration::from_secs(3600));
+        assert_eq!(hour.body_sweep_every(), Duration::from_secs(450));
+        hour.clone()
+            .with_body_sweep_every(Duration::from_secs(900))
+            .validate()
+            .unwrap();
+        hour.with_body_sweep_every(Duration::from_secs(60))
+            .validate()
+            .unwrap();
         DynamoDedupConfig::default().validate().unwrap();
         DynamoEntityConfig::default().validate().unwrap();
         DynamoLockConfig::default().validate().unwrap();
@@ -325,6 +364,10 @@ mod tests {
             DynamoOutboxConfig::default().with_shards(MAX_SHARDS + 1),
             DynamoOutboxConfig::default().with_table("x"),
             DynamoOutboxConfig::default().with_body_ttl(Duration::from_secs(60)),
+            DynamoOutboxConfig::default().with_body_sweep_every(Duration::from_secs(59)),
+            DynamoOutboxConfig::default()
+                .with_body_ttl(Duration::from_secs(3600))
+                .with_body_sweep_every(Duration::from_secs(901)),
             DynamoOutboxConfig::default().with_shard_leases(Some(Duration::from_millis(10))),
             DynamoOutboxConfig::default().with_retention(Retention::Keep {
                 window: Duration::ZERO,

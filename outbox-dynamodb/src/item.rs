@@ -50,6 +50,10 @@ pub(crate) const SHARD: &str = "shard";
 pub(crate) const PARTS: &str = "parts";
 /// The body items' time to live, epoch seconds (the table's TTL attribute).
 pub(crate) const TTL: &str = "ttl";
+/// The body items' time to live as last written by this crate, epoch seconds, kept on
+/// the state item (not projected into any index), so renewals can be decided without
+/// reading the body.
+pub(crate) const BODY_EXP: &str = "body_exp";
 /// The sort key of a message's state item.
 pub(crate) const STATE_SK: &str = "s";
 

@@ -53,8 +53,8 @@
 //!
 //! | item | `pk` | `sk` | attributes | written |
 //! |---|---|---|---|---|
-//! | state | `m#<id>` (the id hyphenated lowercase) | `s` | `shard` (`q#<n>`, n = FNV-1a of the id mod shard count), `destination`, `pkey` (partition key), `created_us`, `avail_us`, `seq`, `attempts`, `parts`, `token`, `last_error`, `due`, `dead_id`, `dead_us`, `done_us` | at enqueue, by every claim and settle |
-//! | body | `m#<id>` | `b#000`, `b#001`, ... | `payload` (binary, at most 300 KiB per item), `headers` (JSON text) and `ctype` on the first, `ttl` (epoch seconds) | once, at enqueue; never updated on the delivery path |
+//! | state | `m#<id>` (the id hyphenated lowercase) | `s` | `shard` (`q#<n>`, n = FNV-1a of the id mod shard count), `destination`, `pkey` (partition key), `created_us`, `avail_us`, `seq`, `attempts`, `parts`, `token`, `last_error`, `due`, `dead_id`, `dead_us`, `done_us`, `body_exp` (the body's `ttl` as last written) | at enqueue, by every claim and settle |
+//! | body | `m#<id>` | `b#000`, `b#001`, ... | `payload` (binary, at most 300 KiB per item), `headers` (JSON text) and `ctype` on the first, `ttl` (epoch seconds) | once, at enqueue; afterwards only `ttl`, for messages that wait long (below) |
 //! | order marker (per-key order only) | `k#<shard of the partition key>` | `<key byte length>:<key>#<seq, 16 digits>#<id>` | `mid` (the message id) | at enqueue; deleted when the message leaves |
 //!
 //! The state item is under 1 KB whatever the payload (about 200 bytes plus the
@@ -91,11 +91,50 @@
 //! size of the deleted item, and TTL deletes for free, so completing a message deletes
 //! only its state item and leaves the body to TTL:
 //! [`body_ttl`](DynamoOutboxConfig::with_body_ttl) after its availability (default 14
-//! days). A claim that finds less than half of it left renews it; dead-lettering removes
-//! it (a dead letter keeps its body until discarded), a requeue sets it again. Bodies of
-//! delivered messages cost storage until TTL deletes them (payload × rate ×
-//! `body_ttl`). A message that no relay claims for longer than `body_ttl` loses its body
-//! and is dead-lettered naming the missing body.
+//! days). Bodies of delivered messages cost storage until TTL deletes them (payload ×
+//! rate × `body_ttl`). Dead-lettering removes a body's time to live (a dead letter
+//! keeps its body until discarded); a requeue sets it again.
+//!
+//! **Bodies of undelivered messages are renewed.** With `T` = `body_ttl`, the state
+//! item records the body's expiry (`body_exp`, epoch seconds; in no index projection,
+//! so the layout is unchanged):
+//!
+//! 1. Every write that sets a message's availability keeps its body's expiry at least
+//!    ¾ `T` past it: enqueue and requeue write availability + `T`; a claim (the
+//!    availability is then the lease expiry), a retry (the end of its backoff) and a
+//!    release that find less renew the body to availability + `T`.
+//! 2. Every [`body_sweep_every`](DynamoOutboxConfig::with_body_sweep_every) (default
+//!    `T`/8), one of a store's claims walks the `due` index of each shard it claims
+//!    from (with shard leases, the shards it holds; without, every shard), oldest
+//!    first. The first entry (one read) gives how long the oldest due message has
+//!    waited, published as [`OutboxMetrics::oldest_due_age`]. Entries more than `T`/4
+//!    old are the messages waiting long (keys blocked behind a head that keeps
+//!    retrying, a backlog far behind, messages put back by a release or requeue),
+//!    normally none. For each, the state item is read (strongly consistent); a body
+//!    with less than `T`/2 left gets every body item's `ttl` set to now + `T`, and then
+//!    `body_exp`. One claim looks at no more than 100 such messages and leaves the
+//!    rest to the next claim.
+//!    [`DynamoOutbox::renew_bodies`] sweeps at once.
+//!
+//! What this guarantees: while at least one relay claims (polling counts), every
+//! shard is swept every interval and **no body of an undelivered message expires**. If
+//! no relay runs (or every sweep fails) for longer than `T`/2 minus the sweep interval
+//! (3`T`/8 by default: 5¼ of 14 days), messages that were already waiting can lose
+//! their bodies; such a message is dead-lettered by the claim that finds it, naming
+//! the missing body. **Choose `body_ttl` so that half of it minus the sweep interval
+//! exceeds your longest relay outage**, or run [`DynamoOutbox::renew_bodies`] from a
+//! maintenance job during a planned one. A renewal only pushes `ttl` out, and only on
+//! body items that still have one, so a renewal racing a dead-lettering never gives
+//! the dead letter's body a time to live back.
+//!
+//! What it costs: a sweep finding nothing is one index read per shard per interval.
+//! Each message waiting longer than `T`/4 costs one state read per sweep, and each
+//! renewal (about every `T`/2 per waiting message) rewrites every body item, **billed
+//! at the body's size** (⌈`P`⌉ write units for a `P` KB body), plus one write unit for
+//! `body_exp`. A claim of a message that became available more than about `T`/4
+//! earlier renews its body too, so draining a backlog that far behind pays one body
+//! write per message. [`OutboxMetrics::bodies_renewed`] and
+//! [`OutboxMetrics::body_renewal_units`] count them.
 //!
 //! ## Claim protocol
 //!
@@ -167,6 +206,7 @@
 //! | complete (`Delete`) | delete state, delete `due` entry | 1 + 1 = **2** | 0 |
 //! | fail with retry / release | update state, move `due` entry | **3** | 0 |
 //! | dedup record | conditional put | 1 | 0 |
+//! | body renewal (messages waiting long only) | update each body item, update state | ⌈P⌉ + 1 | 1 (the sweep's state read) |
 //!
 //! So claim + complete costs 5 write units whatever the payload; only the enqueue and
 //! the body read grow with it. A refused conditional write costs 1 write unit (the
@@ -251,10 +291,13 @@
 //!   `TransactWriteItems` (after one consistent read), so no claim sees it undelivered
 //!   without its place. Removing a marker after a dead-letter is likewise conditional
 //!   on the message (a transaction: four write units instead of one).
-//! - **Bodies outlive delivery** until their time to live (see above), and a message
-//!   unclaimed for longer than `body_ttl` loses its body.
+//! - **Bodies outlive delivery** until their time to live (see above). Bodies of
+//!   undelivered messages are renewed by the relays; an outage of every relay longer
+//!   than half of `body_ttl` minus the sweep interval can lose the bodies of messages
+//!   that were already waiting.
 
 mod admin;
+mod body;
 mod claim;
 mod config;
 mod dedup;

@@ -1,6 +1,7 @@
 //! Consumed capacity and refused conditional writes, as DynamoDB reports them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::types::ConsumedCapacity;
 
@@ -20,6 +21,12 @@ pub(crate) struct Metrics {
     pub(crate) claimed: AtomicU64,
     pub(crate) settle_units: AtomicU64,
     pub(crate) refused: AtomicU64,
+    pub(crate) bodies_renewed: AtomicU64,
+    pub(crate) renewal_units: AtomicU64,
+    /// Gauge of the last sweep: how long the oldest due message had waited, plus one
+    /// (microseconds, 0 for none), and when the sweep ran (0 for never).
+    pub(crate) oldest_due_age_us: AtomicU64,
+    pub(crate) swept_us: AtomicU64,
 }
 
 impl Metrics {
@@ -58,6 +65,16 @@ impl Metrics {
             claimed: self.claimed.load(Ordering::Relaxed),
             settle_units: units(&self.settle_units),
             refused_writes: self.refused.load(Ordering::Relaxed),
+            bodies_renewed: self.bodies_renewed.load(Ordering::Relaxed),
+            body_renewal_units: units(&self.renewal_units),
+            oldest_due_age: match self.oldest_due_age_us.load(Ordering::Relaxed) {
+                0 => None,
+                age => Some(Duration::from_micros(age - 1)),
+            },
+            last_body_sweep: match self.swept_us.load(Ordering::Relaxed) {
+                0 => None,
+                swept => Some(crate::item::from_micros(swept)),
+            },
         }
     }
 }
@@ -88,4 +105,22 @@ pub struct OutboxMetrics {
     /// Conditional writes DynamoDB refused: claims that lost a race, settles of lost
     /// leases. Each is billed and shows as a failed request in CloudWatch.
     pub refused_writes: u64,
+    /// Messages whose body items got their time to live pushed out (by the body sweep,
+    /// or by a claim, retry or release that found too little of it left; see the crate
+    /// docs). Each renewal writes every body item, billed at its size.
+    pub bodies_renewed: u64,
+    /// Units consumed by body renewals and the sweep that finds them: `due` index
+    /// queries, state item reads, body item writes (billed at the body's size) and the
+    /// state item writes recording the new expiry.
+    pub body_renewal_units: f64,
+    /// Gauge, as of this store's last body sweep ([`last_body_sweep`](Self::last_body_sweep)):
+    /// how long the oldest due (claimable, unclaimed) message of the shards it swept had
+    /// been waiting. `None` before the first sweep or when nothing was due. A message
+    /// waiting longer than a quarter of
+    /// [`body_ttl`](crate::DynamoOutboxConfig::with_body_ttl) has its body kept alive by
+    /// sweeps alone: alert well before this reaches half of `body_ttl`, and take the
+    /// maximum over relays (each sweeps the shards it owns).
+    pub oldest_due_age: Option<Duration>,
+    /// When this store last swept for bodies to renew (`None`: never).
+    pub last_body_sweep: Option<SystemTime>,
 }

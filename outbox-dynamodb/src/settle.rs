@@ -16,6 +16,20 @@ use crate::item::{
 };
 use crate::store::{bounded, DynamoOutbox};
 
+/// What [`DynamoOutbox::set_body_ttl`] writes on each body item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyTtl {
+    /// Remove the time to live: a dead letter keeps its body until it is discarded.
+    Remove,
+    /// Set it to this epoch second (a requeue gives the body its time to live back).
+    Set(u64),
+    /// Push it out to this epoch second, only on an item that has an earlier one: a
+    /// renewal racing a dead-lettering never gives the dead letter's body a time to
+    /// live again (dead-lettering removes it after writing the state item), and two
+    /// renewals never shorten it.
+    Renew(u64),
+}
+
 /// Most statements in one `BatchExecuteStatement` (DynamoDB's limit).
 pub(crate) const MAX_BATCH_STATEMENTS: usize = 25;
 
@@ -59,15 +73,15 @@ impl DynamoOutbox {
         }
     }
 
-    /// Set (`Some(epoch seconds)`) or remove (`None`) the time to live of the `parts`
-    /// body items of message `id`; a missing item is left missing. Each write is billed
-    /// at the body item's size: only dead-lettering, requeues and long-stuck messages
-    /// come here.
+    /// Write the time to live of the `parts` body items of message `id` (see
+    /// [`BodyTtl`]); a missing item is left missing. Each write is billed at the body
+    /// item's size: only dead-lettering, requeues and renewals of messages that stay
+    /// undelivered long come here.
     pub(crate) async fn set_body_ttl(
         &self,
         id: MessageId,
         parts: usize,
-        ttl: Option<u64>,
+        ttl: BodyTtl,
     ) -> Result<()> {
         let futures: Vec<_> = (0..parts)
             .map(|part| async move {
@@ -77,17 +91,33 @@ impl DynamoOutbox {
                     .update_item()
                     .table_name(self.table())
                     .set_key(Some(body_key(id, part)))
-                    .condition_expression("attribute_exists(#pk)")
-                    .expression_attribute_names("#pk", PK)
-                    .expression_attribute_names("#ttl", TTL);
+                    .expression_attribute_names("#ttl", TTL)
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total);
                 request = match ttl {
-                    Some(at) => request
+                    BodyTtl::Remove => request
+                        .update_expression("REMOVE #ttl")
+                        .condition_expression("attribute_exists(#pk)")
+                        .expression_attribute_names("#pk", PK),
+                    BodyTtl::Set(at) => request
                         .update_expression("SET #ttl = :ttl")
+                        .condition_expression("attribute_exists(#pk)")
+                        .expression_attribute_names("#pk", PK)
                         .expression_attribute_values(":ttl", n(at)),
-                    None => request.update_expression("REMOVE #ttl"),
+                    BodyTtl::Renew(at) => request
+                        .update_expression("SET #ttl = :ttl")
+                        .condition_expression("#ttl < :ttl")
+                        .expression_attribute_values(":ttl", n(at)),
                 };
                 match request.send().await {
-                    Ok(_) => Ok(()),
+                    Ok(out) => {
+                        if matches!(ttl, BodyTtl::Renew(_)) {
+                            self.record_capacity(
+                                &self.inner.metrics.renewal_units,
+                                out.consumed_capacity(),
+                            );
+                        }
+                        Ok(())
+                    }
                     Err(e) if is_condition_failed(&e) => Ok(()),
                     Err(e) => Err(from_sdk("body time to live", e)),
                 }
@@ -306,7 +336,7 @@ impl DynamoOutbox {
             self.forget_marker(item, true).await;
             // A dead letter keeps its body until it is requeued or discarded.
             let parts = get_n::<usize>(item, PARTS).ok().flatten().unwrap_or(1);
-            if let Err(e) = self.set_body_ttl(lease.id, parts, None).await {
+            if let Err(e) = self.set_body_ttl(lease.id, parts, BodyTtl::Remove).await {
                 tracing::warn!(id = %lease.id, error = %e.report(), "dead letter's body keeps its time to live");
             }
         }
@@ -333,9 +363,13 @@ impl DynamoOutbox {
                             (":error", s(failure.error())),
                         ],
                         "",
-                        ReturnValue::None,
+                        ReturnValue::AllNew,
                     )
                     .await?;
+                if let Some(item) = &done {
+                    // A long backoff must not outlast the body.
+                    self.keep_state_body_ahead(lease.id, item, at).await;
+                }
                 Ok(done.is_some())
             }
         }
@@ -358,10 +392,11 @@ impl DynamoOutbox {
                 format!("{set}, #{ATTEMPTS} = #{ATTEMPTS} - :one REMOVE #token"),
                 values(),
                 &format!(" AND #{ATTEMPTS} >= :one"),
-                ReturnValue::None,
+                ReturnValue::AllNew,
             )
             .await?;
-        if done.is_some() {
+        if let Some(item) = &done {
+            self.keep_state_body_ahead(lease.id, item, now).await;
             return Ok(true);
         }
         // The count was already 0 (a message written by another tool): release it
@@ -373,9 +408,12 @@ impl DynamoOutbox {
                 format!("{set} REMOVE #token"),
                 values(),
                 &format!(" AND #{ATTEMPTS} < :one"),
-                ReturnValue::None,
+                ReturnValue::AllNew,
             )
             .await?;
+        if let Some(item) = &done {
+            self.keep_state_body_ahead(lease.id, item, now).await;
+        }
         Ok(done.is_some())
     }
 }

@@ -22,9 +22,9 @@ use crate::config::DynamoOutboxConfig;
 use crate::error::{build_error, cancelled, from_sdk, reason_codes};
 use crate::item::{
     self, b, body_key, id_text, item_size, marker_partition, marker_prefix, n, now_us, s, shard_of,
-    shard_value, state_key, Item, ATTEMPTS, AVAILABLE, CONTENT_TYPE, CREATED, DESTINATION, DUE,
-    DUE_SCALE, HEADERS, MARKED_ID, MAX_ITEM_BYTES, MAX_TRANSACTION_ACTIONS, MAX_TRANSACTION_BYTES,
-    PARTITION_KEY, PARTS, PART_BYTES, PAYLOAD, PK, SEQ, SHARD, SK, TTL,
+    shard_value, state_key, Item, ATTEMPTS, AVAILABLE, BODY_EXP, CONTENT_TYPE, CREATED,
+    DESTINATION, DUE, DUE_SCALE, HEADERS, MARKED_ID, MAX_ITEM_BYTES, MAX_TRANSACTION_ACTIONS,
+    MAX_TRANSACTION_BYTES, PARTITION_KEY, PARTS, PART_BYTES, PAYLOAD, PK, SEQ, SHARD, SK, TTL,
 };
 use crate::metrics::{Metrics, OutboxMetrics};
 use crate::settle::MAX_BATCH_STATEMENTS;
@@ -79,6 +79,8 @@ pub(crate) struct Inner {
     pub(crate) recent: std::sync::Mutex<HashMap<MessageId, (u128, u64)>>,
     /// This store's shard leases, when relays divide the shards.
     pub(crate) leases: Option<crate::shards::ShardLeases>,
+    /// Where this store's sweeps for bodies to renew stand.
+    pub(crate) sweep: crate::body::Sweeper,
 }
 
 /// The enqueue sequence: microseconds of this process's clock, strictly increasing
@@ -165,6 +167,7 @@ impl DynamoOutbox {
                 contended_until: AtomicU64::new(0),
                 recent: std::sync::Mutex::new(HashMap::new()),
                 leases: config.shard_lease().map(crate::shards::ShardLeases::new),
+                sweep: crate::body::Sweeper::default(),
                 config,
             }),
         })
@@ -291,6 +294,7 @@ impl DynamoOutbox {
                 state.insert(PARTITION_KEY.into(), s(key));
             }
             let expires = avail.saturating_add(body_ttl).div_ceil(1_000_000);
+            state.insert(BODY_EXP.into(), n(expires));
             let mut items = vec![state];
             for (i, chunk) in chunks.iter().enumerate() {
                 let mut part = body_key(m.id(), i);
