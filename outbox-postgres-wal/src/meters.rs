@@ -24,7 +24,7 @@ pub fn describe_metrics() {
     describe_gauge!(
         SLOT_LAG_BYTES,
         Unit::Bytes,
-        "Log the replication slot retains beyond its confirmed position."
+        "Log between the server's current position and the slot's confirmed position."
     );
     describe_gauge!(
         SLOT_LAG_SECONDS,
@@ -68,13 +68,18 @@ impl Meters {
         }
     }
 
-    /// Set the lag gauges: `bytes` when the slot's row was read, the age of `oldest`
-    /// (the oldest message read but not settled; none: caught up, 0 s).
-    pub(crate) fn lag(&self, bytes: Option<u64>, oldest: Option<SystemTime>) {
+    /// Set the bytes gauge when the slot's row was read (a standby sets only this).
+    pub(crate) fn lag_bytes(&self, bytes: Option<u64>) {
         if let Some(bytes) = bytes {
             #[allow(clippy::cast_precision_loss)] // a gauge: f64 is what it takes
             self.lag_bytes.set(bytes as f64);
         }
+    }
+
+    /// Set both gauges: `bytes` as [`lag_bytes`](Self::lag_bytes), and the age of
+    /// `oldest` (the oldest message read but not settled; none: caught up, 0 s).
+    pub(crate) fn lag(&self, bytes: Option<u64>, oldest: Option<SystemTime>) {
+        self.lag_bytes(bytes);
         let age = oldest
             .and_then(|t| SystemTime::now().duration_since(t).ok())
             .unwrap_or_default();

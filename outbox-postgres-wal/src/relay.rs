@@ -87,7 +87,8 @@ pub struct WalRelayReport {
 /// Every [`lag_interval`](WalRelayConfig::lag_interval) the relay reads the slot and
 /// sets the [`SLOT_LAG_BYTES`](crate::SLOT_LAG_BYTES) and
 /// [`SLOT_LAG_SECONDS`](crate::SLOT_LAG_SECONDS) gauges, also while a publish hangs,
-/// and stops if the slot was invalidated meanwhile.
+/// and stops if the slot was invalidated meanwhile (a publish in flight ends first: what
+/// it carries was read before the loss; until then the relay logs a warning).
 ///
 /// ## Duplicates
 ///
@@ -292,7 +293,7 @@ impl WalRelay {
                 Ok(None) => {
                     // A standby: keep the lag visible while another relay streams.
                     if let Ok(Some(status)) = self.outbox.slot_status().await {
-                        self.meters.lag(status.lag_bytes, None);
+                        self.meters.lag_bytes(status.lag_bytes);
                     }
                     if sleep_or_shutdown(self.config.lock_retry, shutdown).await {
                         return Ok(None);
@@ -367,7 +368,7 @@ impl WalRelay {
             started = client.wait_started() => started.map_err(|e| from_wire("start replication", e))?,
         }
         let mut stream = Stream::new(self.resume_from);
-        let mut lag_tick = tokio::time::interval(self.config.lag_interval);
+        let mut lag_tick = lag_ticks(self.config.lag_interval);
         let mut published_once = false;
         let mut saved = (self.resume_from, Instant::now());
         loop {
@@ -591,10 +592,8 @@ impl WalRelay {
             });
             // A publish that hangs (a stalled broker) must not freeze the lag gauges: they
             // matter most then.
-            let mut lag_tick = tokio::time::interval_at(
-                tokio::time::Instant::now() + self.config.lag_interval,
-                self.config.lag_interval,
-            );
+            let mut lag_tick = lag_ticks(self.config.lag_interval);
+            lag_tick.reset();
             loop {
                 tokio::select! {
                     published = &mut publish => break published,
@@ -602,10 +601,15 @@ impl WalRelay {
                         tracing::warn!(count = n, ?grace, "wal relay: shutdown grace expired; abandoning the publish in flight (its messages are published again by the next relay)");
                         return Ok(BatchEnd::Abandoned);
                     }
-                    _ = lag_tick.tick() => match self.outbox.check_slot().await {
-                        Ok(status) => self.meters.lag(status.lag_bytes, oldest),
-                        // The session's own check reports it once the publish ends.
-                        Err(e) => tracing::debug!(error = %e.report(), "wal relay: slot check during a publish"),
+                    // Bounded, so the publish and the grace timer wait at most one
+                    // interval for it.
+                    _ = lag_tick.tick() => match tokio::time::timeout(self.config.lag_interval, self.outbox.check_slot()).await {
+                        Ok(Ok(status)) => self.meters.lag(status.lag_bytes, oldest),
+                        // The publish goes on (what it carries was read before the loss);
+                        // the session's own check stops the relay once it ends.
+                        Ok(Err(e)) if !e.is_retryable() => tracing::warn!(error = %e.report(), "wal relay: the slot failed its check during a publish; stopping once the publish ends"),
+                        Ok(Err(e)) => tracing::debug!(error = %e.report(), "wal relay: slot check during a publish"),
+                        Err(_) => tracing::debug!("wal relay: slot check during a publish timed out"),
                     },
                 }
             }
@@ -789,6 +793,14 @@ impl Stream {
     fn oldest(&self) -> Option<SystemTime> {
         self.ready.front().map(|m| m.created_at)
     }
+}
+
+/// A lag interval that skips the ticks it missed (a long publish or a slow check must
+/// not be followed by a burst of slot checks).
+fn lag_ticks(period: Duration) -> tokio::time::Interval {
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    ticks
 }
 
 /// How many messages from the front of `ready` make the next batch: at most `max`, and
