@@ -51,4 +51,7 @@ for feature in nats rabbitmq; do
         fi
     done
 done
+# The log-tailing crate without TLS (its default feature `tls` off) still builds.
+echo "== cargo check -p outbox-postgres-wal --no-default-features" >&2
+cargo check -p outbox-postgres-wal --locked --quiet --no-default-features
 echo "feature checks passed" >&2

@@ -216,6 +216,8 @@ ensure_mysql() {
 
 ensure_postgres
 ensure_database
+# The log-tailing relay's TLS test makes its private cluster's certificates with it.
+command -v openssl >/dev/null 2>&1 || apt_install openssl
 log "PostgreSQL ready at $pg_host:$pg_port/$pg_db"
 ensure_nats
 log "NATS JetStream ready at $nats_host:$nats_port"

@@ -269,9 +269,20 @@ impl WalRelayConfig {
     }
 }
 
-/// Where the relay opens its replication connection: host, port, user, password and
-/// database, read from a `postgres://` URL. The user needs the `REPLICATION` attribute
-/// (or to be a superuser).
+/// Where the relay opens its replication connection: host, port, user, password,
+/// database and TLS, read from a `postgres://` URL. The user needs the `REPLICATION`
+/// attribute (or to be a superuser).
+///
+/// TLS follows libpq's `sslmode` (with the crate's default feature `tls`, rustls):
+/// `disable`; `allow` and `prefer` (the default): TLS when the server offers it, no
+/// certificate check; `require`: TLS, no certificate check; `verify-ca`: TLS, the
+/// chain checked against `sslrootcert` (a PEM file; the Mozilla roots when absent);
+/// `verify-full`: also the host name, which must then be a DNS name (the client does
+/// not match IP addresses; use `verify-ca` to reach a server by address). Use
+/// `verify-full` in production. Client
+/// certificates (`sslcert`, `sslkey`) are not supported and refused. Without the `tls`
+/// feature only `disable`, `allow` and `prefer` are accepted, and connect in plain
+/// text.
 ///
 /// `Debug` hides the password.
 ///
@@ -290,6 +301,51 @@ pub struct ReplicationTarget {
     user: String,
     password: String,
     database: String,
+    sslmode: SslMode,
+    root_cert: Option<std::path::PathBuf>,
+}
+
+/// libpq's `sslmode` values the relay knows (`allow` is read as `prefer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SslMode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl SslMode {
+    fn parse(value: &str) -> Result<Self> {
+        let mode = match value {
+            "disable" => SslMode::Disable,
+            "allow" | "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            other => {
+                return Err(Error::config(format!(
+                    "replication URL: unknown sslmode {other:?}"
+                )))
+            }
+        };
+        if cfg!(not(feature = "tls")) && !matches!(mode, SslMode::Disable | SslMode::Prefer) {
+            return Err(Error::config(format!(
+                "sslmode={value} needs TLS: build outbox-postgres-wal with its `tls` feature"
+            )));
+        }
+        Ok(mode)
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
 }
 
 impl ReplicationTarget {
@@ -298,8 +354,8 @@ impl ReplicationTarget {
     ///
     /// # Errors
     /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a URL that does not
-    /// parse, another scheme, a missing host or user, or an `sslmode` that needs TLS
-    /// (the replication connection has no TLS; see the crate's limitations).
+    /// parse, another scheme, a missing host or user, an unknown `sslmode` (or one
+    /// that needs TLS without the `tls` feature), or a client certificate.
     pub fn from_url(url: &str) -> Result<Self> {
         let parsed = url::Url::parse(url)
             .map_err(|e| Error::config(format!("replication URL does not parse: {e}")))?;
@@ -327,11 +383,17 @@ impl ReplicationTarget {
             "" => user.clone(),
             db => percent_decode("database", db)?,
         };
+        let (mut sslmode, mut root_cert) = (SslMode::Prefer, None);
         for (key, value) in parsed.query_pairs() {
-            if key == "sslmode" && !matches!(&*value, "disable" | "allow" | "prefer") {
-                return Err(Error::config(format!(
-                    "sslmode={value}: the replication connection has no TLS support"
-                )));
+            match &*key {
+                "sslmode" => sslmode = SslMode::parse(&value)?,
+                "sslrootcert" => root_cert = Some(std::path::PathBuf::from(&*value)),
+                "sslcert" | "sslkey" | "sslpassword" => {
+                    return Err(Error::config(format!(
+                        "replication URL: {key}: client certificates are not supported"
+                    )))
+                }
+                _ => {}
             }
         }
         Ok(ReplicationTarget {
@@ -340,6 +402,8 @@ impl ReplicationTarget {
             user,
             password,
             database,
+            sslmode,
+            root_cert,
         })
     }
 
@@ -363,8 +427,38 @@ impl ReplicationTarget {
         &self.database
     }
 
+    /// The `sslmode` in effect (`prefer` when the URL gives none; `allow` reads as
+    /// `prefer`).
+    pub fn sslmode(&self) -> &'static str {
+        self.sslmode.name()
+    }
+
     pub(crate) fn password(&self) -> &str {
         &self.password
+    }
+
+    /// The replication client's TLS settings.
+    #[cfg(feature = "tls")]
+    pub(crate) fn tls(&self) -> pgwire_replication::TlsConfig {
+        use pgwire_replication::TlsConfig;
+        let root = self.root_cert.clone();
+        match self.sslmode {
+            SslMode::Disable => TlsConfig::disabled(),
+            SslMode::Prefer => TlsConfig {
+                mode: pgwire_replication::SslMode::Prefer,
+                ..TlsConfig::disabled()
+            },
+            SslMode::Require => TlsConfig::require(),
+            SslMode::VerifyCa => TlsConfig::verify_ca(root),
+            SslMode::VerifyFull => TlsConfig::verify_full(root),
+        }
+    }
+
+    /// The replication client's TLS settings: none without the `tls` feature (only
+    /// `disable` and `prefer` parse then).
+    #[cfg(not(feature = "tls"))]
+    pub(crate) fn tls(&self) -> pgwire_replication::TlsConfig {
+        pgwire_replication::TlsConfig::disabled()
     }
 }
 
@@ -401,6 +495,8 @@ impl fmt::Debug for ReplicationTarget {
             .field("port", &self.port)
             .field("user", &self.user)
             .field("database", &self.database)
+            .field("sslmode", &self.sslmode.name())
+            .field("sslrootcert", &self.root_cert)
             .finish_non_exhaustive()
     }
 }
@@ -451,11 +547,14 @@ mod tests {
         assert_eq!(t.database(), "d+b");
         let t = ReplicationTarget::from_url("postgres://u@[::1]:7/db?sslmode=disable").unwrap();
         assert_eq!((t.host(), t.port(), t.database()), ("::1", 7, "db"));
+        assert_eq!(t.sslmode(), "disable");
+        assert_eq!(t.tls(), pgwire_replication::TlsConfig::disabled());
         for bad in [
             "mysql://u@h/db",
             "postgres://h/db",
             "not a url",
-            "postgres://u@h/db?sslmode=require",
+            "postgres://u@h/db?sslmode=sometimes",
+            "postgres://u@h/db?sslmode=require&sslcert=/c.pem&sslkey=/k.pem",
             "postgres://u:%ff@h/db",
         ] {
             assert_eq!(
@@ -463,6 +562,38 @@ mod tests {
                 ErrorKind::Config,
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn sslmodes() {
+        use pgwire_replication::SslMode as Wire;
+        let mode = |url: &str| ReplicationTarget::from_url(url).map(|t| (t.sslmode(), t.tls()));
+        let (name, _) = mode("postgres://u@h/db").unwrap();
+        assert_eq!(name, "prefer", "libpq's default");
+        assert_eq!(mode("postgres://u@h/db?sslmode=allow").unwrap().0, "prefer");
+        let tls_modes = [
+            ("require", Wire::Require),
+            ("verify-ca", Wire::VerifyCa),
+            ("verify-full", Wire::VerifyFull),
+        ];
+        for (value, wire) in tls_modes {
+            let url = format!("postgres://u@h/db?sslmode={value}&sslrootcert=/etc/ca.pem");
+            if cfg!(feature = "tls") {
+                let (name, tls) = mode(&url).unwrap();
+                assert_eq!((name, tls.mode), (value, wire));
+                if value != "require" {
+                    assert_eq!(
+                        tls.ca_pem_path.as_deref(),
+                        Some(std::path::Path::new("/etc/ca.pem"))
+                    );
+                }
+            } else {
+                assert_eq!(mode(&url).unwrap_err().kind(), ErrorKind::Config);
+            }
+        }
+        if cfg!(feature = "tls") {
+            assert_eq!(mode("postgres://u@h/db").unwrap().1.mode, Wire::Prefer);
         }
     }
 }

@@ -13,7 +13,7 @@ use outbox_core::{
 };
 use outbox_postgres::PgDistributedLock;
 use pgwire_replication::{
-    FeedbackObserver, Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig,
+    FeedbackObserver, Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -322,7 +322,7 @@ impl WalRelay {
             c.publication(),
         )
         .with_port(t.port())
-        .with_tls(TlsConfig::disabled())
+        .with_tls(t.tls())
         // Zero at first: the server starts at the slot's confirmed position. Later, the
         // position this relay confirmed: the server forwards to it when its own is
         // older (a restart may lose a logical slot's unsaved position before 17).

@@ -216,6 +216,39 @@ impl Cluster {
         }
     }
 
+    /// Put a file in the data directory, readable by the server alone (mode 0600,
+    /// owned by the user the server runs as): a TLS key and certificate, say, which
+    /// settings can then name relative to the data directory.
+    ///
+    /// # Panics
+    /// When the file cannot be written.
+    pub fn write_data_file(&self, name: &str, contents: &[u8]) {
+        assert!(
+            !name.is_empty() && !name.contains('/') && name != "." && name != "..",
+            "a file name in the data directory, not a path: {name:?}"
+        );
+        let staged = self.dir.join(format!("staged-{name}"));
+        std::fs::write(&staged, contents).expect("write the staged file");
+        let mut install = if self.as_postgres {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--", "install"]);
+            c
+        } else {
+            Command::new("install")
+        };
+        let out = install
+            .args(["-m", "600"])
+            .arg(&staged)
+            .arg(self.data.join(name))
+            .output();
+        let _ = std::fs::remove_file(&staged);
+        assert!(
+            matches!(&out, Ok(o) if o.status.success()),
+            "install {name} into the data directory: {}",
+            describe(out)
+        );
+    }
+
     /// The server's log so far (empty when unreadable).
     pub fn server_log(&self) -> String {
         std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
