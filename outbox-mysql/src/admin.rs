@@ -5,14 +5,15 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 
 use outbox_core::backend::{age_micros, limit_param};
 use outbox_core::{
     DeadLetter, DeadLetterFilter, DeadLetterPage, Error, ErrorKind, MessageId, OutboxStats, Result,
 };
 use outbox_sqlx::{AdminStatements, SqlxAdmin};
-use sqlx::mysql::MySqlQueryResult;
-use sqlx::{MySql, Pool};
+use sqlx::mysql::{MySqlQueryResult, MySqlRow};
+use sqlx::{MySql, MySqlConnection, MySqlPool, Pool, Row};
 
 use crate::error::from_sqlx;
 use crate::row::decode_dead_letter;
@@ -27,6 +28,53 @@ fn json_ids(ids: &[MessageId]) -> String {
         .map(|id| id.as_uuid().simple().to_string())
         .collect();
     serde_json::Value::from(hex).to_string()
+}
+
+/// A purge that never waits for rows another transaction holds: one short transaction
+/// on `pool` (READ COMMITTED) in which `select` locks at most its limit of rows with
+/// `FOR UPDATE SKIP LOCKED` and returns each one's primary key as JSON, and `delete`
+/// deletes those rows by primary key (its one parameter: the keys as a JSON array).
+/// One `DELETE ... JOIN (SELECT ... SKIP LOCKED)` would wait: MariaDB 10.11 ignores
+/// `SKIP LOCKED` in a derived table. Returns the rows deleted.
+pub(crate) fn purge_locked<'a>(
+    pool: &'a MySqlPool,
+    select: Query<'a>,
+    delete: &'a str,
+) -> BoxFuture<'a, sqlx::Result<u64>> {
+    Box::pin(async move {
+        let mut tx = pool.begin().await?;
+        let deleted = delete_locked(&mut tx, select, delete).await;
+        if matches!(deleted, Ok(n) if n > 0) {
+            tx.commit().await?;
+            return deleted;
+        }
+        // Roll back now: a dropped transaction keeps its locks until its connection is
+        // next used.
+        let rolled_back = tx.rollback().await;
+        deleted.and_then(|n| rolled_back.map(|()| n))
+    })
+}
+
+/// The statements of [`purge_locked`] on its transaction.
+async fn delete_locked(
+    conn: &mut MySqlConnection,
+    select: Query<'_>,
+    delete: &str,
+) -> sqlx::Result<u64> {
+    let keys: Vec<Vec<u8>> = select
+        .try_map(|row: MySqlRow| row.try_get(0))
+        .fetch_all(&mut *conn)
+        .await?;
+    if keys.is_empty() {
+        return Ok(0);
+    }
+    // JSON of hex digits: ASCII, so never lossy.
+    let keys = format!("[{}]", String::from_utf8_lossy(&keys.join(&b',')));
+    Ok(sqlx::query(delete)
+        .bind(keys)
+        .execute(conn)
+        .await?
+        .rows_affected())
 }
 
 #[async_trait]
@@ -71,6 +119,11 @@ impl SqlxAdmin for MySqlOutbox {
 
     fn bind_age(query: Query<'_>, older_than: Duration) -> Query<'_> {
         query.bind(age_micros(older_than))
+    }
+
+    /// The select of [`purge_locked`], then its delete by id.
+    fn run_purge<'a>(&'a self, select: Query<'a>) -> BoxFuture<'a, sqlx::Result<u64>> {
+        purge_locked(self.relay_pool(), select, &self.statements().purge_delete)
     }
 
     async fn read_stats(&self) -> Result<OutboxStats> {

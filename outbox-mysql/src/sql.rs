@@ -15,7 +15,8 @@
 //! - Admin statements read `<table>_dead` (dead letters, in id order) and
 //!   `<table>_dispatched` (purges); explicit id lists arrive as one JSON array read with
 //!   `JSON_TABLE`. MySQL refuses `LIMIT` in an `IN` subquery and a subquery on the
-//!   table being changed, so bounded changes join a derived table.
+//!   table being changed, so bounded changes join a derived table. Purges lock their
+//!   rows first ([`purge_locked`](crate::admin::purge_locked)).
 
 use outbox_core::store::MAX_ATTEMPTS;
 use outbox_core::{DeadLetterOrder, KeyOrder, Retention};
@@ -50,6 +51,8 @@ pub(crate) struct Statements {
     pub(crate) dead_letter: String,
     pub(crate) release_claim: String,
     pub(crate) stats: String,
+    /// The second statement of a purge: the ids `admin.purge_dispatched` locked.
+    pub(crate) purge_delete: String,
     /// Dead-letter pages by order and cursor, see [`Statements::dead_letters`].
     pages: [String; 4],
     pub(crate) admin: AdminStatements,
@@ -124,7 +127,9 @@ impl Statements {
         );
         // Joined, not `IN (JSON_TABLE)`: MariaDB < 11.1 has no semijoin for a
         // single-table UPDATE/DELETE and scans the table with a dependent subquery.
-        let by_json = format!("FORCE INDEX (PRIMARY) JOIN {JSON_TABLE} ON {t}.id = UNHEX(j.h)");
+        // `STRAIGHT_JOIN`: the ids first, or a small table is scanned (and locked).
+        let by_json =
+            format!("{JSON_TABLE} STRAIGHT_JOIN {t} FORCE INDEX (PRIMARY) ON {t}.id = UNHEX(j.h)");
         let dispatched = format!(
             "FROM {t} FORCE INDEX ({index}) WHERE dispatched_at < {cut}",
             index = ix("dispatched"),
@@ -185,19 +190,20 @@ impl Statements {
                 page(" DESC", ""),
                 page(" DESC", " AND id < ?"),
             ],
+            purge_delete: format!("DELETE {t} FROM {by_json}"),
             admin: AdminStatements {
                 retention: config.retention(),
                 count_dead: format!(
                     "SELECT COUNT(*) FROM {t} FORCE INDEX ({dead}) WHERE dead_flag = 1 AND {f}",
                     f = dead_filter()
                 ),
-                requeue_ids: format!("UPDATE {t} {by_json} SET {requeue} WHERE {t}.dead_flag = 1"),
+                requeue_ids: format!("UPDATE {by_json} SET {requeue} WHERE {t}.dead_flag = 1"),
                 requeue_matching: format!("UPDATE {t} {matching} SET {requeue}"),
-                discard_ids: format!("DELETE {t} FROM {t} {by_json} WHERE {t}.dead_flag = 1"),
+                discard_ids: format!("DELETE {t} FROM {by_json} WHERE {t}.dead_flag = 1"),
                 discard_matching: format!("DELETE {t} FROM {t} {matching}"),
                 purge_dispatched: format!(
-                    "DELETE {t} FROM {t} JOIN (SELECT id {dispatched} ORDER BY dispatched_at \
-                     LIMIT ?) AS x ON x.id = {t}.id"
+                    "SELECT JSON_QUOTE(HEX(id)) {dispatched} ORDER BY dispatched_at LIMIT ? \
+                     FOR UPDATE SKIP LOCKED"
                 ),
                 count_dispatched: format!("SELECT COUNT(*) {dispatched}"),
             },

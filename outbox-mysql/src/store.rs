@@ -199,6 +199,7 @@ impl MySqlOutbox {
             "fail" => &sql.fail,
             "dead_letter" => &sql.dead_letter,
             "purge" => &sql.admin.purge_dispatched,
+            "purge_delete" => &sql.purge_delete,
             "requeue_ids" => &sql.admin.requeue_ids,
             "requeue_matching" => &sql.admin.requeue_matching,
             "discard_ids" => &sql.admin.discard_ids,
