@@ -303,7 +303,8 @@ async fn dedup_purge_skips_a_held_record() {
     let consumer = outbox_core::ConsumerName::new("held").expect("name");
     let ids: Vec<MessageId> = (0..5).map(|_| MessageId::new()).collect();
     for id in &ids {
-        store.record(&consumer, *id).await.expect("record");
+        let recorded = store.record(&consumer, *id).await.expect("record");
+        assert_eq!(recorded, outbox_core::Dedup::New);
     }
     let t = store.config().qualified_name().expect("name").to_string();
     sqlx::query(&format!(
