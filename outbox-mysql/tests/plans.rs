@@ -276,7 +276,7 @@ async fn admin_statements_reach_rows_through_their_indexes() {
         let planned = fixture.explain(name, binds, &dead).await.expect("plan");
         if name == "purge" {
             // Locks its rows through the purge index alone.
-            assert_eq!(planned.accesses, [dispatched.clone()], "{planned}");
+            assert_eq!(planned.accesses, std::slice::from_ref(&dispatched), "{planned}");
         }
         assert!(!planned.accesses.is_empty(), "{planned}");
         for access in &planned.accesses {
