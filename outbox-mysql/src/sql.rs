@@ -36,8 +36,8 @@ const COLUMNS: &str = "id, destination, partition_key, payload, content_type, he
 /// Prebuilt statement text; `{ids}` marks where an id list goes ([`with_ids`]).
 /// Parameters: `claim` lease µs, limit (`claim_ids`: lease µs, ids, limit); `lease`
 /// expiry, token, ids; `lock` lease µs (0 but for renewals), ids; `complete` and
-/// `release` ids; `renew` expiry, ids; `fail` error, dead, retry µs, dead, id;
-/// `dead_letter` error, id, token; `release_claim` token, ids.
+/// `release` ids; `renew` expiry, ids; `fail` one JSON array of `[id, token, error,
+/// dead, retry µs]` (id and token in hex), fenced by token; `release_claim` token, ids.
 #[derive(Debug)]
 pub(crate) struct Statements {
     pub(crate) claim: String,
@@ -48,7 +48,6 @@ pub(crate) struct Statements {
     pub(crate) release: String,
     pub(crate) renew: String,
     pub(crate) fail: String,
-    pub(crate) dead_letter: String,
     pub(crate) release_claim: String,
     pub(crate) stats: String,
     /// The second statement of a purge: the ids `admin.purge_dispatched` locked.
@@ -164,14 +163,14 @@ impl Statements {
             },
             release: by_id(release) + "id IN ({ids})",
             renew: by_id("available_at = ?") + "id IN ({ids})",
-            fail: by_id(
-                "lease_token = NULL, last_error = ?, \
-                 available_at = IF(?, available_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), \
-                 dead_at = IF(?, UTC_TIMESTAMP(6), NULL)",
-            ) + "id = ?",
-            dead_letter: by_id(
-                "dead_at = UTC_TIMESTAMP(6), lease_token = NULL, last_error = ?",
-            ) + "id = ? AND lease_token = ? AND due_at IS NOT NULL",
+            fail: format!(
+                "UPDATE JSON_TABLE(?, '$[*]' COLUMNS (h CHAR(32) PATH '$[0]', k CHAR(32) PATH \
+                 '$[1]', e TEXT CHARACTER SET utf8mb4 PATH '$[2]', d INT PATH '$[3]', r BIGINT \
+                 PATH '$[4]')) AS j STRAIGHT_JOIN {t} FORCE INDEX (PRIMARY) ON {t}.id = UNHEX(j.h) \
+                 SET lease_token = NULL, last_error = j.e, dead_at = IF(j.d, {NOW}, NULL), \
+                 available_at = IF(j.d, available_at, {NOW} + INTERVAL j.r MICROSECOND) \
+                 WHERE {t}.lease_token = UNHEX(j.k) AND {t}.due_at IS NOT NULL"
+            ),
             release_claim: by_id(release)
                 + "lease_token = ? AND due_at IS NOT NULL AND id IN ({ids})",
             stats: format!(

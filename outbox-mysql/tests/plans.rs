@@ -36,18 +36,18 @@ impl PlanHarness for MySqlPlanHarness {
 }
 
 /// The statements an operation sends, by the store's names, each with how its
-/// parameters are bound: `i` an integer, `t` a time, `b` an id or token, `s` text,
-/// `f` a flag, `L` the id list.
+/// parameters are bound: `i` an integer, `t` a time, `b` an id or token,
+/// `s` text, `L` the id list, `F` the ids as the JSON rows of a fail.
 fn statements(op: RelayOp) -> &'static [(&'static str, &'static str)] {
     const LOCK: (&str, &str) = ("lock", "iL");
     const CLAIM: [(&str, &str); 2] = [("claim", "ii"), ("lease", "tbL")];
     match op {
-        RelayOp::Claim => &[CLAIM[0], CLAIM[1], ("dead_letter", "sbb")],
+        RelayOp::Claim => &[CLAIM[0], CLAIM[1], ("fail", "F")],
         RelayOp::ClaimIds => &[("claim_ids", "iLi"), CLAIM[1]],
         // The trait's default: complete, then claim.
         RelayOp::SettleAndClaim => &[LOCK, ("complete", "L"), CLAIM[0], CLAIM[1]],
         RelayOp::Complete => &[LOCK, ("complete", "L")],
-        RelayOp::Fail => &[LOCK, ("fail", "sfifb")],
+        RelayOp::Fail => &[LOCK, ("fail", "F")],
         RelayOp::Release => &[LOCK, ("release", "L")],
         RelayOp::Renew => &[LOCK, ("renew", "tL")],
         // Lock through `<table>_dispatched`, then delete by primary key.
@@ -198,9 +198,15 @@ async fn explain(
             't' => query.bind(chrono::Utc::now().naive_utc()),
             'b' => query.bind(ids[0]),
             's' => query.bind("reason"),
-            'f' => query.bind(false),
             'L' => ids.iter().fold(query, |q, id| q.bind(*id)),
             'J' => query.bind(json),
+            'F' => {
+                let hex = |id: &Uuid| id.simple().to_string();
+                let rows = ids
+                    .iter()
+                    .map(|id| serde_json::json!([hex(id), hex(id), "why", 0, 0]));
+                query.bind(Value::from(rows.collect::<Vec<_>>()).to_string())
+            }
             other => panic!("bind kind {other}"),
         };
     }
@@ -276,7 +282,11 @@ async fn admin_statements_reach_rows_through_their_indexes() {
         let planned = fixture.explain(name, binds, &dead).await.expect("plan");
         if name == "purge" {
             // Locks its rows through the purge index alone.
-            assert_eq!(planned.accesses, std::slice::from_ref(&dispatched), "{planned}");
+            assert_eq!(
+                planned.accesses,
+                std::slice::from_ref(&dispatched),
+                "{planned}"
+            );
         }
         assert!(!planned.accesses.is_empty(), "{planned}");
         for access in &planned.accesses {
