@@ -9,11 +9,11 @@ use futures::future::BoxFuture;
 
 use outbox_core::backend::{age_micros, limit_param};
 use outbox_core::{
-    DeadLetter, DeadLetterFilter, DeadLetterPage, Error, ErrorKind, MessageId, OutboxStats, Result,
+    DeadLetter, DeadLetterFilter, DeadLetterPage, Error, MessageId, OutboxStats, Result,
 };
 use outbox_sqlx::{AdminStatements, SqlxAdmin};
 use sqlx::mysql::{MySqlQueryResult, MySqlRow};
-use sqlx::{MySql, MySqlConnection, MySqlPool, Pool, Row};
+use sqlx::{MySql, MySqlPool, Pool, Row};
 
 use crate::error::from_sqlx;
 use crate::row::decode_dead_letter;
@@ -23,11 +23,8 @@ type Query<'q> = outbox_sqlx::Query<'q, MySql>;
 
 /// Ids as the JSON array of hex strings the statements read with `JSON_TABLE`.
 fn json_ids(ids: &[MessageId]) -> String {
-    let hex: Vec<String> = ids
-        .iter()
-        .map(|id| id.as_uuid().simple().to_string())
-        .collect();
-    serde_json::Value::from(hex).to_string()
+    let hex = ids.iter().map(|id| id.as_uuid().simple().to_string());
+    serde_json::Value::from(hex.collect::<Vec<_>>()).to_string()
 }
 
 /// A purge that never waits for rows another transaction holds: one short transaction
@@ -43,7 +40,20 @@ pub(crate) fn purge_locked<'a>(
 ) -> BoxFuture<'a, sqlx::Result<u64>> {
     Box::pin(async move {
         let mut tx = pool.begin().await?;
-        let deleted = delete_locked(&mut tx, select, delete).await;
+        let deleted = async {
+            let keys: Vec<Vec<u8>> = select
+                .try_map(|row: MySqlRow| row.try_get(0))
+                .fetch_all(&mut *tx)
+                .await?;
+            if keys.is_empty() {
+                return Ok(0);
+            }
+            // JSON of hex digits: ASCII, so never lossy.
+            let keys = format!("[{}]", String::from_utf8_lossy(&keys.join(&b',')));
+            let done = sqlx::query(delete).bind(keys).execute(&mut *tx).await?;
+            Ok(done.rows_affected())
+        }
+        .await;
         if matches!(deleted, Ok(n) if n > 0) {
             tx.commit().await?;
             return deleted;
@@ -55,38 +65,12 @@ pub(crate) fn purge_locked<'a>(
     })
 }
 
-/// The statements of [`purge_locked`] on its transaction.
-async fn delete_locked(
-    conn: &mut MySqlConnection,
-    select: Query<'_>,
-    delete: &str,
-) -> sqlx::Result<u64> {
-    let keys: Vec<Vec<u8>> = select
-        .try_map(|row: MySqlRow| row.try_get(0))
-        .fetch_all(&mut *conn)
-        .await?;
-    if keys.is_empty() {
-        return Ok(0);
-    }
-    // JSON of hex digits: ASCII, so never lossy.
-    let keys = format!("[{}]", String::from_utf8_lossy(&keys.join(&b',')));
-    Ok(sqlx::query(delete)
-        .bind(keys)
-        .execute(conn)
-        .await?
-        .rows_affected())
-}
-
 #[async_trait]
 impl SqlxAdmin for MySqlOutbox {
     type Db = MySql;
 
     fn map_error(what: &str, err: sqlx::Error) -> Error {
         from_sqlx(what, err)
-    }
-
-    fn negative_count(what: &str) -> Error {
-        Error::new(ErrorKind::Decode, format!("negative {what} count"))
     }
 
     /// The relay's READ COMMITTED pool: the admin writes and counts take no gap locks

@@ -61,13 +61,13 @@ pub struct MySqlDedupStore {
     name: QualifiedName,
     retention_us: i64,
     sql: Arc<InboxStatements>,
-    /// The second statement of a purge: the records `sql.purge` locked.
+    /// The purge's second statement: delete the records `sql.purge` locked
+    /// (`[[consumer, id], ...]` in hex) by primary key.
     purge_delete: Arc<str>,
 }
 
 /// The statements: `?` consumer, `?` id, `?` retention µs (record, contains); `?`
-/// retention µs, `?` limit (the purge's locking select, see
-/// [`purge_locked`]).
+/// retention µs, `?` limit (purge: the select of [`purge_locked`]).
 fn dedup_statements(t: &QualifiedName) -> InboxStatements {
     // Saturating: a retention reaching past year 1000 would make `NOW - INTERVAL` NULL.
     let expired = format!("processed_at < {}", cutoff("?"));
@@ -89,17 +89,6 @@ fn dedup_statements(t: &QualifiedName) -> InboxStatements {
     }
 }
 
-/// The records [`InboxStatements::purge`] locked (`[[consumer, id], ...]` in hex),
-/// deleted by primary key.
-fn purge_delete(t: &QualifiedName) -> Arc<str> {
-    format!(
-        "DELETE {t} FROM JSON_TABLE(?, '$[*]' COLUMNS (c VARCHAR(510) PATH '$[0]', \
-         m CHAR(32) PATH '$[1]')) AS j STRAIGHT_JOIN {t} FORCE INDEX (PRIMARY) \
-         ON {t}.consumer = UNHEX(j.c) AND {t}.message_id = UNHEX(j.m)"
-    )
-    .into()
-}
-
 impl MySqlDedupStore {
     /// A store on `pool` with `config`. Runs no SQL. Its own statements (`record`,
     /// `contains`, purges) run on a READ COMMITTED pool beside `pool`, opened on first
@@ -117,7 +106,12 @@ impl MySqlDedupStore {
             pool: read_committed(&pool),
             caller: pool,
             sql: Arc::new(dedup_statements(&name)),
-            purge_delete: purge_delete(&name),
+            purge_delete: format!(
+                "DELETE {name} FROM JSON_TABLE(?, '$[*]' COLUMNS (c VARCHAR(510) PATH '$[0]', \
+                 m CHAR(32) PATH '$[1]')) AS j STRAIGHT_JOIN {name} FORCE INDEX (PRIMARY) \
+                 ON {name}.consumer = UNHEX(j.c) AND {name}.message_id = UNHEX(j.m)"
+            )
+            .into(),
             config,
             name,
             retention_us,

@@ -110,22 +110,15 @@ enum Write {
 /// The JSON array [`Statements::fail`] reads: `[id, token, error, dead, retry µs]` a
 /// row, id and token in hex.
 fn fail_rows<'a>(rows: impl Iterator<Item = (Uuid, LeaseToken, &'a str, bool, i64)>) -> String {
-    let rows = rows.map(|(id, token, error, dead, retry_us)| {
-        let token = token.as_uuid().simple().to_string();
-        serde_json::json!([
-            id.simple().to_string(),
-            token,
-            error,
-            u8::from(dead),
-            retry_us
-        ])
+    let hex = |id: Uuid| id.simple().to_string();
+    let rows = rows.map(|(id, token, error, dead, retry)| {
+        serde_json::json!([hex(id), hex(token.as_uuid()), error, u8::from(dead), retry])
     });
     serde_json::Value::from(rows.collect::<Vec<_>>()).to_string()
 }
 
-/// A pool beside `pool` with its connect options, size, timeouts and lifetimes, opened
-/// on first use, whose sessions are READ COMMITTED. `pool`'s `after_connect` hook is
-/// not copied (sqlx does not expose it): session settings belong in its connect options.
+/// [`MySqlOutbox::relay_pool`] of `pool`: session settings belong in its connect
+/// options, as its `after_connect` hook is not copied.
 pub(crate) fn read_committed(pool: &MySqlPool) -> MySqlPool {
     let options = pool.options();
     MySqlPoolOptions::new()
@@ -168,9 +161,9 @@ impl MySqlOutbox {
     }
 
     /// The connections the relay's and the admin's writes run on: a pool beside
-    /// [`pool`](Self::pool), with its connect options, size, timeouts and lifetimes
-    /// (not its `after_connect` hook, which sqlx does not expose), opened on first use,
-    /// whose sessions are `READ COMMITTED`, so locking reads take no gap locks.
+    /// [`pool`](Self::pool), opened on first use, copying its connect options, size,
+    /// timeouts and lifetimes (not its `after_connect` hook, which sqlx does not
+    /// expose), whose sessions are `READ COMMITTED`, so locking reads take no gap locks.
     pub fn relay_pool(&self) -> &MySqlPool {
         &self.relay
     }

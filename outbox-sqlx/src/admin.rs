@@ -12,8 +12,8 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool,
 
 use outbox_core::backend::{dead_target, limit_param, purge_limit, DeadChange, DeadTarget};
 use outbox_core::{
-    DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterSelection, Error, OutboxStats, Result,
-    Retention,
+    DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterSelection, Error, ErrorKind,
+    OutboxStats, Result, Retention,
 };
 
 /// A statement of database `Db` with its arguments, as the bind methods of
@@ -71,8 +71,11 @@ pub trait SqlxAdmin: Sync {
     fn map_error(what: &str, err: sqlx::Error) -> Error;
 
     /// The error of a count the database returned negative; `what` names it
-    /// (`"dead letter"`, `"dispatched"`).
-    fn negative_count(what: &str) -> Error;
+    /// (`"dead letter"`, `"dispatched"`). By default a
+    /// [`Decode`](outbox_core::ErrorKind::Decode) error saying so.
+    fn negative_count(what: &str) -> Error {
+        Error::new(ErrorKind::Decode, format!("negative {what} count"))
+    }
 
     /// The pool the statements run on, and their text.
     fn admin(&self) -> (&Pool<Self::Db>, &AdminStatements);
