@@ -11,12 +11,13 @@
 //!   dead-lettering of poison rows) reaches rows through `PRIMARY` (`FORCE INDEX`), so
 //!   it can never become a locking range scan of a secondary index. Id lists are
 //!   `IN (?, ...)` lists padded to a power of two by repeating the last id, so a
-//!   connection prepares at most a few shapes of each statement.
+//!   connection prepares at most a few shapes of each statement; rows with values
+//!   (fail, dead-lettering) and the admin's id lists are one JSON array read with
+//!   `JSON_TABLE`, joined first (`STRAIGHT_JOIN`).
 //! - Admin statements read `<table>_dead` (dead letters, in id order) and
-//!   `<table>_dispatched` (purges); explicit id lists arrive as one JSON array read with
-//!   `JSON_TABLE`. MySQL refuses `LIMIT` in an `IN` subquery and a subquery on the
-//!   table being changed, so bounded changes join a derived table. Purges lock their
-//!   rows first ([`purge_locked`](crate::admin::purge_locked)).
+//!   `<table>_dispatched` (purges). MySQL refuses `LIMIT` in an `IN` subquery and a
+//!   subquery on the table being changed, so bounded changes join a derived table;
+//!   purges lock their rows first ([`purge_locked`](crate::admin::purge_locked)).
 
 use outbox_core::store::MAX_ATTEMPTS;
 use outbox_core::{DeadLetterOrder, KeyOrder, Retention};
