@@ -18,6 +18,11 @@ use serde_json::Value;
 use sqlx::MySqlPool;
 use uuid::Uuid;
 
+/// A derived table of the digits 0 to 9 (`d`); five cross-joined count to 100,000.
+const DIGITS: &str = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+                      UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL \
+                      SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9)";
+
 struct MySqlPlanHarness {
     pool: MySqlPool,
 }
@@ -110,9 +115,6 @@ impl PlanFixture for common::MySqlFixture {
         let rows = history.dispatched + history.dead + history.due + history.waiting;
         let (settled, dead) = (history.dispatched, history.dispatched + history.dead);
         let due_end = dead + history.due;
-        let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
-                      UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL \
-                      SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9)";
         let steps = [
             format!("ALTER TABLE {t} STATS_AUTO_RECALC = 0"),
             format!(
@@ -122,7 +124,7 @@ impl PlanFixture for common::MySqlFixture {
                      '{{}}', UTC_TIMESTAMP(6), IF(n.i > {due_end}, \
                      UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE) \
                  FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d + 1 AS i \
-                       FROM {digits} a, {digits} b, {digits} c, {digits} e, {digits} f) AS n \
+                       FROM {DIGITS} a, {DIGITS} b, {DIGITS} c, {DIGITS} e, {DIGITS} f) AS n \
                  WHERE n.i <= {rows} ORDER BY n.i"
             ),
             format!("UPDATE {t} SET dispatched_at = UTC_TIMESTAMP(6) WHERE seq <= {settled}"),
@@ -312,9 +314,6 @@ async fn dedup_purge_reads_its_index_then_the_primary_key() {
         .expect("store");
     let name = store.config().qualified_name().expect("name");
     let t = name.to_string();
-    let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
-                  UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL \
-                  SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9)";
     let steps = [
         format!("ALTER TABLE {t} STATS_AUTO_RECALC = 0"),
         format!(
@@ -322,7 +321,7 @@ async fn dedup_purge_reads_its_index_then_the_primary_key() {
              SELECT CONCAT('c', n.i % 4), UNHEX(REPLACE(UUID(), '-', '')), \
                  UTC_TIMESTAMP(6) - INTERVAL n.i SECOND \
              FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d AS i \
-                   FROM {digits} a, {digits} b, {digits} c, {digits} e, {digits} f) AS n"
+                   FROM {DIGITS} a, {DIGITS} b, {DIGITS} c, {DIGITS} e, {DIGITS} f) AS n"
         ),
     ];
     for step in steps {
