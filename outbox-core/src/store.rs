@@ -437,6 +437,29 @@ pub struct Renewed {
     pub lost: Vec<MessageId>,
 }
 
+impl Renewed {
+    /// What a renewal of `leases` did, from the ids it extended (`renewed`) with their
+    /// new expiry: those leases with that expiry, the others lost, in `leases`' order.
+    pub fn reconcile(
+        leases: &[Lease],
+        renewed: impl IntoIterator<Item = (MessageId, SystemTime)>,
+    ) -> Self {
+        let expiry: std::collections::HashMap<MessageId, SystemTime> =
+            renewed.into_iter().collect();
+        let mut out = Renewed::default();
+        for l in leases {
+            match expiry.get(&l.id) {
+                Some(at) => out.leases.push(Lease {
+                    expires_at: *at,
+                    ..*l
+                }),
+                None => out.lost.push(l.id),
+            }
+        }
+        out
+    }
+}
+
 /// The store a relay claims from: claim, claim ids, complete, fail, release.
 ///
 /// This is all a relay needs; what an operator needs (stats, dead letters, purges) is

@@ -464,20 +464,10 @@ impl OutboxStore for MySqlOutbox {
         let applied = self
             .settle("renew", in_id_order(leases, |l| l.id), write)
             .await?;
-        let expiry: HashMap<Uuid, NaiveDateTime> = applied.into_iter().collect();
-        let (held, lost): (Vec<&Lease>, Vec<&Lease>) = leases
-            .iter()
-            .partition(|l| expiry.contains_key(&l.id.as_uuid()));
-        Ok(Renewed {
-            lost: lost.into_iter().map(|l| l.id).collect(),
-            leases: held
-                .into_iter()
-                .map(|l| Lease {
-                    expires_at: expiry[&l.id.as_uuid()].and_utc().into(),
-                    ..*l
-                })
-                .collect(),
-        })
+        let renewed = applied
+            .into_iter()
+            .map(|(id, at)| (MessageId::from_uuid(id), at.and_utc().into()));
+        Ok(Renewed::reconcile(leases, renewed))
     }
 }
 
