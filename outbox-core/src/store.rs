@@ -833,4 +833,26 @@ mod tests {
         assert_eq!(err.ids(), &[a, c]);
         assert_eq!(Settled::reconcile([a], [a]).into_result().unwrap(), 1);
     }
+
+    #[test]
+    fn renewed_reconcile_keeps_order_and_new_expiry() {
+        let old = SystemTime::UNIX_EPOCH;
+        let later = old + Duration::from_secs(60);
+        let leases: Vec<Lease> = (0..3)
+            .map(|_| Lease {
+                id: MessageId::new(),
+                token: LeaseToken::new(),
+                expires_at: old,
+            })
+            .collect();
+        let r = Renewed::reconcile(&leases, [(leases[2].id, later), (leases[0].id, later)]);
+        let held: Vec<_> = r
+            .leases
+            .iter()
+            .map(|l| (l.id, l.token, l.expires_at))
+            .collect();
+        let expect = |l: &Lease| (l.id, l.token, later);
+        assert_eq!(held, [expect(&leases[0]), expect(&leases[2])]);
+        assert_eq!(r.lost, [leases[1].id]);
+    }
 }
