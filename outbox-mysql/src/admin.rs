@@ -105,7 +105,8 @@ impl SqlxAdmin for MySqlOutbox {
         query.bind(age_micros(older_than))
     }
 
-    /// The select of [`purge_locked`], then its delete by id.
+    /// The select (`FOR UPDATE SKIP LOCKED`), then a delete of the ids it locked, in
+    /// one transaction: never waits on rows a relay holds.
     fn run_purge<'a>(&'a self, select: Query<'a>) -> BoxFuture<'a, sqlx::Result<u64>> {
         purge_locked(self.relay_pool(), select, &self.statements().purge_delete)
     }

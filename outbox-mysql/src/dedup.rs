@@ -191,7 +191,8 @@ impl SqlxInbox for MySqlDedupStore {
         query.bind(self.retention_us)
     }
 
-    /// The select of [`purge_locked`], then its delete by primary key.
+    /// The select (`FOR UPDATE SKIP LOCKED`), then a delete of the records it locked,
+    /// in one transaction: never waits on records a consumer holds.
     fn run_purge<'a>(&'a self, select: Query<'a, MySql>) -> BoxFuture<'a, sqlx::Result<u64>> {
         purge_locked(&self.pool, select, &self.purge_delete)
     }

@@ -495,7 +495,7 @@ impl CommittedClaim for MySqlOutbox {
         Ok(())
     }
 
-    /// One statement: [`Statements::fail`], every row dead.
+    /// One statement: the fail statement, every row dead.
     async fn dead_letter_rows(
         &self,
         claim: LeaseToken,
