@@ -100,8 +100,7 @@ impl MySqlDedupStore {
     pub fn new(pool: MySqlPool, config: MySqlDedupConfig) -> Result<Self> {
         config.validate()?;
         let name = config.qualified_name()?;
-        let retention_us = i64::try_from(config.retention().as_micros())
-            .map_err(|_| Error::config("dedup retention is too long"))?;
+        let retention_us = config.retention_micros()?;
         Ok(MySqlDedupStore {
             pool: read_committed(&pool),
             caller: pool,
