@@ -437,6 +437,29 @@ pub struct Renewed {
     pub lost: Vec<MessageId>,
 }
 
+impl Renewed {
+    /// What a renewal of `leases` did, from the ids it extended (`renewed`) with their
+    /// new expiry: those leases with that expiry, the others lost, in `leases`' order.
+    pub fn reconcile(
+        leases: &[Lease],
+        renewed: impl IntoIterator<Item = (MessageId, SystemTime)>,
+    ) -> Self {
+        let expiry: std::collections::HashMap<MessageId, SystemTime> =
+            renewed.into_iter().collect();
+        let mut out = Renewed::default();
+        for l in leases {
+            match expiry.get(&l.id) {
+                Some(at) => out.leases.push(Lease {
+                    expires_at: *at,
+                    ..*l
+                }),
+                None => out.lost.push(l.id),
+            }
+        }
+        out
+    }
+}
+
 /// The store a relay claims from: claim, claim ids, complete, fail, release.
 ///
 /// This is all a relay needs; what an operator needs (stats, dead letters, purges) is
@@ -809,5 +832,27 @@ mod tests {
         assert_eq!(err.kind(), ErrorKind::LeaseLost);
         assert_eq!(err.ids(), &[a, c]);
         assert_eq!(Settled::reconcile([a], [a]).into_result().unwrap(), 1);
+    }
+
+    #[test]
+    fn renewed_reconcile_keeps_order_and_new_expiry() {
+        let old = SystemTime::UNIX_EPOCH;
+        let later = old + Duration::from_secs(60);
+        let leases: Vec<Lease> = (0..3)
+            .map(|_| Lease {
+                id: MessageId::new(),
+                token: LeaseToken::new(),
+                expires_at: old,
+            })
+            .collect();
+        let r = Renewed::reconcile(&leases, [(leases[2].id, later), (leases[0].id, later)]);
+        let held: Vec<_> = r
+            .leases
+            .iter()
+            .map(|l| (l.id, l.token, l.expires_at))
+            .collect();
+        let expect = |l: &Lease| (l.id, l.token, later);
+        assert_eq!(held, [expect(&leases[0]), expect(&leases[2])]);
+        assert_eq!(r.lost, [leases[1].id]);
     }
 }

@@ -5,14 +5,15 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 
 use outbox_core::backend::{age_micros, limit_param};
 use outbox_core::{
-    DeadLetter, DeadLetterFilter, DeadLetterPage, Error, ErrorKind, MessageId, OutboxStats, Result,
+    DeadLetter, DeadLetterFilter, DeadLetterPage, Error, MessageId, OutboxStats, Result,
 };
 use outbox_sqlx::{AdminStatements, SqlxAdmin};
-use sqlx::mysql::MySqlQueryResult;
-use sqlx::{MySql, Pool};
+use sqlx::mysql::{MySqlQueryResult, MySqlRow};
+use sqlx::{MySql, MySqlPool, Pool, Row};
 
 use crate::error::from_sqlx;
 use crate::row::decode_dead_letter;
@@ -22,11 +23,46 @@ type Query<'q> = outbox_sqlx::Query<'q, MySql>;
 
 /// Ids as the JSON array of hex strings the statements read with `JSON_TABLE`.
 fn json_ids(ids: &[MessageId]) -> String {
-    let hex: Vec<String> = ids
-        .iter()
-        .map(|id| id.as_uuid().simple().to_string())
-        .collect();
-    serde_json::Value::from(hex).to_string()
+    let hex = ids.iter().map(|id| id.as_uuid().simple().to_string());
+    serde_json::Value::from(hex.collect::<Vec<_>>()).to_string()
+}
+
+/// A purge that never waits for rows another transaction holds: one short transaction
+/// on `pool` (READ COMMITTED) in which `select` locks at most its limit of rows with
+/// `FOR UPDATE SKIP LOCKED` and returns each one's primary key as JSON, and `delete`
+/// deletes those rows by primary key (its one parameter: the keys as a JSON array).
+/// One `DELETE ... JOIN (SELECT ... SKIP LOCKED)` would wait: MariaDB 10.11 ignores
+/// `SKIP LOCKED` in a derived table. Returns the rows deleted.
+pub(crate) fn purge_locked<'a>(
+    pool: &'a MySqlPool,
+    select: Query<'a>,
+    delete: &'a str,
+) -> BoxFuture<'a, sqlx::Result<u64>> {
+    Box::pin(async move {
+        let mut tx = pool.begin().await?;
+        let deleted = async {
+            let keys: Vec<Vec<u8>> = select
+                .try_map(|row: MySqlRow| row.try_get(0))
+                .fetch_all(&mut *tx)
+                .await?;
+            if keys.is_empty() {
+                return Ok(0);
+            }
+            // JSON of hex digits: ASCII, so never lossy.
+            let keys = format!("[{}]", String::from_utf8_lossy(&keys.join(&b',')));
+            let done = sqlx::query(delete).bind(keys).execute(&mut *tx).await?;
+            Ok(done.rows_affected())
+        }
+        .await;
+        if matches!(deleted, Ok(n) if n > 0) {
+            tx.commit().await?;
+            return deleted;
+        }
+        // Roll back now: a dropped transaction keeps its locks until its connection is
+        // next used.
+        let rolled_back = tx.rollback().await;
+        deleted.and_then(|n| rolled_back.map(|()| n))
+    })
 }
 
 #[async_trait]
@@ -35,10 +71,6 @@ impl SqlxAdmin for MySqlOutbox {
 
     fn map_error(what: &str, err: sqlx::Error) -> Error {
         from_sqlx(what, err)
-    }
-
-    fn negative_count(what: &str) -> Error {
-        Error::new(ErrorKind::Decode, format!("negative {what} count"))
     }
 
     /// The relay's READ COMMITTED pool: the admin writes and counts take no gap locks
@@ -71,6 +103,12 @@ impl SqlxAdmin for MySqlOutbox {
 
     fn bind_age(query: Query<'_>, older_than: Duration) -> Query<'_> {
         query.bind(age_micros(older_than))
+    }
+
+    /// The select (`FOR UPDATE SKIP LOCKED`), then a delete of the ids it locked, in
+    /// one transaction: never waits on rows a relay holds.
+    fn run_purge<'a>(&'a self, select: Query<'a>) -> BoxFuture<'a, sqlx::Result<u64>> {
+        purge_locked(self.relay_pool(), select, &self.statements().purge_delete)
     }
 
     async fn read_stats(&self) -> Result<OutboxStats> {

@@ -20,12 +20,14 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 use outbox_sqlx::{InboxStatements, Query, SqlxInbox};
 use sqlx::mysql::MySqlQueryResult;
 use sqlx::{MySql, MySqlConnection, MySqlPool, Transaction};
 
 use outbox_core::{ConsumerName, Error, MessageId, Result};
 
+use crate::admin::purge_locked;
 use crate::config::{MySqlDedupConfig, QualifiedName};
 use crate::error::from_sqlx;
 use crate::schema::{ddl, inbox_objects, install};
@@ -59,10 +61,13 @@ pub struct MySqlDedupStore {
     name: QualifiedName,
     retention_us: i64,
     sql: Arc<InboxStatements>,
+    /// The purge's second statement: delete the records `sql.purge` locked
+    /// (`[[consumer, id], ...]` in hex) by primary key.
+    purge_delete: Arc<str>,
 }
 
 /// The statements: `?` consumer, `?` id, `?` retention µs (record, contains); `?`
-/// retention µs, `?` limit (purge).
+/// retention µs, `?` limit (purge: the select of [`purge_locked`]).
 fn dedup_statements(t: &QualifiedName) -> InboxStatements {
     // Saturating: a retention reaching past year 1000 would make `NOW - INTERVAL` NULL.
     let expired = format!("processed_at < {}", cutoff("?"));
@@ -77,9 +82,8 @@ fn dedup_statements(t: &QualifiedName) -> InboxStatements {
              AND NOT {expired})"
         ),
         purge: format!(
-            "DELETE {t} FROM {t} JOIN (SELECT consumer, message_id FROM {t} FORCE INDEX ({ix}) \
-             WHERE {expired} ORDER BY processed_at LIMIT ?) AS x \
-             ON x.consumer = {t}.consumer AND x.message_id = {t}.message_id",
+            "SELECT JSON_ARRAY(HEX(consumer), HEX(message_id)) FROM {t} FORCE INDEX ({ix}) \
+             WHERE {expired} ORDER BY processed_at LIMIT ? FOR UPDATE SKIP LOCKED",
             ix = t.quoted_derived("processed_at"),
         ),
     }
@@ -96,16 +100,27 @@ impl MySqlDedupStore {
     pub fn new(pool: MySqlPool, config: MySqlDedupConfig) -> Result<Self> {
         config.validate()?;
         let name = config.qualified_name()?;
-        let retention_us = i64::try_from(config.retention().as_micros())
-            .map_err(|_| Error::config("dedup retention is too long"))?;
+        let retention_us = config.retention_micros()?;
         Ok(MySqlDedupStore {
             pool: read_committed(&pool),
             caller: pool,
             sql: Arc::new(dedup_statements(&name)),
+            purge_delete: format!(
+                "DELETE {name} FROM JSON_TABLE(?, '$[*]' COLUMNS (c VARCHAR(510) PATH '$[0]', \
+                 m CHAR(32) PATH '$[1]')) AS j STRAIGHT_JOIN {name} FORCE INDEX (PRIMARY) \
+                 ON {name}.consumer = UNHEX(j.c) AND {name}.message_id = UNHEX(j.m)"
+            )
+            .into(),
             config,
             name,
             retention_us,
         })
+    }
+
+    /// The purge's select and delete: for the plan tests, which explain them.
+    #[doc(hidden)]
+    pub fn purge_sql(&self) -> [&str; 2] {
+        [&self.sql.purge, &self.purge_delete]
     }
 
     /// The settings.
@@ -173,6 +188,12 @@ impl SqlxInbox for MySqlDedupStore {
 
     fn bind_expiry<'q>(&self, query: Query<'q, MySql>) -> Query<'q, MySql> {
         query.bind(self.retention_us)
+    }
+
+    /// The select (`FOR UPDATE SKIP LOCKED`), then a delete of the records it locked,
+    /// in one transaction: never waits on records a consumer holds.
+    fn run_purge<'a>(&'a self, select: Query<'a, MySql>) -> BoxFuture<'a, sqlx::Result<u64>> {
+        purge_locked(&self.pool, select, &self.purge_delete)
     }
 }
 

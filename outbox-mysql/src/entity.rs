@@ -4,14 +4,13 @@
 //! MySQL, so the persist counts the rows changed. Keys are `VARBINARY(255)`. Do not
 //! delete the row of an entity that may still receive messages: its versions restart.
 
-use outbox_sqlx::{EntityStatements, Query, SqlxEntities};
-use serde::Serialize;
+use outbox_sqlx::{EntityStatements, SqlxEntities};
 use sqlx::mysql::MySqlQueryResult;
 use sqlx::{MySql, MySqlPool};
 
 use outbox_core::backend::stored_entity_version;
 use outbox_core::consumer::Version;
-use outbox_core::{EntityKey, Error, Result};
+use outbox_core::{Error, Result};
 
 use crate::config::{MySqlEntityConfig, QualifiedName};
 use crate::error::{from_sqlx, number};
@@ -81,21 +80,6 @@ impl SqlxEntities for MySqlEntityStore {
 
     fn entities(&self) -> (&MySqlPool, &EntityStatements) {
         (&self.pool, &self.sql)
-    }
-
-    fn to_json<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<serde_json::Value> {
-        serde_json::to_value(value)
-    }
-
-    fn bind_state<'q>(
-        query: Query<'q, MySql>,
-        state: &'q serde_json::Value,
-    ) -> serde_json::Result<Query<'q, MySql>> {
-        Ok(query.bind(state))
-    }
-
-    fn from_json(_: &EntityKey, _: &str, json: serde_json::Value) -> Result<serde_json::Value> {
-        Ok(json)
     }
 
     fn stored_version(v: Version) -> Result<Option<i64>> {

@@ -11,24 +11,18 @@ use sqlx::mysql::MySqlDatabaseError;
 
 /// The kind for a server error number; its retryable status is the kind's
 /// [`default_status`](ErrorKind::default_status).
-///
-/// | number | condition | kind |
-/// |---|---|---|
-/// | 1205, 1213, 3572 | lock wait timeout, deadlock, NOWAIT lock refused | Contention |
-/// | 1040, 1053, 1077, 1152, 1158..1161, 1927 | too many connections, shutdown, aborted or killed connection, network errors | Unavailable |
-/// | 3024, 1969, 1317 | statement time limit (MySQL, MariaDB), query interrupted | Timeout |
-/// | 1062, 1586 | duplicate key | Conflict |
-/// | 1048, 1264, 1292, 1366, 1406, 1452, 3140, 3819, 4025 | null, range, value, length, foreign key, JSON and CHECK violations | InvalidInput |
-/// | 1049, 1054, 1146 | unknown database, column, table | Schema |
-/// | anything else | | Storage |
 pub(crate) fn kind_for_number(number: u16) -> ErrorKind {
     match number {
+        // Lock wait timeout, deadlock, NOWAIT lock refused.
         1205 | 1213 | 3572 => ErrorKind::Contention,
+        // Too many connections, shutdown, aborted or killed connection, network errors.
         1040 | 1053 | 1077 | 1152 | 1158..=1161 | 1927 => ErrorKind::Unavailable,
+        // Statement time limit (MySQL, MariaDB), query interrupted.
         3024 | 1969 | 1317 => ErrorKind::Timeout,
-        1062 | 1586 => ErrorKind::Conflict,
+        1062 | 1586 => ErrorKind::Conflict, // Duplicate key.
+        // Null, range, value, length, foreign key, JSON and CHECK violations.
         1048 | 1264 | 1292 | 1366 | 1406 | 1452 | 3140 | 3819 | 4025 => ErrorKind::InvalidInput,
-        1049 | 1054 | 1146 => ErrorKind::Schema,
+        1049 | 1054 | 1146 => ErrorKind::Schema, // Unknown database, column, table.
         _ => ErrorKind::Storage,
     }
 }

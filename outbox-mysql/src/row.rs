@@ -26,12 +26,6 @@ where
         .map_err(|e| from_sqlx(&format!("decoding column {column}"), e))
 }
 
-/// A `DATETIME(6)` holding UTC.
-pub(crate) fn time(row: &MySqlRow, column: &str) -> Result<SystemTime> {
-    let at: NaiveDateTime = get(row, column)?;
-    Ok(SystemTime::from(at.and_utc()))
-}
-
 /// A time the statement reads as `NULL` when it is not a date (`0000-00-00`): the
 /// time, or why the row is poison.
 fn valid_time(row: &MySqlRow, column: &str) -> Result<std::result::Result<SystemTime, String>> {
@@ -70,7 +64,12 @@ pub(crate) fn decode_claimed(
         }
         .map_err(|reason| format!("undecodable row: {reason}"))
         .and_then(|m| m.check_stored(limits).map(|()| m));
-        decoded.push((due, seq), id, checked, || time(row, "lease_expires_at"))?;
+        let expiry = || {
+            Ok(SystemTime::from(
+                get::<NaiveDateTime>(row, "lease_expires_at")?.and_utc(),
+            ))
+        };
+        decoded.push((due, seq), id, checked, expiry)?;
     }
     Ok(decoded.finish())
 }

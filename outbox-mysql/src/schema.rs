@@ -12,7 +12,7 @@
 
 use sqlx::{Connection, Executor, MySqlPool};
 
-use outbox_core::Result;
+use outbox_core::{Error, ErrorKind, Result};
 
 use crate::config::{QualifiedName, MAX_TEXT_BYTES};
 use crate::error::from_sqlx;
@@ -155,10 +155,7 @@ pub(crate) async fn install(pool: &MySqlPool, name: &QualifiedName, objects: &st
             "another install of {} held its lock for 60 s",
             name.schema()
         );
-        return Err(outbox_core::Error::new(
-            outbox_core::ErrorKind::Contention,
-            held,
-        ));
+        return Err(Error::new(ErrorKind::Contention, held));
     }
     conn.execute(sqlx::raw_sql(&prelude(name)))
         .await

@@ -11,11 +11,13 @@
 //!   dead-lettering of poison rows) reaches rows through `PRIMARY` (`FORCE INDEX`), so
 //!   it can never become a locking range scan of a secondary index. Id lists are
 //!   `IN (?, ...)` lists padded to a power of two by repeating the last id, so a
-//!   connection prepares at most a few shapes of each statement.
+//!   connection prepares at most a few shapes of each statement; rows with values
+//!   (fail, dead-lettering) and the admin's id lists are one JSON array read with
+//!   `JSON_TABLE`, joined first (`STRAIGHT_JOIN`).
 //! - Admin statements read `<table>_dead` (dead letters, in id order) and
-//!   `<table>_dispatched` (purges); explicit id lists arrive as one JSON array read with
-//!   `JSON_TABLE`. MySQL refuses `LIMIT` in an `IN` subquery and a subquery on the
-//!   table being changed, so bounded changes join a derived table.
+//!   `<table>_dispatched` (purges). MySQL refuses `LIMIT` in an `IN` subquery and a
+//!   subquery on the table being changed, so bounded changes join a derived table;
+//!   purges lock their rows first ([`purge_locked`](crate::admin::purge_locked)).
 
 use outbox_core::store::MAX_ATTEMPTS;
 use outbox_core::{DeadLetterOrder, KeyOrder, Retention};
@@ -35,8 +37,8 @@ const COLUMNS: &str = "id, destination, partition_key, payload, content_type, he
 /// Prebuilt statement text; `{ids}` marks where an id list goes ([`with_ids`]).
 /// Parameters: `claim` lease µs, limit (`claim_ids`: lease µs, ids, limit); `lease`
 /// expiry, token, ids; `lock` lease µs (0 but for renewals), ids; `complete` and
-/// `release` ids; `renew` expiry, ids; `fail` error, dead, retry µs, dead, id;
-/// `dead_letter` error, id, token; `release_claim` token, ids.
+/// `release` ids; `renew` expiry, ids; `fail` one JSON array of `[id, token, error,
+/// dead, retry µs]` (id and token in hex), fenced by token; `release_claim` token, ids.
 #[derive(Debug)]
 pub(crate) struct Statements {
     pub(crate) claim: String,
@@ -47,9 +49,10 @@ pub(crate) struct Statements {
     pub(crate) release: String,
     pub(crate) renew: String,
     pub(crate) fail: String,
-    pub(crate) dead_letter: String,
     pub(crate) release_claim: String,
     pub(crate) stats: String,
+    /// The second statement of a purge: the ids `admin.purge_dispatched` locked.
+    pub(crate) purge_delete: String,
     /// Dead-letter pages by order and cursor, see [`Statements::dead_letters`].
     pages: [String; 4],
     pub(crate) admin: AdminStatements,
@@ -124,7 +127,9 @@ impl Statements {
         );
         // Joined, not `IN (JSON_TABLE)`: MariaDB < 11.1 has no semijoin for a
         // single-table UPDATE/DELETE and scans the table with a dependent subquery.
-        let by_json = format!("FORCE INDEX (PRIMARY) JOIN {JSON_TABLE} ON {t}.id = UNHEX(j.h)");
+        // `STRAIGHT_JOIN`: the ids first, or a small table is scanned (and locked).
+        let by_json =
+            format!("{JSON_TABLE} STRAIGHT_JOIN {t} FORCE INDEX (PRIMARY) ON {t}.id = UNHEX(j.h)");
         let dispatched = format!(
             "FROM {t} FORCE INDEX ({index}) WHERE dispatched_at < {cut}",
             index = ix("dispatched"),
@@ -159,14 +164,14 @@ impl Statements {
             },
             release: by_id(release) + "id IN ({ids})",
             renew: by_id("available_at = ?") + "id IN ({ids})",
-            fail: by_id(
-                "lease_token = NULL, last_error = ?, \
-                 available_at = IF(?, available_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), \
-                 dead_at = IF(?, UTC_TIMESTAMP(6), NULL)",
-            ) + "id = ?",
-            dead_letter: by_id(
-                "dead_at = UTC_TIMESTAMP(6), lease_token = NULL, last_error = ?",
-            ) + "id = ? AND lease_token = ? AND due_at IS NOT NULL",
+            fail: format!(
+                "UPDATE JSON_TABLE(?, '$[*]' COLUMNS (h CHAR(32) PATH '$[0]', k CHAR(32) PATH \
+                 '$[1]', e TEXT CHARACTER SET utf8mb4 PATH '$[2]', d INT PATH '$[3]', r BIGINT \
+                 PATH '$[4]')) AS j STRAIGHT_JOIN {t} FORCE INDEX (PRIMARY) ON {t}.id = UNHEX(j.h) \
+                 SET lease_token = NULL, last_error = j.e, dead_at = IF(j.d, {NOW}, NULL), \
+                 available_at = IF(j.d, available_at, {NOW} + INTERVAL j.r MICROSECOND) \
+                 WHERE {t}.lease_token = UNHEX(j.k) AND {t}.due_at IS NOT NULL"
+            ),
             release_claim: by_id(release)
                 + "lease_token = ? AND due_at IS NOT NULL AND id IN ({ids})",
             stats: format!(
@@ -185,19 +190,20 @@ impl Statements {
                 page(" DESC", ""),
                 page(" DESC", " AND id < ?"),
             ],
+            purge_delete: format!("DELETE {t} FROM {by_json}"),
             admin: AdminStatements {
                 retention: config.retention(),
                 count_dead: format!(
                     "SELECT COUNT(*) FROM {t} FORCE INDEX ({dead}) WHERE dead_flag = 1 AND {f}",
                     f = dead_filter()
                 ),
-                requeue_ids: format!("UPDATE {t} {by_json} SET {requeue} WHERE {t}.dead_flag = 1"),
+                requeue_ids: format!("UPDATE {by_json} SET {requeue} WHERE {t}.dead_flag = 1"),
                 requeue_matching: format!("UPDATE {t} {matching} SET {requeue}"),
-                discard_ids: format!("DELETE {t} FROM {t} {by_json} WHERE {t}.dead_flag = 1"),
+                discard_ids: format!("DELETE {t} FROM {by_json} WHERE {t}.dead_flag = 1"),
                 discard_matching: format!("DELETE {t} FROM {t} {matching}"),
                 purge_dispatched: format!(
-                    "DELETE {t} FROM {t} JOIN (SELECT id {dispatched} ORDER BY dispatched_at \
-                     LIMIT ?) AS x ON x.id = {t}.id"
+                    "SELECT JSON_QUOTE(HEX(id)) {dispatched} ORDER BY dispatched_at LIMIT ? \
+                     FOR UPDATE SKIP LOCKED"
                 ),
                 count_dispatched: format!("SELECT COUNT(*) {dispatched}"),
             },

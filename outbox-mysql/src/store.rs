@@ -12,6 +12,8 @@ use sqlx::mysql::{MySqlPoolOptions, MySqlRow};
 use sqlx::{Executor, MySqlConnection, MySqlPool};
 use uuid::Uuid;
 
+type Query<'q> = outbox_sqlx::Query<'q, sqlx::MySql>;
+
 use outbox_core::backend::{check_enqueue, in_id_order, limit_param, micros, validate_lease};
 use outbox_core::backend::{finish_claim, CommittedClaim, DecodedClaim};
 use outbox_core::message::MAX_DELAY;
@@ -96,17 +98,27 @@ impl fmt::Debug for MySqlOutbox {
 }
 
 /// What a settle writes on the rows whose lease held.
-enum Write<'a> {
+enum Write {
     Complete,
     Release,
     /// The new lease, µs.
     Renew(i64),
-    Fail(&'a [Failure]),
+    /// The rows of [`Statements::fail`] ([`fail_rows`]).
+    Fail(String),
 }
 
-/// A pool beside `pool` with its connect options, size, timeouts and lifetimes, opened
-/// on first use, whose sessions are READ COMMITTED. `pool`'s `after_connect` hook is
-/// not copied (sqlx does not expose it): session settings belong in its connect options.
+/// The JSON array [`Statements::fail`] reads: `[id, token, error, dead, retry µs]` a
+/// row, id and token in hex.
+fn fail_rows<'a>(rows: impl Iterator<Item = (Uuid, LeaseToken, &'a str, bool, i64)>) -> String {
+    let hex = |id: Uuid| id.simple().to_string();
+    let rows = rows.map(|(id, token, error, dead, retry)| {
+        serde_json::json!([hex(id), hex(token.as_uuid()), error, u8::from(dead), retry])
+    });
+    serde_json::Value::from(rows.collect::<Vec<_>>()).to_string()
+}
+
+/// [`MySqlOutbox::relay_pool`] of `pool`: session settings belong in its connect
+/// options, as its `after_connect` hook is not copied.
 pub(crate) fn read_committed(pool: &MySqlPool) -> MySqlPool {
     let options = pool.options();
     MySqlPoolOptions::new()
@@ -149,9 +161,9 @@ impl MySqlOutbox {
     }
 
     /// The connections the relay's and the admin's writes run on: a pool beside
-    /// [`pool`](Self::pool), with its connect options, size, timeouts and lifetimes
-    /// (not its `after_connect` hook, which sqlx does not expose), opened on first use,
-    /// whose sessions are `READ COMMITTED`, so locking reads take no gap locks.
+    /// [`pool`](Self::pool), opened on first use, copying its connect options, size,
+    /// timeouts and lifetimes (not its `after_connect` hook, which sqlx does not
+    /// expose), whose sessions are `READ COMMITTED`, so locking reads take no gap locks.
     pub fn relay_pool(&self) -> &MySqlPool {
         &self.relay
     }
@@ -197,8 +209,8 @@ impl MySqlOutbox {
             "release" => &sql.release,
             "renew" => &sql.renew,
             "fail" => &sql.fail,
-            "dead_letter" => &sql.dead_letter,
             "purge" => &sql.admin.purge_dispatched,
+            "purge_delete" => &sql.purge_delete,
             "requeue_ids" => &sql.admin.requeue_ids,
             "requeue_matching" => &sql.admin.requeue_matching,
             "discard_ids" => &sql.admin.discard_ids,
@@ -335,7 +347,7 @@ impl MySqlOutbox {
         &self,
         what: &str,
         leases: Vec<&Lease>,
-        write: Write<'_>,
+        write: Write,
     ) -> Result<Vec<(Uuid, NaiveDateTime)>> {
         if leases.is_empty() {
             return Ok(Vec::new());
@@ -367,45 +379,25 @@ impl MySqlOutbox {
             return Ok(applied);
         }
         let ids: Vec<Uuid> = applied.iter().map(|(id, _)| *id).collect();
-        let (text, expiry) = match write {
-            Write::Complete => (&sql.complete, None),
-            Write::Release => (&sql.release, None),
-            Write::Renew(_) => (&sql.renew, Some(applied[0].1)),
-            // One statement per row (failures are rare), in id order.
-            Write::Fail(_) => (&sql.fail, None),
+        let text = match &write {
+            Write::Complete => with_ids(&sql.complete, ids.len()),
+            Write::Release => with_ids(&sql.release, ids.len()),
+            Write::Renew(_) => with_ids(&sql.renew, ids.len()),
+            Write::Fail(_) => sql.fail.clone(),
         };
-        if let Write::Fail(failures) = write {
-            let applied_ids: std::collections::HashSet<Uuid> = ids.iter().copied().collect();
-            for failure in in_id_order(failures, |f| f.lease().id) {
-                let id = failure.lease().id.as_uuid();
-                let (dead, after) = match failure.disposition() {
-                    Disposition::Retry { after } => (false, after.min(MAX_DELAY)),
-                    Disposition::DeadLetter => (true, Duration::ZERO),
-                };
-                let query = sqlx::query(text).bind(failure.error()).bind(dead);
-                let query = query
-                    .bind(micros("retry delay", after)?)
-                    .bind(dead)
-                    .bind(id);
-                if applied_ids.contains(&id) {
-                    query.execute(&mut *tx).await.map_err(err)?;
-                }
-            }
-        } else {
-            let text = with_ids(text, ids.len());
-            let query = match expiry {
-                Some(at) => sqlx::query(&text).bind(at),
-                None => sqlx::query(&text),
-            };
-            let query = padded(&ids).fold(query, |q, id| q.bind(id));
-            query.execute(&mut *tx).await.map_err(err)?;
-        }
+        let by_ids = |q| padded(&ids).fold(q, |q: Query<'_>, id| q.bind(id));
+        let query = match &write {
+            Write::Fail(rows) => sqlx::query(&text).bind(rows),
+            Write::Renew(_) => by_ids(sqlx::query(&text).bind(applied[0].1)),
+            _ => by_ids(sqlx::query(&text)),
+        };
+        query.execute(&mut *tx).await.map_err(err)?;
         tx.commit().await.map_err(err)?;
         Ok(applied)
     }
 
     /// [`settle`](Self::settle) reported as [`Settled`].
-    async fn settled(&self, what: &str, leases: &[Lease], write: Write<'_>) -> Result<Settled> {
+    async fn settled(&self, what: &str, leases: &[Lease], write: Write) -> Result<Settled> {
         let applied = self
             .settle(what, in_id_order(leases, |l| l.id), write)
             .await?;
@@ -448,7 +440,18 @@ impl OutboxStore for MySqlOutbox {
 
     async fn fail(&self, failures: &[Failure]) -> Result<Settled> {
         let leases: Vec<Lease> = failures.iter().map(|f| *f.lease()).collect();
-        self.settled("fail", &leases, Write::Fail(failures)).await
+        let mut rows = Vec::with_capacity(failures.len());
+        for f in failures {
+            let (dead, after) = match f.disposition() {
+                Disposition::Retry { after } => (false, after.min(MAX_DELAY)),
+                Disposition::DeadLetter => (true, Duration::ZERO),
+            };
+            let lease = f.lease();
+            let retry_us = micros("retry delay", after)?;
+            rows.push((lease.id.as_uuid(), lease.token, f.error(), dead, retry_us));
+        }
+        let write = Write::Fail(fail_rows(rows.into_iter()));
+        self.settled("fail", &leases, write).await
     }
 
     async fn release(&self, leases: &[Lease]) -> Result<Settled> {
@@ -461,20 +464,10 @@ impl OutboxStore for MySqlOutbox {
         let applied = self
             .settle("renew", in_id_order(leases, |l| l.id), write)
             .await?;
-        let expiry: HashMap<Uuid, NaiveDateTime> = applied.into_iter().collect();
-        let (held, lost): (Vec<&Lease>, Vec<&Lease>) = leases
-            .iter()
-            .partition(|l| expiry.contains_key(&l.id.as_uuid()));
-        Ok(Renewed {
-            lost: lost.into_iter().map(|l| l.id).collect(),
-            leases: held
-                .into_iter()
-                .map(|l| Lease {
-                    expires_at: expiry[&l.id.as_uuid()].and_utc().into(),
-                    ..*l
-                })
-                .collect(),
-        })
+        let renewed = applied
+            .into_iter()
+            .map(|(id, at)| (MessageId::from_uuid(id), at.and_utc().into()));
+        Ok(Renewed::reconcile(leases, renewed))
     }
 }
 
@@ -502,23 +495,20 @@ impl CommittedClaim for MySqlOutbox {
         Ok(())
     }
 
-    /// One statement per row: poison is rare.
+    /// One statement: the fail statement, every row dead.
     async fn dead_letter_rows(
         &self,
         claim: LeaseToken,
         poison: Vec<(Uuid, String)>,
     ) -> Result<usize> {
-        let mut done = 0;
-        for (id, reason) in poison {
-            let result = sqlx::query(&self.inner.sql.dead_letter)
-                .bind(reason)
-                .bind(id)
-                .bind(claim.as_uuid())
-                .execute(&self.relay)
-                .await
-                .map_err(|e| from_sqlx("dead-lettering undeliverable rows", e))?;
-            done += usize::try_from(result.rows_affected()).unwrap_or(0);
-        }
-        Ok(done)
+        let rows = poison
+            .iter()
+            .map(|(id, why)| (*id, claim, why.as_str(), true, 0));
+        let done = sqlx::query(&self.inner.sql.fail)
+            .bind(fail_rows(rows))
+            .execute(&self.relay)
+            .await
+            .map_err(|e| from_sqlx("dead-lettering undeliverable rows", e))?;
+        Ok(usize::try_from(done.rows_affected()).unwrap_or(0))
     }
 }

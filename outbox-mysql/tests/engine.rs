@@ -232,3 +232,111 @@ async fn overlapping_settles_in_opposite_orders_do_not_deadlock() {
         assert_eq!(done.applied, leases.len());
     }
 }
+
+/// How long a purge may take while another transaction holds one of its rows: far
+/// below InnoDB's default `innodb_lock_wait_timeout` (50 s), which is what a purge that
+/// waits on the row would take.
+const NO_WAIT: Duration = Duration::from_secs(10);
+
+/// The rows of `table`.
+async fn rows(pool: &MySqlPool, table: &str) -> i64 {
+    sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {table}"))
+        .fetch_one(pool)
+        .await
+        .expect("count")
+}
+
+/// A purge of dispatched rows skips the one another transaction holds (before, the
+/// `DELETE ... JOIN (SELECT ... SKIP LOCKED)` waited on it: MariaDB ignores `SKIP
+/// LOCKED` in a derived table), deletes the others, and the held row once it is free.
+#[tokio::test]
+async fn purge_dispatched_skips_a_held_row() {
+    let keep = outbox_core::Retention::Keep {
+        window: Duration::from_secs(3600),
+    };
+    let config = MySqlOutboxConfig::default().with_retention(keep);
+    let Some((pool, outbox)) = outbox("engine purge held", config).await else {
+        return;
+    };
+    let ids = enqueue(&outbox, 5).await;
+    let t = outbox.qualified_name().to_string();
+    sqlx::query(&format!(
+        "UPDATE {t} SET dispatched_at = UTC_TIMESTAMP(6) - INTERVAL 1 HOUR"
+    ))
+    .execute(&pool)
+    .await
+    .expect("dispatch");
+    let mut holder = pool.begin().await.expect("begin");
+    sqlx::query(&format!("SELECT 1 FROM {t} WHERE id = ? FOR UPDATE"))
+        .bind(ids[2].as_uuid())
+        .execute(&mut *holder)
+        .await
+        .expect("hold a row");
+    let purged = tokio::time::timeout(NO_WAIT, outbox.purge_dispatched(Duration::ZERO, 100))
+        .await
+        .expect("the purge waited on the held row");
+    assert_eq!(purged.expect("purge"), 4);
+    let held: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {t} WHERE id = ?"))
+        .bind(ids[2].as_uuid())
+        .fetch_one(&pool)
+        .await
+        .expect("held row");
+    assert_eq!((rows(&pool, &t).await, held), (1, 1));
+    holder.rollback().await.expect("release");
+    let purged = outbox.purge_dispatched(Duration::ZERO, 100).await;
+    assert_eq!(purged.expect("purge the freed row"), 1);
+    assert_eq!(rows(&pool, &t).await, 0);
+}
+
+/// A purge of expired dedup records skips the one another transaction holds, deletes
+/// the others, and the held one once it is free.
+#[tokio::test]
+async fn dedup_purge_skips_a_held_record() {
+    use outbox_core::DedupStore;
+    let Some(url) = common::url("engine dedup purge held") else {
+        return;
+    };
+    let pool = common::pool(&url, 4).await;
+    let store = common::dedup_store(&pool, Duration::from_secs(60))
+        .await
+        .expect("store");
+    let consumer = outbox_core::ConsumerName::new("held").expect("name");
+    let ids: Vec<MessageId> = (0..5).map(|_| MessageId::new()).collect();
+    for id in &ids {
+        let recorded = store.record(&consumer, *id).await.expect("record");
+        assert_eq!(recorded, outbox_core::Dedup::New);
+    }
+    let t = store.config().qualified_name().expect("name").to_string();
+    sqlx::query(&format!(
+        "UPDATE {t} SET processed_at = processed_at - INTERVAL 1 DAY"
+    ))
+    .execute(&pool)
+    .await
+    .expect("expire");
+    let mut holder = pool.begin().await.expect("begin");
+    sqlx::query(&format!(
+        "SELECT 1 FROM {t} WHERE consumer = ? AND message_id = ? FOR UPDATE"
+    ))
+    .bind(consumer.as_str())
+    .bind(ids[2].as_uuid())
+    .execute(&mut *holder)
+    .await
+    .expect("hold a record");
+    let purged = tokio::time::timeout(NO_WAIT, store.purge_expired(100))
+        .await
+        .expect("the purge waited on the held record");
+    assert_eq!(purged.expect("purge"), 4);
+    let held: i64 = sqlx::query_scalar(&format!(
+        "SELECT COUNT(*) FROM {t} WHERE consumer = ? AND message_id = ?"
+    ))
+    .bind(consumer.as_str())
+    .bind(ids[2].as_uuid())
+    .fetch_one(&pool)
+    .await
+    .expect("held record");
+    assert_eq!((rows(&pool, &t).await, held), (1, 1));
+    holder.commit().await.expect("release");
+    let purged = store.purge_expired(100).await;
+    assert_eq!(purged.expect("purge the freed record"), 1);
+    assert_eq!(rows(&pool, &t).await, 0);
+}

@@ -18,6 +18,11 @@ use serde_json::Value;
 use sqlx::MySqlPool;
 use uuid::Uuid;
 
+/// A derived table of the digits 0 to 9 (`d`); five cross-joined count to 100,000.
+const DIGITS: &str = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+                      UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL \
+                      SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9)";
+
 struct MySqlPlanHarness {
     pool: MySqlPool,
 }
@@ -36,21 +41,22 @@ impl PlanHarness for MySqlPlanHarness {
 }
 
 /// The statements an operation sends, by the store's names, each with how its
-/// parameters are bound: `i` an integer, `t` a time, `b` an id or token, `s` text,
-/// `f` a flag, `L` the id list.
+/// parameters are bound: `i` an integer, `t` a time, `b` an id or token,
+/// `s` text, `L` the id list, `F` the ids as the JSON rows of a fail.
 fn statements(op: RelayOp) -> &'static [(&'static str, &'static str)] {
     const LOCK: (&str, &str) = ("lock", "iL");
     const CLAIM: [(&str, &str); 2] = [("claim", "ii"), ("lease", "tbL")];
     match op {
-        RelayOp::Claim => &[CLAIM[0], CLAIM[1], ("dead_letter", "sbb")],
+        RelayOp::Claim => &[CLAIM[0], CLAIM[1], ("fail", "F")],
         RelayOp::ClaimIds => &[("claim_ids", "iLi"), CLAIM[1]],
         // The trait's default: complete, then claim.
         RelayOp::SettleAndClaim => &[LOCK, ("complete", "L"), CLAIM[0], CLAIM[1]],
         RelayOp::Complete => &[LOCK, ("complete", "L")],
-        RelayOp::Fail => &[LOCK, ("fail", "sfifb")],
+        RelayOp::Fail => &[LOCK, ("fail", "F")],
         RelayOp::Release => &[LOCK, ("release", "L")],
         RelayOp::Renew => &[LOCK, ("renew", "tL")],
-        RelayOp::Purge => &[("purge", "ii")],
+        // Lock through `<table>_dispatched`, then delete by primary key.
+        RelayOp::Purge => &[("purge", "ii"), ("purge_delete", "J")],
         other => panic!("no statements listed for {other:?}"),
     }
 }
@@ -109,9 +115,6 @@ impl PlanFixture for common::MySqlFixture {
         let rows = history.dispatched + history.dead + history.due + history.waiting;
         let (settled, dead) = (history.dispatched, history.dispatched + history.dead);
         let due_end = dead + history.due;
-        let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
-                      UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL \
-                      SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9)";
         let steps = [
             format!("ALTER TABLE {t} STATS_AUTO_RECALC = 0"),
             format!(
@@ -121,7 +124,7 @@ impl PlanFixture for common::MySqlFixture {
                      '{{}}', UTC_TIMESTAMP(6), IF(n.i > {due_end}, \
                      UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE) \
                  FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d + 1 AS i \
-                       FROM {digits} a, {digits} b, {digits} c, {digits} e, {digits} f) AS n \
+                       FROM {DIGITS} a, {DIGITS} b, {DIGITS} c, {DIGITS} e, {DIGITS} f) AS n \
                  WHERE n.i <= {rows} ORDER BY n.i"
             ),
             format!("UPDATE {t} SET dispatched_at = UTC_TIMESTAMP(6) WHERE seq <= {settled}"),
@@ -164,46 +167,64 @@ impl common::MySqlFixture {
     /// The plan of the store's statement `name` with `binds` (see [`statements`]; `J`
     /// is `ids` as the JSON array the admin statements read).
     async fn explain(&self, name: &str, binds: &str, ids: &[Uuid]) -> Result<PlannedStatement> {
-        let t = self.outbox.qualified_name();
         let text = self
             .outbox
             .relay_sql(name, ids.len())
             .expect("a relay statement");
-        let explain = format!("EXPLAIN FORMAT=JSON {text}");
-        let mut query = sqlx::query_scalar::<_, String>(&explain);
-        for bind in binds.chars() {
-            query = match bind {
-                'i' => query.bind(100_i64),
-                't' => query.bind(chrono::Utc::now().naive_utc()),
-                'b' => query.bind(ids[0]),
-                's' => query.bind("reason"),
-                'f' => query.bind(false),
-                'L' => ids.iter().fold(query, |q, id| q.bind(*id)),
-                'J' => query.bind(
-                    serde_json::to_string(
-                        &ids.iter()
-                            .map(|id| id.simple().to_string())
-                            .collect::<Vec<_>>(),
-                    )
-                    .expect("json"),
-                ),
-                other => panic!("bind kind {other}"),
-            };
-        }
-        let plan = query.fetch_one(self.outbox.pool()).await.map_err(|e| {
-            eprintln!("{name}: {e}");
-            common::storage(e)
-        })?;
-        let json: Value = serde_json::from_str(&valid_json(&plan)).expect("a JSON plan");
-        let mut found = Vec::new();
-        accesses(&json, t.table(), &mut found);
-        Ok(PlannedStatement {
-            text,
-            variant: name.to_owned(),
-            plan,
-            accesses: found,
-        })
+        let ids_json = serde_json::to_string(
+            &ids.iter()
+                .map(|id| id.simple().to_string())
+                .collect::<Vec<_>>(),
+        )
+        .expect("json");
+        let table = self.outbox.qualified_name().table();
+        explain(self.outbox.pool(), table, name, text, binds, ids, &ids_json).await
     }
+}
+
+/// The plan of `text` on `table` with `binds` (see [`statements`]; `J` is `json`).
+async fn explain(
+    pool: &MySqlPool,
+    table: &str,
+    name: &str,
+    text: String,
+    binds: &str,
+    ids: &[Uuid],
+    json: &str,
+) -> Result<PlannedStatement> {
+    let explain = format!("EXPLAIN FORMAT=JSON {text}");
+    let mut query = sqlx::query_scalar::<_, String>(&explain);
+    for bind in binds.chars() {
+        query = match bind {
+            'i' => query.bind(100_i64),
+            't' => query.bind(chrono::Utc::now().naive_utc()),
+            'b' => query.bind(ids[0]),
+            's' => query.bind("reason"),
+            'L' => ids.iter().fold(query, |q, id| q.bind(*id)),
+            'J' => query.bind(json),
+            'F' => {
+                let hex = |id: &Uuid| id.simple().to_string();
+                let rows = ids
+                    .iter()
+                    .map(|id| serde_json::json!([hex(id), hex(id), "why", 0, 0]));
+                query.bind(Value::from(rows.collect::<Vec<_>>()).to_string())
+            }
+            other => panic!("bind kind {other}"),
+        };
+    }
+    let plan = query.fetch_one(pool).await.map_err(|e| {
+        eprintln!("{name}: {e}");
+        common::storage(e)
+    })?;
+    let json: Value = serde_json::from_str(&valid_json(&plan)).expect("a JSON plan");
+    let mut found = Vec::new();
+    accesses(&json, table, &mut found);
+    Ok(PlannedStatement {
+        text,
+        variant: name.to_owned(),
+        plan,
+        accesses: found,
+    })
 }
 
 async fn harness() -> Option<MySqlPlanHarness> {
@@ -256,9 +277,19 @@ async fn admin_statements_reach_rows_through_their_indexes() {
         ("count_dead", filter, false),
         ("count_dispatched", "i", false),
         ("purge", "ii", false),
+        ("purge_delete", "J", true),
     ];
+    let dispatched = Access::Index(format!("{}_dispatched", t.table()));
     for (name, binds, by_key) in cases {
         let planned = fixture.explain(name, binds, &dead).await.expect("plan");
+        if name == "purge" {
+            // Locks its rows through the purge index alone.
+            assert_eq!(
+                planned.accesses,
+                std::slice::from_ref(&dispatched),
+                "{planned}"
+            );
+        }
         assert!(!planned.accesses.is_empty(), "{planned}");
         for access in &planned.accesses {
             match access {
@@ -267,5 +298,59 @@ async fn admin_statements_reach_rows_through_their_indexes() {
                 other => panic!("{name} reads the table with {other:?}:\n{planned}"),
             }
         }
+    }
+}
+
+/// The dedup purge on a table of 100,000 records, statistics frozen: its locking select
+/// reads `<table>_processed_at` alone, its delete reaches the records it names by
+/// primary key, the JSON keys read first.
+#[tokio::test]
+async fn dedup_purge_reads_its_index_then_the_primary_key() {
+    let Some(harness) = harness().await else {
+        return;
+    };
+    let store = common::dedup_store(&harness.pool, std::time::Duration::from_secs(60))
+        .await
+        .expect("store");
+    let name = store.config().qualified_name().expect("name");
+    let t = name.to_string();
+    let steps = [
+        format!("ALTER TABLE {t} STATS_AUTO_RECALC = 0"),
+        format!(
+            "INSERT INTO {t} (consumer, message_id, processed_at) \
+             SELECT CONCAT('c', n.i % 4), UNHEX(REPLACE(UUID(), '-', '')), \
+                 UTC_TIMESTAMP(6) - INTERVAL n.i SECOND \
+             FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d AS i \
+                   FROM {DIGITS} a, {DIGITS} b, {DIGITS} c, {DIGITS} e, {DIGITS} f) AS n"
+        ),
+    ];
+    for step in steps {
+        sqlx::raw_sql(&step)
+            .execute(&harness.pool)
+            .await
+            .expect("history");
+    }
+    let keys: Vec<String> = sqlx::query_scalar(&format!(
+        "SELECT CAST(JSON_ARRAY(HEX(consumer), HEX(message_id)) AS CHAR) FROM {t} LIMIT 64"
+    ))
+    .fetch_all(&harness.pool)
+    .await
+    .expect("keys");
+    let keys = format!("[{}]", keys.join(","));
+    let [select, delete] = store.purge_sql();
+    let index = Access::Index(format!("{}_processed_at", name.table()));
+    for (text, binds, expected) in [(select, "ii", index), (delete, "J", Access::ByKey)] {
+        let planned = explain(
+            &harness.pool,
+            name.table(),
+            "dedup purge",
+            text.to_owned(),
+            binds,
+            &[],
+            &keys,
+        )
+        .await
+        .expect("plan");
+        assert_eq!(planned.accesses, [expected], "{planned}");
     }
 }

@@ -106,8 +106,7 @@ impl PgDedupStore {
     pub fn new(pool: PgPool, config: PgDedupConfig) -> Result<Self> {
         config.validate()?;
         let name = config.qualified_name()?;
-        let retention_us = i64::try_from(config.retention().as_micros())
-            .map_err(|_| Error::config("dedup retention is too long"))?;
+        let retention_us = config.retention_micros()?;
         Ok(PgDedupStore {
             pool,
             sql: Arc::new(dedup_statements(&name)),

@@ -16,13 +16,12 @@
 //! - Do not delete the row of an entity that may still receive messages: re-created, its
 //!   versions start over at 1, and a copy holding an old version 1 could overwrite it.
 
-use outbox_sqlx::{EntityStatements, Query, SqlxEntities};
-use serde::Serialize;
+use outbox_sqlx::{EntityStatements, SqlxEntities};
 use sqlx::{PgPool, Postgres};
 
 use outbox_core::backend::stored_entity_version;
 use outbox_core::consumer::Version;
-use outbox_core::{EntityKey, Error, Result};
+use outbox_core::{Error, Result};
 
 use crate::config::PgEntityConfig;
 use crate::error::from_sqlx;
@@ -102,22 +101,6 @@ impl SqlxEntities for PgEntityStore {
 
     fn entities(&self) -> (&PgPool, &EntityStatements) {
         (&self.pool, &self.sql)
-    }
-
-    fn to_json<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<serde_json::Value> {
-        serde_json::to_value(value)
-    }
-
-    /// By reference, as `jsonb`.
-    fn bind_state<'q>(
-        query: Query<'q, Postgres>,
-        state: &'q serde_json::Value,
-    ) -> serde_json::Result<Query<'q, Postgres>> {
-        Ok(query.bind(state))
-    }
-
-    fn from_json(_: &EntityKey, _: &str, json: serde_json::Value) -> Result<serde_json::Value> {
-        Ok(json)
     }
 
     fn stored_version(v: Version) -> Result<Option<i64>> {

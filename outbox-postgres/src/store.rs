@@ -553,21 +553,10 @@ impl OutboxStore for PgOutbox {
                 .fetch_all(&self.relay)
                 .await
                 .map_err(|e| from_sqlx("renew", e))?;
-        let expiry: std::collections::HashMap<Uuid, std::time::SystemTime> = rows
+        let renewed = rows
             .into_iter()
-            .map(|(id, at)| (id, std::time::SystemTime::from(at)))
-            .collect();
-        let mut renewed = Renewed::default();
-        for l in leases {
-            match expiry.get(&l.id.as_uuid()) {
-                Some(at) => renewed.leases.push(Lease {
-                    expires_at: *at,
-                    ..*l
-                }),
-                None => renewed.lost.push(l.id),
-            }
-        }
-        Ok(renewed)
+            .map(|(id, at)| (MessageId::from_uuid(id), at.into()));
+        Ok(Renewed::reconcile(leases, renewed))
     }
 }
 

@@ -54,10 +54,6 @@ impl SqlxAdmin for SqliteOutbox {
         from_sqlx(what, err)
     }
 
-    fn negative_count(what: &str) -> Error {
-        Error::new(ErrorKind::Decode, format!("negative {what} count"))
-    }
-
     /// `?1`: the ids as a JSON array of hex strings.
     fn bind_ids<'q>(query: Query<'q>, ids: &[MessageId]) -> Query<'q> {
         query.bind(hex_ids(ids))

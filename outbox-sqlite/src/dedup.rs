@@ -100,8 +100,7 @@ impl SqliteDedupStore {
     pub fn new(pool: SqlitePool, config: SqliteDedupConfig) -> Result<Self> {
         config.validate()?;
         let name = config.table_name()?;
-        let retention_us = i64::try_from(config.retention().as_micros())
-            .map_err(|_| Error::config("dedup retention is too long"))?;
+        let retention_us = config.retention_micros()?;
         Ok(SqliteDedupStore {
             pool,
             sql: Arc::new(dedup_statements(&name)),

@@ -11,12 +11,11 @@
 //! versions start over at 1, and a copy holding an old version 1 could overwrite it.
 
 use outbox_sqlx::{EntityStatements, Query, SqlxEntities};
-use serde::Serialize;
 use sqlx::{Sqlite, SqlitePool};
 
 use outbox_core::backend::stored_entity_version;
 use outbox_core::consumer::Version;
-use outbox_core::{EntityKey, Error, ErrorKind, Result};
+use outbox_core::{Error, Result};
 
 use crate::config::SqliteEntityConfig;
 use crate::error::from_sqlx;
@@ -89,28 +88,6 @@ impl SqlxEntities for SqliteEntityStore {
 
     fn entities(&self) -> (&SqlitePool, &EntityStatements) {
         (&self.pool, &self.sql)
-    }
-
-    fn to_json<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<String> {
-        serde_json::to_string(value)
-    }
-
-    /// As JSON text.
-    fn bind_state<'q>(
-        query: Query<'q, Sqlite>,
-        state: &'q serde_json::Value,
-    ) -> serde_json::Result<Query<'q, Sqlite>> {
-        Ok(query.bind(serde_json::to_string(state)?))
-    }
-
-    fn from_json(key: &EntityKey, what: &str, json: String) -> Result<serde_json::Value> {
-        serde_json::from_str(&json).map_err(|e| {
-            Error::new(
-                ErrorKind::Decode,
-                format!("the {what} of entity {key} does not decode"),
-            )
-            .with_source(e)
-        })
     }
 
     /// The time now, as `updated_at`.

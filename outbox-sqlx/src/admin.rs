@@ -12,8 +12,8 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool,
 
 use outbox_core::backend::{dead_target, limit_param, purge_limit, DeadChange, DeadTarget};
 use outbox_core::{
-    DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterSelection, Error, OutboxStats, Result,
-    Retention,
+    DeadLetter, DeadLetterFilter, DeadLetterPage, DeadLetterSelection, Error, ErrorKind,
+    OutboxStats, Result, Retention,
 };
 
 /// A statement of database `Db` with its arguments, as the bind methods of
@@ -40,7 +40,9 @@ pub struct AdminStatements {
     pub discard_ids: String,
     /// The filter, then the limit.
     pub discard_matching: String,
-    /// The age ([`SqlxAdmin::bind_age`]), then the limit.
+    /// The age ([`SqlxAdmin::bind_age`]), then the limit: as
+    /// [`SqlxAdmin::run_purge`] runs it (by default, one statement deleting at most
+    /// that many dispatched rows).
     pub purge_dispatched: String,
     /// The age; returns one row whose first column is how many rows
     /// `purge_dispatched` would delete in all.
@@ -63,14 +65,17 @@ impl AdminStatements {
 #[async_trait]
 pub trait SqlxAdmin: Sync {
     /// The sqlx database.
-    type Db: Database;
+    type Db: AdminEngine;
 
     /// The backend's error mapping (its [`from_sqlx`](crate::from_sqlx)).
     fn map_error(what: &str, err: sqlx::Error) -> Error;
 
     /// The error of a count the database returned negative; `what` names it
-    /// (`"dead letter"`, `"dispatched"`).
-    fn negative_count(what: &str) -> Error;
+    /// (`"dead letter"`, `"dispatched"`). By default a
+    /// [`Decode`](outbox_core::ErrorKind::Decode) error saying so.
+    fn negative_count(what: &str) -> Error {
+        Error::new(ErrorKind::Decode, format!("negative {what} count"))
+    }
 
     /// The pool the statements run on, and their text.
     fn admin(&self) -> (&Pool<Self::Db>, &AdminStatements);
@@ -98,6 +103,14 @@ pub trait SqlxAdmin: Sync {
 
     /// Bind the age a dispatched row must be over to be purged (or counted).
     fn bind_age(query: Query<'_, Self::Db>, older_than: Duration) -> Query<'_, Self::Db>;
+
+    /// Run [`AdminStatements::purge_dispatched`], bound, and return how many rows it
+    /// deleted: by default as one statement on the pool. An engine on which that one
+    /// statement would wait for rows another transaction holds runs its own purge here.
+    fn run_purge<'a>(&'a self, query: Query<'a, Self::Db>) -> BoxFuture<'a, sqlx::Result<u64>> {
+        let pool = self.admin().0;
+        Box::pin(async move { Ok(Self::rows_affected(&Self::Db::run(query, pool).await?)) })
+    }
 
     /// [`OutboxAdmin::stats`](outbox_core::OutboxAdmin::stats).
     async fn read_stats(&self) -> Result<OutboxStats>;
@@ -211,7 +224,8 @@ where
 }
 
 /// [`OutboxAdmin::purge_dispatched`](outbox_core::OutboxAdmin::purge_dispatched) of a
-/// sqlx outbox: one statement of at most [`purge_limit`] rows, none when that is 0.
+/// sqlx outbox: [`SqlxAdmin::run_purge`] of at most [`purge_limit`] rows, nothing when
+/// that is 0.
 ///
 /// # Errors
 /// Mapped driver errors.
@@ -224,10 +238,10 @@ where
         return Ok(0);
     };
     let query = S::bind_age(sqlx::query(&store.admin().1.purge_dispatched), older_than);
-    let done = S::Db::run(S::Db::bind_i64(query, limit_param(limit)), store.admin().0)
+    store
+        .run_purge(S::Db::bind_i64(query, limit_param(limit)))
         .await
-        .map_err(|e| S::map_error("purge dispatched", e))?;
-    Ok(S::rows_affected(&done))
+        .map_err(|e| S::map_error("purge dispatched", e))
 }
 
 /// [`OutboxAdmin::count_dispatched`](outbox_core::OutboxAdmin::count_dispatched) of a

@@ -9,7 +9,7 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool,
 
 use outbox_core::backend::{entity_version, loaded_entity};
 use outbox_core::consumer::{EntityRecord, Loaded, Persisted, Version};
-use outbox_core::{EntityKey, Error, Result};
+use outbox_core::{EntityKey, Error, ErrorKind, Result};
 
 use crate::admin::{AdminEngine, Query};
 
@@ -39,35 +39,13 @@ pub trait SqlxEntities: Sync {
 
     /// How the `state` and `outbox` columns are bound and read: `serde_json::Value`
     /// for a JSON column type, `String` for JSON text.
-    type Json;
+    type Json: JsonColumn<Self::Db>;
 
     /// The backend's error mapping (its [`from_sqlx`](crate::from_sqlx)).
     fn map_error(what: &str, err: sqlx::Error) -> Error;
 
     /// The pool the statements run on, and their text.
     fn entities(&self) -> (&Pool<Self::Db>, &EntityStatements);
-
-    /// `value` as stored.
-    ///
-    /// # Errors
-    /// When `value` does not serialize.
-    fn to_json<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<Self::Json>;
-
-    /// Bind the entity's `state` as stored. A backend whose column takes a
-    /// `serde_json::Value` binds it by reference: the state is not copied per persist.
-    ///
-    /// # Errors
-    /// When `state` does not serialize.
-    fn bind_state<'q>(
-        query: Query<'q, Self::Db>,
-        state: &'q serde_json::Value,
-    ) -> serde_json::Result<Query<'q, Self::Db>>;
-
-    /// The `what` (`"state"`, `"outbox state"`) of entity `key` as read.
-    ///
-    /// # Errors
-    /// [`ErrorKind::Decode`](outbox_core::ErrorKind::Decode) when it is not JSON.
-    fn from_json(key: &EntityKey, what: &str, json: Self::Json) -> Result<serde_json::Value>;
 
     /// Bind what a persist needs after the outbox state (the time now, say); the
     /// default binds nothing.
@@ -100,6 +78,72 @@ pub trait SqlxEntities: Sync {
     fn is_conflict(err: &sqlx::Error) -> bool {
         let _ = err;
         false
+    }
+}
+
+/// How an entity's JSON columns are bound and read on database `Db`: implemented for
+/// `serde_json::Value` (a JSON column type; the state is bound by reference, not copied
+/// per persist) and `String` (JSON text).
+pub trait JsonColumn<Db: Database>: Sized {
+    /// `value` as stored.
+    ///
+    /// # Errors
+    /// When `value` does not serialize.
+    fn to_json<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<Self>;
+
+    /// Bind the entity's `state` as stored.
+    ///
+    /// # Errors
+    /// When `state` does not serialize.
+    fn bind_state<'q>(
+        query: Query<'q, Db>,
+        state: &'q serde_json::Value,
+    ) -> serde_json::Result<Query<'q, Db>>;
+
+    /// What was read, as JSON.
+    ///
+    /// # Errors
+    /// When it is not JSON.
+    fn into_value(self) -> serde_json::Result<serde_json::Value>;
+}
+
+impl<Db: Database> JsonColumn<Db> for serde_json::Value
+where
+    for<'q> &'q serde_json::Value: Encode<'q, Db> + Type<Db>,
+{
+    fn to_json<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<Self> {
+        serde_json::to_value(value)
+    }
+
+    fn bind_state<'q>(
+        query: Query<'q, Db>,
+        state: &'q serde_json::Value,
+    ) -> serde_json::Result<Query<'q, Db>> {
+        Ok(query.bind(state))
+    }
+
+    fn into_value(self) -> serde_json::Result<serde_json::Value> {
+        Ok(self)
+    }
+}
+
+impl<Db: Database> JsonColumn<Db> for String
+where
+    for<'q> String: Encode<'q, Db> + Type<Db>,
+{
+    fn to_json<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<Self> {
+        serde_json::to_string(value)
+    }
+
+    fn bind_state<'q>(
+        query: Query<'q, Db>,
+        state: &'q serde_json::Value,
+    ) -> serde_json::Result<Query<'q, Db>> {
+        Ok(query.bind(serde_json::to_string(state)?))
+    }
+
+    fn into_value(self) -> serde_json::Result<serde_json::Value> {
+        serde_json::from_str(&self)
     }
 }
 
@@ -194,8 +238,16 @@ where
     let Some((state, outbox, version)) = row else {
         return Ok(None);
     };
-    let state = S::from_json(key, "state", state)?;
-    let outbox = S::from_json(key, "outbox state", outbox)?;
+    let decode = |what: &str, json: S::Json| {
+        json.into_value().map_err(|e| {
+            Error::new(
+                ErrorKind::Decode,
+                format!("the {what} of entity {key} does not decode"),
+            )
+            .with_source(e)
+        })
+    };
+    let (state, outbox) = (decode("state", state)?, decode("outbox state", outbox)?);
     loaded_entity(key, state, outbox, version).map(Some)
 }
 
@@ -217,14 +269,14 @@ where
     S: SqlxEntities,
     S::Db: EntityEngine<S::Json> + AdminEngine,
 {
-    let outbox = S::to_json(&record.outbox)
+    let outbox = S::Json::to_json(&record.outbox)
         .map_err(|e| Error::invalid_input("the outbox state does not serialize").with_source(e))?;
     let (pool, sql) = store.entities();
     let text = match expected {
         None => &sql.create,
         Some(_) => &sql.replace,
     };
-    let query = S::bind_state(S::Db::bind_key(sqlx::query(text), key), &record.state)
+    let query = S::Json::bind_state(S::Db::bind_key(sqlx::query(text), key), &record.state)
         .map_err(|e| Error::invalid_input("the state does not serialize").with_source(e))?;
     let query = S::bind_now(S::Db::bind_json(query, outbox));
     let query = match expected {

@@ -24,8 +24,9 @@ pub struct InboxStatements {
     /// The key, then the expiry; returns one row whose first column is whether an
     /// unexpired record of the id exists.
     pub contains: String,
-    /// The expiry, then the limit (a 64-bit integer, at least 1): delete at most that
-    /// many expired records.
+    /// The expiry, then the limit (a 64-bit integer, at least 1): as
+    /// [`SqlxInbox::run_purge`] runs it (by default, one statement deleting at most
+    /// that many expired records).
     pub purge: String,
 }
 
@@ -36,7 +37,7 @@ pub struct InboxStatements {
 #[async_trait]
 pub trait SqlxInbox: Sync {
     /// The sqlx database.
-    type Db: Database;
+    type Db: InboxEngine;
 
     /// The backend's error mapping (its [`from_sqlx`](crate::from_sqlx) over its
     /// [`ErrorCodes`](crate::ErrorCodes)).
@@ -72,6 +73,14 @@ pub trait SqlxInbox: Sync {
     /// Bind what tells an expired record (the retention, and the time now if the
     /// statement does not read the database's clock).
     fn bind_expiry<'q>(&self, query: Query<'q, Self::Db>) -> Query<'q, Self::Db>;
+
+    /// Run [`InboxStatements::purge`], bound, and return how many records it deleted:
+    /// by default as one statement on the pool. An engine on which that one statement
+    /// would wait for records another transaction holds runs its own purge here.
+    fn run_purge<'a>(&'a self, query: Query<'a, Self::Db>) -> BoxFuture<'a, sqlx::Result<u64>> {
+        let pool = self.pool();
+        Box::pin(async move { Ok(Self::rows_affected(&Self::Db::run(query, pool).await?)) })
+    }
 }
 
 /// What the inbox functions need of a sqlx database beyond [`AdminEngine`]: to run a
@@ -210,7 +219,7 @@ where
 }
 
 /// [`DedupStore::purge_expired`](outbox_core::DedupStore::purge_expired) of a sqlx
-/// inbox: no statement for a `limit` of 0.
+/// inbox: [`SqlxInbox::run_purge`], nothing for a `limit` of 0.
 ///
 /// # Errors
 /// Mapped driver errors.
@@ -224,10 +233,10 @@ where
     }
     let query = inbox.bind_expiry(sqlx::query(&inbox.statements().purge));
     let query = S::Db::bind_i64(query, outbox_core::backend::limit_param(limit));
-    let done = S::Db::run(query, inbox.pool())
+    inbox
+        .run_purge(query)
         .await
-        .map_err(|e| S::map_error("purge message ids", e))?;
-    Ok(S::rows_affected(&done))
+        .map_err(|e| S::map_error("purge message ids", e))
 }
 
 /// Writes what every sqlx inbox store has around its [`SqlxInbox`] impl: the public

@@ -9,7 +9,9 @@ pub use admin::{
     change_dead, count_dead, count_dispatched, purge_dispatched, AdminEngine, AdminStatements,
     Query, SqlxAdmin,
 };
-pub use entity::{load_entity, persist_entity, EntityEngine, EntityStatements, SqlxEntities};
+pub use entity::{
+    load_entity, persist_entity, EntityEngine, EntityStatements, JsonColumn, SqlxEntities,
+};
 pub use error::{from_sqlx, ErrorCodes};
 pub use inbox::{
     contains, process, purge_expired, record, record_in, InboxEngine, InboxStatements, SqlxInbox,

@@ -324,6 +324,14 @@ impl<R: TableRules> TableConfig<R, DedupTable> {
     pub fn retention(&self) -> Duration {
         self.settings.retention
     }
+    /// [`retention`](Self::retention) in microseconds, as a store binds it.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](crate::ErrorKind::Config) when it does not fit in 64 bits.
+    pub fn retention_micros(&self) -> Result<i64> {
+        i64::try_from(self.settings.retention.as_micros())
+            .map_err(|_| Error::config("dedup retention is too long"))
+    }
 }
 
 #[cfg(test)]
