@@ -442,18 +442,7 @@ async fn an_invalidated_slot_stops_the_relay() {
     let outbox = env.outbox().await;
     commit(&outbox, &messages("d", 1, 1)).await;
     invalidate_slot(&env, &outbox).await;
-    let relay = WalRelay::new(
-        outbox.clone(),
-        env.target(),
-        Arc::new(RecordingPublisher::new()),
-        fast(),
-    )
-    .unwrap();
-    let err = tokio::time::timeout(DEADLINE, relay.run(CancellationToken::new()))
-        .await
-        .expect("the relay stops by itself")
-        .unwrap_err();
-    assert!(!err.is_retryable());
+    let err = run_until_refused(&outbox, env.target()).await;
     assert!(err.message().contains("invalidated"), "{}", err.report());
     // And install refuses to paper over it.
     assert!(outbox
@@ -1057,18 +1046,7 @@ async fn the_saved_position_is_used_and_checked() {
 
     // Ahead of the log (a restored server): refused, loudly.
     set("pg_current_wal_lsn() + 100000000").await;
-    let relay = WalRelay::new(
-        outbox.clone(),
-        env.target(),
-        Arc::new(RecordingPublisher::new()),
-        fast(),
-    )
-    .unwrap();
-    let err = tokio::time::timeout(DEADLINE, relay.run(CancellationToken::new()))
-        .await
-        .expect("the relay stops by itself")
-        .unwrap_err();
-    assert!(!err.is_retryable());
+    let err = run_until_refused(&outbox, env.target()).await;
     assert!(err.message().contains("ahead of"), "{}", err.report());
 
     // Saved on another server: refused.
@@ -1080,18 +1058,7 @@ async fn the_saved_position_is_used_and_checked() {
     .execute(&env.pool)
     .await
     .unwrap();
-    let relay = WalRelay::new(
-        outbox.clone(),
-        env.target(),
-        Arc::new(RecordingPublisher::new()),
-        fast(),
-    )
-    .unwrap();
-    let err = tokio::time::timeout(DEADLINE, relay.run(CancellationToken::new()))
-        .await
-        .expect("the relay stops by itself")
-        .unwrap_err();
-    assert!(!err.is_retryable());
+    let err = run_until_refused(&outbox, env.target()).await;
     assert!(err.message().contains("another server"), "{}", err.report());
 
     // A slot dropped and installed again starts over: the stale row is reset.
@@ -1125,17 +1092,7 @@ async fn a_replication_url_for_another_database_is_refused() {
     let mut url = url::Url::parse(&env.cluster.url()).unwrap();
     url.set_path("/template1");
     let target = outbox_postgres_wal::ReplicationTarget::from_url(url.as_str()).unwrap();
-    let relay = WalRelay::new(
-        outbox.clone(),
-        target,
-        Arc::new(RecordingPublisher::new()),
-        fast(),
-    )
-    .unwrap();
-    let err = tokio::time::timeout(DEADLINE, relay.run(CancellationToken::new()))
-        .await
-        .expect("the relay stops by itself")
-        .unwrap_err();
+    let err = run_until_refused(&outbox, target).await;
     assert_eq!(err.kind(), ErrorKind::Config);
     assert!(err.message().contains("template1"), "{}", err.report());
 }

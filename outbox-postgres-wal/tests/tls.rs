@@ -123,18 +123,7 @@ async fn streams(env: &Env, outbox: &WalOutbox, target: ReplicationTarget) -> bo
 /// Run a relay on `target` and expect it to stop by itself with a permanent
 /// configuration error.
 async fn refused(outbox: &WalOutbox, target: ReplicationTarget) -> outbox_core::Error {
-    let relay = WalRelay::new(
-        outbox.clone(),
-        target,
-        Arc::new(RecordingPublisher::new()),
-        fast(),
-    )
-    .unwrap();
-    let err = tokio::time::timeout(DEADLINE, relay.run(CancellationToken::new()))
-        .await
-        .expect("the relay stops by itself")
-        .unwrap_err();
-    assert!(!err.is_retryable(), "{}", err.report());
+    let err = run_until_refused(outbox, target).await;
     assert_eq!(err.kind(), ErrorKind::Config, "{}", err.report());
     err
 }

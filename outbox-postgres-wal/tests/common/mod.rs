@@ -139,6 +139,27 @@ pub fn spawn(
     Running { stop, task }
 }
 
+/// Run a relay of `outbox` on `target` with no publisher to speak of and expect it to
+/// stop by itself, within the deadline, with a permanent error: returned.
+pub async fn run_until_refused(
+    outbox: &WalOutbox,
+    target: ReplicationTarget,
+) -> outbox_core::Error {
+    let relay = WalRelay::new(
+        outbox.clone(),
+        target,
+        Arc::new(outbox_testkit::RecordingPublisher::new()),
+        fast(),
+    )
+    .unwrap();
+    let err = tokio::time::timeout(DEADLINE, relay.run(CancellationToken::new()))
+        .await
+        .expect("the relay stops by itself")
+        .unwrap_err();
+    assert!(!err.is_retryable(), "{}", err.report());
+    err
+}
+
 /// Write log past the cluster's `max_slot_wal_keep_size` and checkpoint until the
 /// server invalidates `outbox`'s slot.
 pub async fn invalidate_slot(env: &Env, outbox: &WalOutbox) {
