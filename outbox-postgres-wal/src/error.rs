@@ -41,7 +41,8 @@ pub(crate) fn from_wire(what: &str, err: PgWireError) -> Error {
         },
         _ => (ErrorKind::Unavailable, ErrorStatus::Temporary),
     };
-    Error::new(kind, format!("replication stream: {what}: {err}"))
+    // The driver's text reaches the report once, as the source.
+    Error::new(kind, format!("replication stream: {what} failed"))
         .with_status(status)
         .with_source(err)
 }
