@@ -37,7 +37,7 @@
 //! not give a dead letter's body a time to live back, and of two renewers racing the
 //! second is refused rather than writing the body again (DynamoDB bills a refused
 //! conditional write at the item's size too, so this saves the second write, not its
-//! cost; the strongly consistent state read before it is what makes races rare).
+//! cost; the state read before it is what makes races rare).
 //!
 //! `body_exp` lives on the state item only, outside every index projection (the `due`
 //! index projects `avail_us`, which is what the sweep selects on), so layout 2 is
