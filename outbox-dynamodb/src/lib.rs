@@ -330,6 +330,7 @@ mod schema;
 mod settle;
 mod shards;
 mod store;
+mod sweep;
 
 pub use config::{
     validate_table_name, DynamoDedupConfig, DynamoEntityConfig, DynamoLockConfig,
