@@ -143,8 +143,8 @@
 //! What it costs: a sweep finding nothing is one index read per shard per interval
 //! per store that sweeps it: with shard leases each shard has one owner, so about one
 //! per shard; without them every store sweeps every shard, so one per shard per
-//! relay.
-//! Each message waiting longer than `T`/4 costs one state read per sweep, and each
+//! relay. Each message waiting longer than `T`/4 costs one state read (eventually
+//! consistent: half a unit) per sweep of its shard, by the same count, and each
 //! renewal (about every `T`/2 per waiting message) rewrites every body item, **billed
 //! at the body's size** (⌈`P`⌉ write units for a `P` KB body), plus one write unit for
 //! `body_exp`. A claim of a message that became available more than about `T`/4
