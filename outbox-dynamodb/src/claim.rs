@@ -17,9 +17,9 @@ use outbox_core::{
 
 use crate::error::{from_sdk, is_condition_failed};
 use crate::item::{
-    self, candidate, decode_message, get_n, get_s, marker_partition, marker_prefix,
-    message_partition, n, now_us, s, shard_of, Candidate, Item, AVAILABLE, DUE, DUE_INDEX,
-    DUE_SCALE, MARKED_ID, PK, SHARD, SK, TTL,
+    self, candidate, decode_message, get_s, marker_partition, marker_prefix, message_partition, n,
+    now_us, s, shard_of, Candidate, Item, AVAILABLE, DUE, DUE_INDEX, DUE_SCALE, MARKED_ID, PK,
+    SHARD, SK,
 };
 use crate::store::{bounded, DynamoOutbox};
 
@@ -76,12 +76,14 @@ impl DynamoOutbox {
     /// [`SPREAD_WINDOW`] × wanted candidates, so racing relays take different messages
     /// instead of queueing behind each other's refused writes.
     pub(crate) async fn claim_due(&self, request: ClaimRequest) -> Result<Claimed> {
-        let now = now_us();
         let shards = self.claim_shards().await?;
         if shards.is_empty() {
             return Ok(Claimed::default());
         }
-        self.sweep_step(&shards).await;
+        // In the background: a sweep never holds the claim up.
+        self.start_sweep(&shards);
+        // After the shard maintenance, which may take round trips.
+        let now = now_us();
         let mut cursors: Vec<Cursor> = shards
             .into_iter()
             .map(|shard| Cursor {
@@ -418,12 +420,9 @@ impl DynamoOutbox {
         let checked = decode_message(&item, &body)
             .and_then(|m| m.check_stored(self.inner.config.limits()).map(|()| m));
         if checked.is_ok() {
-            // A body without a time to live (a requeue that could not set it) never
-            // expires; any other is kept ahead of the new lease.
-            if let Some(Some(exp)) = body.first().map(|f| get_n::<u64>(f, TTL).ok().flatten()) {
-                self.keep_body_ahead(c.id, body.len(), Some(exp), expires)
-                    .await;
-            }
+            // Kept ahead of the new lease, by the expiry the state records (a body
+            // item without a time to live refuses the renewal).
+            self.keep_state_body_ahead(c.id, &item, expires).await;
         }
         match checked {
             Ok(message) => {

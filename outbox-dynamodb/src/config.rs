@@ -112,7 +112,7 @@ impl DynamoOutboxConfig {
     /// than three quarters of it past the new availability renew it, and relays sweep
     /// the shards they own for messages waiting longer than a quarter of it
     /// ([`with_body_sweep_every`](Self::with_body_sweep_every)); dead-lettering removes
-    /// it. Only when no relay runs for longer than half of it minus the sweep interval
+    /// it. Only when no relay claims for longer than half of it minus the sweep interval
     /// can a waiting message lose its body (it is then dead-lettered naming the
     /// missing body): choose it so that half of it minus the sweep interval exceeds
     /// your longest relay outage (at the default interval, `body_ttl` above 8/3 of the
@@ -123,7 +123,7 @@ impl DynamoOutboxConfig {
     }
     /// How often each store sweeps the shards it claims from for undelivered messages
     /// whose bodies need their time to live renewed (at most once per interval per
-    /// shard, inside its claims; see the crate docs). Default: an eighth of
+    /// shard, in a background task its claims start; see the crate docs). Default: an eighth of
     /// [`body_ttl`](Self::with_body_ttl). At least one minute and at most a quarter of
     /// `body_ttl`; the longer it is, the shorter the relay outage bodies survive.
     pub fn with_body_sweep_every(mut self, every: Duration) -> Self {

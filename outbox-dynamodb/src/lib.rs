@@ -104,16 +104,23 @@
 //!    availability is then the lease expiry), a retry (the end of its backoff) and a
 //!    release that find less renew the body to availability + `T`.
 //! 2. Every [`body_sweep_every`](DynamoOutboxConfig::with_body_sweep_every) (default
-//!    `T`/8), one of a store's claims walks the `due` index of each shard it claims
-//!    from (with shard leases, the shards it holds; without, every shard), oldest
-//!    first. The first entry (one read) gives how long the oldest due message has
-//!    waited, published as [`OutboxMetrics::oldest_due_age`]. Entries more than `T`/4
-//!    old are the messages waiting long (keys blocked behind a head that keeps
-//!    retrying, a backlog far behind, messages put back by a release or requeue),
-//!    normally none. For each, the state item is read (strongly consistent); a body
-//!    with less than `T`/2 left gets every body item's `ttl` set to now + `T`, and then
-//!    `body_exp`. One claim looks at no more than 100 such messages and leaves the
-//!    rest to the next claim.
+//!    `T`/8), one of a store's claims starts a sweep in the background (one at a time
+//!    per store; the claim does not wait for it, so it takes nothing from the relay's
+//!    claim allowance). It walks the `due` index of each shard the store claims from
+//!    (with shard leases, the shards it holds; without, every shard), oldest first.
+//!    The first entry (one read) gives how long the oldest due message has waited,
+//!    published as [`OutboxMetrics::oldest_due_age`] (so refreshed once per interval
+//!    per shard). Entries more than `T`/4 old are the messages waiting long (keys
+//!    blocked behind a head that keeps retrying, a backlog far behind, messages put
+//!    back by a release or requeue), normally none. For each, the state item is read
+//!    (eventually consistent, `body_exp` and `parts` only); a body with less than
+//!    `T`/2 left gets every body item's `ttl` set to now + `T`, and then `body_exp`. A
+//!    message whose renewal fails is logged and counted
+//!    ([`OutboxMetrics::body_sweep_errors`]) and the pass goes on; a shard whose query
+//!    fails is tried again a minute later from where its pass stood. One step looks
+//!    at no more than 100 such messages (starting from a different shard each step)
+//!    and leaves the rest to the next claim's step. [`OutboxMetrics::last_body_sweep`]
+//!    is when the stalest shard's last completed pass began.
 //!    [`DynamoOutbox::renew_bodies`] sweeps at once.
 //!
 //! What this guarantees: while at least one relay claims (polling counts), every
@@ -123,12 +130,21 @@
 //! their bodies; such a message is dead-lettered by the claim that finds it, naming
 //! the missing body. **Choose `body_ttl` so that half of it minus the sweep interval
 //! exceeds your longest relay outage**, or run [`DynamoOutbox::renew_bodies`] from a
-//! maintenance job during a planned one. A renewal only pushes `ttl` out, and only on
-//! body items that still have one, so a renewal racing a dead-lettering never gives
-//! the dead letter's body a time to live back.
+//! maintenance job during a planned one. A relay stuck in a publish does not claim and
+//! so does not sweep. A renewal only pushes `ttl` out, and only on body items that
+//! still have one, so a renewal racing a dead-lettering never gives the dead letter's
+//! body a time to live back; and only on items whose `ttl` is below the renewal's need
+//! (now + `T`/2 for the sweep, availability + ¾ `T` for the writes of 1.), so of two
+//! renewers racing, the second is refused instead of writing the body again.
+//! DynamoDB bills a refused conditional write at the item's size too: the condition
+//! saves the second write, not its cost (the state read before it makes such races
+//! rare).
 //!
-//! What it costs: a sweep finding nothing is one index read per shard per interval.
-//! Each message waiting longer than `T`/4 costs one state read per sweep, and each
+//! What it costs: a sweep finding nothing is one index read per shard per interval
+//! per store that sweeps it: with shard leases each shard has one owner, so about one
+//! per shard; without them every store sweeps every shard, so one per shard per
+//! relay. Each message waiting longer than `T`/4 costs one state read (eventually
+//! consistent: half a unit) per sweep of its shard, by the same count, and each
 //! renewal (about every `T`/2 per waiting message) rewrites every body item, **billed
 //! at the body's size** (⌈`P`⌉ write units for a `P` KB body), plus one write unit for
 //! `body_exp`. A claim of a message that became available more than about `T`/4
@@ -206,7 +222,7 @@
 //! | complete (`Delete`) | delete state, delete `due` entry | 1 + 1 = **2** | 0 |
 //! | fail with retry / release | update state, move `due` entry | **3** | 0 |
 //! | dedup record | conditional put | 1 | 0 |
-//! | body renewal (messages waiting long only) | update each body item, update state | ⌈P⌉ + 1 | 1 (the sweep's state read) |
+//! | body renewal (messages waiting long only) | update each body item, update state | ⌈P⌉ + 1 | 0.5 (the sweep's state read) |
 //!
 //! So claim + complete costs 5 write units whatever the payload; only the enqueue and
 //! the body read grow with it. A refused conditional write costs 1 write unit (the
@@ -222,7 +238,10 @@
 //! state reads of per-key order, `claim_ids`' state reads, the dedup store's `contains`
 //! (`GetItem` on the base table) and the entity store's `load` are strongly
 //! consistent. The admin counts and listings come from the global indexes, so they lag
-//! writes by the index's propagation delay (usually well under a second on AWS).
+//! writes by the index's propagation delay (usually well under a second on AWS). The
+//! body sweep's state reads are eventually consistent, guarded by the renewal's
+//! conditional writes: a stale read costs a refused write or, for a message completed
+//! a moment before, one renewal of a body no longer needed (it expires `T` later).
 //!
 //! ## Item size
 //!
@@ -311,6 +330,7 @@ mod schema;
 mod settle;
 mod shards;
 mod store;
+mod sweep;
 
 pub use config::{
     validate_table_name, DynamoDedupConfig, DynamoEntityConfig, DynamoLockConfig,

@@ -23,8 +23,10 @@ pub(crate) struct Metrics {
     pub(crate) refused: AtomicU64,
     pub(crate) bodies_renewed: AtomicU64,
     pub(crate) renewal_units: AtomicU64,
-    /// Gauge of the last sweep: how long the oldest due message had waited, plus one
-    /// (microseconds, 0 for none), and when the sweep ran (0 for never).
+    pub(crate) sweep_errors: AtomicU64,
+    /// Gauges of the sweeps: how long the oldest due message had waited, plus one
+    /// (microseconds, 0 for none), and when the stalest shard's last completed pass
+    /// began (0 for never).
     pub(crate) oldest_due_age_us: AtomicU64,
     pub(crate) swept_us: AtomicU64,
 }
@@ -67,6 +69,7 @@ impl Metrics {
             refused_writes: self.refused.load(Ordering::Relaxed),
             bodies_renewed: self.bodies_renewed.load(Ordering::Relaxed),
             body_renewal_units: units(&self.renewal_units),
+            body_sweep_errors: self.sweep_errors.load(Ordering::Relaxed),
             oldest_due_age: match self.oldest_due_age_us.load(Ordering::Relaxed) {
                 0 => None,
                 age => Some(Duration::from_micros(age - 1)),
@@ -103,24 +106,39 @@ pub struct OutboxMetrics {
     /// Units consumed by complete, fail, release and dead-lettering.
     pub settle_units: f64,
     /// Conditional writes DynamoDB refused: claims that lost a race, settles of lost
-    /// leases. Each is billed and shows as a failed request in CloudWatch.
+    /// leases, body renewals another renewer had already made. Each is billed (a body
+    /// item's at its size) and shows as a failed request in CloudWatch.
     pub refused_writes: u64,
-    /// Messages whose body items got their time to live pushed out (by the body sweep,
-    /// or by a claim, retry or release that found too little of it left; see the crate
-    /// docs). Each renewal writes every body item, billed at its size.
+    /// Messages whose body items got their time to live pushed out by this store (by
+    /// the body sweep, or by a claim, retry or release that found too little of it
+    /// left; see the crate docs); renewals refused because another renewer had made
+    /// them are not counted. Each renewal writes every body item, billed at its size.
     pub bodies_renewed: u64,
     /// Units consumed by body renewals and the sweep that finds them: `due` index
     /// queries, state item reads, body item writes (billed at the body's size) and the
-    /// state item writes recording the new expiry.
+    /// state item writes recording the new expiry. Refused renewals are billed too but
+    /// not counted here: DynamoDB reports no capacity with a refused write.
     pub body_renewal_units: f64,
-    /// Gauge, as of this store's last body sweep ([`last_body_sweep`](Self::last_body_sweep)):
-    /// how long the oldest due (claimable, unclaimed) message of the shards it swept had
-    /// been waiting. `None` before the first sweep or when nothing was due. A message
+    /// Requests of the body sweep that failed: a shard's `due` index query (the shard
+    /// is tried again a minute later, from where its pass stood) or one message's
+    /// renewal (logged; the pass goes on and the next pass looks at it again). Each is
+    /// logged at `warn`. Rising while [`last_body_sweep`](Self::last_body_sweep) stops
+    /// moving means bodies are not being renewed.
+    pub body_sweep_errors: u64,
+    /// Gauge, as of each shard's last sweep pass (refreshed once per
+    /// [`body_sweep_every`](crate::DynamoOutboxConfig::with_body_sweep_every) per
+    /// shard, not live): how long the oldest due (claimable, unclaimed) message of the
+    /// shards this store sweeps had been waiting, the longest over them. `None` before
+    /// the first sweep or when nothing was due. A message
     /// waiting longer than a quarter of
     /// [`body_ttl`](crate::DynamoOutboxConfig::with_body_ttl) has its body kept alive by
     /// sweeps alone: alert well before this reaches half of `body_ttl`, and take the
     /// maximum over relays (each sweeps the shards it owns).
     pub oldest_due_age: Option<Duration>,
-    /// When this store last swept for bodies to renew (`None`: never).
+    /// When the pass of this store's stalest swept shard began, over the shards it
+    /// sweeps, counting completed passes only: a shard whose sweep keeps failing holds
+    /// it back. `None` until every one of them completed a pass (with shard leases, a
+    /// newly taken shard counts from its first pass). Bodies are safe while this is
+    /// less than half of `body_ttl` ago; alert well before.
     pub last_body_sweep: Option<SystemTime>,
 }

@@ -23,11 +23,19 @@ pub(crate) enum BodyTtl {
     Remove,
     /// Set it to this epoch second (a requeue gives the body its time to live back).
     Set(u64),
-    /// Push it out to this epoch second, only on an item that has an earlier one: a
-    /// renewal racing a dead-lettering never gives the dead letter's body a time to
-    /// live again (dead-lettering removes it after writing the state item), and two
-    /// renewals never shorten it.
-    Renew(u64),
+    /// Push it out to `at` (epoch seconds), only on an item whose time to live is
+    /// below `need` (`need` < `at`). Only an item that has one: a renewal racing a
+    /// dead-lettering never gives the dead letter's body a time to live again
+    /// (dead-lettering removes it after writing the state item). Below `need`, not
+    /// below `at`: of two renewers racing (each with its own, slightly later `at`),
+    /// the second finds the first's `at` past its `need` and is refused, instead of
+    /// writing the body again; and no renewal ever shortens it.
+    Renew {
+        /// The new time to live.
+        at: u64,
+        /// The time to live below which the item needs renewing.
+        need: u64,
+    },
 }
 
 /// Most statements in one `BatchExecuteStatement` (DynamoDB's limit).
@@ -74,15 +82,16 @@ impl DynamoOutbox {
     }
 
     /// Write the time to live of the `parts` body items of message `id` (see
-    /// [`BodyTtl`]); a missing item is left missing. Each write is billed at the body
-    /// item's size: only dead-lettering, requeues and renewals of messages that stay
-    /// undelivered long come here.
+    /// [`BodyTtl`]); a missing item is left missing. Returns how many items were
+    /// written (the others refused the condition). Each write, refused or not, is
+    /// billed at the body item's size: only dead-lettering, requeues and renewals of
+    /// messages that stay undelivered long come here.
     pub(crate) async fn set_body_ttl(
         &self,
         id: MessageId,
         parts: usize,
         ttl: BodyTtl,
-    ) -> Result<()> {
+    ) -> Result<usize> {
         let futures: Vec<_> = (0..parts)
             .map(|part| async move {
                 let mut request = self
@@ -103,27 +112,35 @@ impl DynamoOutbox {
                         .condition_expression("attribute_exists(#pk)")
                         .expression_attribute_names("#pk", PK)
                         .expression_attribute_values(":ttl", n(at)),
-                    BodyTtl::Renew(at) => request
+                    BodyTtl::Renew { at, need } => request
                         .update_expression("SET #ttl = :ttl")
-                        .condition_expression("#ttl < :ttl")
-                        .expression_attribute_values(":ttl", n(at)),
+                        .condition_expression("#ttl < :need")
+                        .expression_attribute_values(":ttl", n(at))
+                        .expression_attribute_values(":need", n(need)),
                 };
+                let renewal = matches!(ttl, BodyTtl::Renew { .. });
                 match request.send().await {
                     Ok(out) => {
-                        if matches!(ttl, BodyTtl::Renew(_)) {
+                        if renewal {
                             self.record_capacity(
                                 &self.inner.metrics.renewal_units,
                                 out.consumed_capacity(),
                             );
                         }
-                        Ok(())
+                        Ok(true)
                     }
-                    Err(e) if is_condition_failed(&e) => Ok(()),
+                    Err(e) if is_condition_failed(&e) => {
+                        if renewal {
+                            self.inner.metrics.refused.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(false)
+                    }
                     Err(e) => Err(from_sdk("body time to live", e)),
                 }
             })
             .collect();
-        bounded(futures).await.map(|_| ())
+        let written: Vec<bool> = bounded(futures).await?;
+        Ok(written.into_iter().filter(|w| *w).count())
     }
 
     /// Run `settle` for every lease in id order, at most [`CONCURRENCY`] at once, and

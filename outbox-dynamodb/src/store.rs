@@ -80,7 +80,7 @@ pub(crate) struct Inner {
     /// This store's shard leases, when relays divide the shards.
     pub(crate) leases: Option<crate::shards::ShardLeases>,
     /// Where this store's sweeps for bodies to renew stand.
-    pub(crate) sweep: crate::body::Sweeper,
+    pub(crate) sweep: crate::sweep::Sweeper,
 }
 
 /// The enqueue sequence: microseconds of this process's clock, strictly increasing
@@ -167,7 +167,7 @@ impl DynamoOutbox {
                 contended_until: AtomicU64::new(0),
                 recent: std::sync::Mutex::new(HashMap::new()),
                 leases: config.shard_lease().map(crate::shards::ShardLeases::new),
-                sweep: crate::body::Sweeper::default(),
+                sweep: crate::sweep::Sweeper::default(),
                 config,
             }),
         })

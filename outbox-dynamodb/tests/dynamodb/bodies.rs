@@ -15,36 +15,37 @@ use outbox_core::{
     OutboxStore, Retention,
 };
 use outbox_dynamodb::{DynamoOutbox, DynamoOutboxConfig};
+use outbox_testkit::wait_until;
 
 use crate::common;
 
-type Item = HashMap<String, AttributeValue>;
+pub(crate) type Item = HashMap<String, AttributeValue>;
 
-const LEASE: Duration = Duration::from_secs(30);
+pub(crate) const LEASE: Duration = Duration::from_secs(30);
 /// The shortest body TTL the config accepts: renewals select messages waiting over
 /// 15 minutes and renew bodies with under 30 minutes left.
-const BODY_TTL: Duration = Duration::from_secs(3600);
+pub(crate) const BODY_TTL: Duration = Duration::from_secs(3600);
 /// Long enough to be at risk: 20 minutes of body left.
-const AT_RISK: Duration = Duration::from_secs(40 * 60);
+pub(crate) const AT_RISK: Duration = Duration::from_secs(40 * 60);
 /// Waiting long enough to be looked at, with 40 minutes of body left: not at risk.
-const WAITING: Duration = Duration::from_secs(20 * 60);
+pub(crate) const WAITING: Duration = Duration::from_secs(20 * 60);
 
-fn config() -> DynamoOutboxConfig {
+pub(crate) fn config() -> DynamoOutboxConfig {
     DynamoOutboxConfig::default().with_body_ttl(BODY_TTL)
 }
 
-fn now_s() -> u64 {
+pub(crate) fn now_s() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs()
 }
 
-fn pk(id: MessageId) -> AttributeValue {
+pub(crate) fn pk(id: MessageId) -> AttributeValue {
     AttributeValue::S(format!("m#{}", id.as_uuid().hyphenated()))
 }
 
-fn num(item: &Item, name: &str) -> Option<u128> {
+pub(crate) fn num(item: &Item, name: &str) -> Option<u128> {
     match item.get(name) {
         Some(AttributeValue::N(text)) => text.parse().ok(),
         _ => None,
@@ -57,7 +58,7 @@ fn shift(item: &mut Item, name: &str, by: u128) {
     }
 }
 
-async fn state(outbox: &DynamoOutbox, id: MessageId) -> Option<Item> {
+pub(crate) async fn state(outbox: &DynamoOutbox, id: MessageId) -> Option<Item> {
     outbox
         .client()
         .get_item()
@@ -71,7 +72,7 @@ async fn state(outbox: &DynamoOutbox, id: MessageId) -> Option<Item> {
         .item
 }
 
-async fn body(outbox: &DynamoOutbox, id: MessageId) -> Vec<Item> {
+pub(crate) async fn body(outbox: &DynamoOutbox, id: MessageId) -> Vec<Item> {
     outbox
         .client()
         .query()
@@ -87,7 +88,7 @@ async fn body(outbox: &DynamoOutbox, id: MessageId) -> Vec<Item> {
         .unwrap_or_default()
 }
 
-async fn put(outbox: &DynamoOutbox, item: Item) {
+pub(crate) async fn put(outbox: &DynamoOutbox, item: Item) {
     outbox
         .client()
         .put_item()
@@ -99,7 +100,7 @@ async fn put(outbox: &DynamoOutbox, item: Item) {
 }
 
 /// The body items' `ttl`, in part order.
-async fn body_ttls(outbox: &DynamoOutbox, id: MessageId) -> Vec<u64> {
+pub(crate) async fn body_ttls(outbox: &DynamoOutbox, id: MessageId) -> Vec<u64> {
     body(outbox, id)
         .await
         .iter()
@@ -108,7 +109,7 @@ async fn body_ttls(outbox: &DynamoOutbox, id: MessageId) -> Vec<u64> {
 }
 
 /// The expiry the state item records for the body.
-async fn body_exp(outbox: &DynamoOutbox, id: MessageId) -> Option<u64> {
+pub(crate) async fn body_exp(outbox: &DynamoOutbox, id: MessageId) -> Option<u64> {
     state(outbox, id)
         .await
         .and_then(|s| num(&s, "body_exp"))
@@ -117,7 +118,7 @@ async fn body_exp(outbox: &DynamoOutbox, id: MessageId) -> Option<u64> {
 
 /// Make message `id` look enqueued `by` earlier: its availability, creation, due time
 /// and body expiry (on the state item and on every body item) all move back by `by`.
-async fn age(outbox: &DynamoOutbox, id: MessageId, by: Duration) {
+pub(crate) async fn age(outbox: &DynamoOutbox, id: MessageId, by: Duration) {
     let (us, secs) = (by.as_micros(), u128::from(by.as_secs()));
     if let Some(mut s) = state(outbox, id).await {
         shift(&mut s, "avail_us", us);
@@ -130,14 +131,14 @@ async fn age(outbox: &DynamoOutbox, id: MessageId, by: Duration) {
 }
 
 /// Move only the body items' `ttl` back by `by`.
-async fn age_body(outbox: &DynamoOutbox, id: MessageId, by: Duration) {
+pub(crate) async fn age_body(outbox: &DynamoOutbox, id: MessageId, by: Duration) {
     for mut part in body(outbox, id).await {
         shift(&mut part, "ttl", u128::from(by.as_secs()));
         put(outbox, part).await;
     }
 }
 
-async fn claim(store: &DynamoOutbox, n: usize) -> Vec<outbox_core::ClaimedMessage> {
+pub(crate) async fn claim(store: &DynamoOutbox, n: usize) -> Vec<outbox_core::ClaimedMessage> {
     store
         .claim(ClaimRequest::new(n, LEASE).unwrap())
         .await
@@ -268,7 +269,7 @@ async fn a_message_not_at_risk_is_not_renewed() {
 }
 
 /// Under per-key order, a message blocked behind its key's head is never claimed while
-/// the head retries; the sweep a claim runs renews its body. The head's own body is
+/// the head retries; the sweep a claim starts renews its body. The head's own body is
 /// renewed by the retry whose backoff would outlast it. A second claim within the
 /// sweep interval does not sweep again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -293,17 +294,19 @@ async fn a_message_blocked_behind_its_keys_head_is_renewed_by_a_claims_sweep() {
     age(&outbox, blocked.id(), AT_RISK).await;
     let before = body_ttls(&outbox, blocked.id()).await;
 
-    // This store's first claim sweeps its shards, then claims the head only.
+    // This store's first claim starts a sweep of its shards, and claims the head only.
     let start = now_s();
     let got = claim(&outbox, 10).await;
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].message.id, head.id());
+    wait_until("the claim's sweep to renew the blocked body", || async {
+        let after = body_ttls(&outbox, blocked.id()).await;
+        after[0] >= start + BODY_TTL.as_secs()
+            && body_exp(&outbox, blocked.id()).await == Some(after[0])
+    })
+    .await;
     let after = body_ttls(&outbox, blocked.id()).await;
-    assert!(
-        after[0] >= start + BODY_TTL.as_secs(),
-        "blocked message renewed by the claim's sweep: {before:?} -> {after:?}"
-    );
-    assert_eq!(body_exp(&outbox, blocked.id()).await, Some(after[0]));
+    assert!(after[0] > before[0]);
 
     // The head backs off for two hours: its body must outlive the backoff.
     let backoff = Duration::from_secs(2 * 3600);

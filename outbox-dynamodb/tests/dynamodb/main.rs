@@ -14,3 +14,4 @@ mod markers;
 mod relay;
 mod shards;
 mod store;
+mod sweep;
