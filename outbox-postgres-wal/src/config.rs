@@ -529,9 +529,31 @@ mod tests {
             WalRelayConfig::default()
                 .with_reconnect_backoff(Duration::from_secs(2), Duration::from_secs(1)),
             WalRelayConfig::default().with_retry(RetryPolicy::with_max_attempts(0)),
+            WalRelayConfig::default().with_lock_retry(Duration::ZERO),
+            WalRelayConfig::default().with_lag_interval(Duration::ZERO),
         ] {
             assert_eq!(bad.validate().unwrap_err().kind(), ErrorKind::Config);
         }
+        // The bounds themselves are allowed.
+        let second = Duration::from_secs(1);
+        for good in [
+            WalRelayConfig::default().with_batch_size(outbox_core::store::MAX_CLAIM_BATCH),
+            WalRelayConfig::default().with_reconnect_backoff(second, second),
+        ] {
+            assert!(good.validate().is_ok());
+        }
+    }
+
+    #[test]
+    fn debug_names_the_target_without_its_password() {
+        let t =
+            ReplicationTarget::from_url("postgres://relay:s3cret@db.internal/shop?sslmode=disable");
+        let text = format!("{:?}", t.unwrap());
+        assert!(
+            text.contains("db.internal") && text.contains("shop"),
+            "{text}"
+        );
+        assert!(!text.contains("s3cret"), "{text}");
     }
 
     #[test]
