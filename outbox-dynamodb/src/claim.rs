@@ -9,6 +9,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 
+use aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder;
 use aws_sdk_dynamodb::types::{ReturnConsumedCapacity, ReturnValue};
 use outbox_core::store::MAX_ATTEMPTS;
 use outbox_core::{
@@ -195,9 +196,24 @@ impl DynamoOutbox {
         }
     }
 
+    /// A query of shard `shard`'s entries in the `due` index that are due at `now`
+    /// (microseconds) or before, oldest first, reporting the capacity it consumed.
+    pub(crate) fn due_query(&self, shard: u16, now: u64) -> QueryFluentBuilder {
+        self.inner
+            .client
+            .query()
+            .table_name(self.table())
+            .index_name(DUE_INDEX)
+            .key_condition_expression("#shard = :pk AND #due < :upper")
+            .expression_attribute_names("#shard", SHARD)
+            .expression_attribute_names("#due", DUE)
+            .expression_attribute_values(":pk", s(message_partition(shard)))
+            .expression_attribute_values(":upper", n((u128::from(now) + 1) * DUE_SCALE))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+    }
+
     /// Fetch the next page of every shard whose buffer ran dry and that has more.
     async fn refill(&self, cursors: &mut [Cursor], now: u64, page: usize) -> Result<()> {
-        let upper = (u128::from(now) + 1) * DUE_SCALE;
         let dry: Vec<&mut Cursor> = cursors
             .iter_mut()
             .filter(|c| c.buffered.is_empty() && !c.exhausted)
@@ -211,19 +227,9 @@ impl DynamoOutbox {
                 let grown = page.saturating_mul(1 << cursor.pages.min(10)).min(1000);
                 cursor.pages += 1;
                 let out = self
-                    .inner
-                    .client
-                    .query()
-                    .table_name(self.table())
-                    .index_name(DUE_INDEX)
-                    .key_condition_expression("#shard = :pk AND #due < :upper")
-                    .expression_attribute_names("#shard", SHARD)
-                    .expression_attribute_names("#due", DUE)
-                    .expression_attribute_values(":pk", s(message_partition(cursor.shard)))
-                    .expression_attribute_values(":upper", n(upper))
+                    .due_query(cursor.shard, now)
                     .limit(i32::try_from(grown).unwrap_or(1000))
                     .set_exclusive_start_key(cursor.next.take())
-                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
                     .send()
                     .await
                     .map_err(|e| from_sdk("claim", e))?;

@@ -5,14 +5,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use aws_sdk_dynamodb::types::ReturnConsumedCapacity;
 use outbox_core::{Error, MessageId, Result};
 
 use crate::error::from_sdk;
-use crate::item::{
-    self, candidate_id, get_n, message_partition, n, now_us, s, Item, AVAILABLE, DUE, DUE_INDEX,
-    DUE_SCALE, SHARD,
-};
+use crate::item::{self, candidate_id, get_n, now_us, Item, AVAILABLE};
 use crate::store::{bounded, DynamoOutbox};
 
 /// Most long-waiting messages one sweep step looks at; the rest wait for the next
@@ -189,19 +185,9 @@ impl DynamoOutbox {
         loop {
             let limit = if first { 1 } else { (*budget).clamp(1, PAGE) };
             let sent = self
-                .inner
-                .client
-                .query()
-                .table_name(self.table())
-                .index_name(DUE_INDEX)
-                .key_condition_expression("#shard = :pk AND #due < :upper")
-                .expression_attribute_names("#shard", SHARD)
-                .expression_attribute_names("#due", DUE)
-                .expression_attribute_values(":pk", s(message_partition(shard)))
-                .expression_attribute_values(":upper", n((u128::from(now) + 1) * DUE_SCALE))
+                .due_query(shard, now)
                 .limit(i32::try_from(limit).unwrap_or(1))
                 .set_exclusive_start_key(start.clone())
-                .return_consumed_capacity(ReturnConsumedCapacity::Total)
                 .send()
                 .await;
             let out = match sent {
