@@ -4,18 +4,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox_core::backend::{DedupTable, SchemaRules, TableConfig, TableRules};
 use outbox_core::{DedupStore, OutboxAdmin, Retention, Schema};
-use outbox_dynamodb::{DynamoDedupConfig, DynamoDedupStore, DynamoOutbox, DynamoOutboxConfig};
+use outbox_dynamodb::{DynamoDedupStore, DynamoOutbox, DynamoOutboxConfig};
 use outbox_mysql::sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use outbox_mysql::sqlx::MySqlConnection;
-use outbox_mysql::{MySqlDedupConfig, MySqlDedupStore, MySqlOutbox, MySqlOutboxConfig};
+use outbox_mysql::{MySqlDedupStore, MySqlOutbox, MySqlOutboxConfig};
 use outbox_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use outbox_postgres::sqlx::{Connection, PgConnection, PgPool};
-use outbox_postgres::{PgDedupConfig, PgDedupStore, PgOutbox, PgOutboxConfig};
+use outbox_postgres::{PgDedupStore, PgOutbox, PgOutboxConfig};
 use outbox_sqlite::sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
-use outbox_sqlite::{SqliteDedupConfig, SqliteDedupStore, SqliteOutbox, SqliteOutboxConfig};
+use outbox_sqlite::{SqliteDedupStore, SqliteOutbox, SqliteOutboxConfig};
 use outbox_sqlserver::{
-    MssqlConnection, MssqlDedupConfig, MssqlDedupStore, MssqlOutbox, MssqlOutboxConfig, MssqlPool,
+    MssqlConnection, MssqlDedupStore, MssqlOutbox, MssqlOutboxConfig, MssqlPool,
 };
 
 use crate::cli::Global;
@@ -183,59 +184,49 @@ impl Db {
         let bad = |e| Failure::from_library("opening the inbox", &place, &e);
         match &self.pool {
             Pool::Postgres(pool) => {
-                let mut config = PgDedupConfig::default().with_table(&self.inbox_table);
-                if let Some(schema) = &self.schema {
-                    config = config.with_schema(schema);
-                }
-                if let Some(retention) = retention {
-                    config = config.with_retention(retention);
-                }
-                PgDedupStore::new(pool.clone(), config)
+                PgDedupStore::new(pool.clone(), self.dedup_in_schema(retention))
                     .map(Inbox::of)
                     .map_err(bad)
             }
-            Pool::Sqlite(pool) => {
-                let mut config = SqliteDedupConfig::default().with_table(&self.inbox_table);
-                if let Some(retention) = retention {
-                    config = config.with_retention(retention);
-                }
-                SqliteDedupStore::new(pool.clone(), config)
-                    .map(Inbox::of)
-                    .map_err(bad)
-            }
+            Pool::Sqlite(pool) => SqliteDedupStore::new(pool.clone(), self.dedup(retention))
+                .map(Inbox::of)
+                .map_err(bad),
             Pool::Mssql(pool) => {
-                let mut config = MssqlDedupConfig::default().with_table(&self.inbox_table);
-                if let Some(schema) = &self.schema {
-                    config = config.with_schema(schema);
-                }
-                if let Some(retention) = retention {
-                    config = config.with_retention(retention);
-                }
-                MssqlDedupStore::new(pool.clone(), config)
+                MssqlDedupStore::new(pool.clone(), self.dedup_in_schema(retention))
                     .map(Inbox::of)
                     .map_err(bad)
             }
             Pool::MySql(pool) => {
-                let mut config = MySqlDedupConfig::default().with_table(&self.inbox_table);
-                if let Some(schema) = &self.schema {
-                    config = config.with_schema(schema);
-                }
-                if let Some(retention) = retention {
-                    config = config.with_retention(retention);
-                }
-                MySqlDedupStore::new(pool.clone(), config)
+                MySqlDedupStore::new(pool.clone(), self.dedup_in_schema(retention))
                     .map(Inbox::of)
                     .map_err(bad)
             }
             Pool::Dynamo { client, .. } => {
-                let mut config = DynamoDedupConfig::default().with_table(&self.inbox_table);
-                if let Some(retention) = retention {
-                    config = config.with_retention(retention);
-                }
-                DynamoDedupStore::new(client.clone(), config)
+                DynamoDedupStore::new(client.clone(), self.dedup(retention))
                     .map(Inbox::of)
                     .map_err(bad)
             }
+        }
+    }
+
+    /// Any backend's inbox config: the table, and `retention` when given.
+    fn dedup<R: TableRules>(&self, retention: Option<Duration>) -> TableConfig<R, DedupTable> {
+        let config = TableConfig::<R, DedupTable>::default().with_table(&self.inbox_table);
+        match retention {
+            Some(retention) => config.with_retention(retention),
+            None => config,
+        }
+    }
+
+    /// [`dedup`](Self::dedup), in `--schema` when given, for the backends with schemas.
+    fn dedup_in_schema<R: SchemaRules>(
+        &self,
+        retention: Option<Duration>,
+    ) -> TableConfig<R, DedupTable> {
+        let config = self.dedup(retention);
+        match &self.schema {
+            Some(schema) => config.with_schema(schema),
+            None => config,
         }
     }
 
