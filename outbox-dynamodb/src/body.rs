@@ -69,32 +69,21 @@ impl DynamoOutbox {
     }
 
     async fn query_body(&self, id: MessageId, consistent: bool) -> Result<Vec<Item>> {
-        let mut body = Vec::new();
-        let mut start = None;
-        loop {
-            let out = self
-                .inner
-                .client
-                .query()
-                .table_name(self.table())
-                .consistent_read(consistent)
-                .key_condition_expression("#pk = :pk AND begins_with(#sk, :b)")
-                .expression_attribute_names("#pk", PK)
-                .expression_attribute_names("#sk", SK)
-                .expression_attribute_values(":pk", s(message_pk(id)))
-                .expression_attribute_values(":b", s("b#"))
-                .set_exclusive_start_key(start.take())
-                .return_consumed_capacity(ReturnConsumedCapacity::Total)
-                .send()
-                .await
-                .map_err(|e| from_sdk("read message body", e))?;
-            self.record_capacity(&self.inner.metrics.body_read_units, out.consumed_capacity());
-            body.extend(out.items.unwrap_or_default());
-            match out.last_evaluated_key {
-                Some(next) if !next.is_empty() => start = Some(next),
-                _ => return Ok(body),
-            }
-        }
+        let query = self
+            .inner
+            .client
+            .query()
+            .table_name(self.table())
+            .consistent_read(consistent)
+            .key_condition_expression("#pk = :pk AND begins_with(#sk, :b)")
+            .expression_attribute_names("#pk", PK)
+            .expression_attribute_names("#sk", SK)
+            .expression_attribute_values(":pk", s(message_pk(id)))
+            .expression_attribute_values(":b", s("b#"))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total);
+        let units = &self.inner.metrics.body_read_units;
+        self.query_all(query, "read message body", Some(units))
+            .await
     }
 
     pub(crate) fn body_ttl_us(&self) -> u64 {

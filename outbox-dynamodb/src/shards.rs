@@ -291,28 +291,16 @@ impl DynamoOutbox {
 
     /// Every item of partition `pk` (strongly consistent).
     async fn query_partition(&self, pk: &str) -> Result<Vec<Item>> {
-        let mut items = Vec::new();
-        let mut start = None;
-        loop {
-            let out = self
-                .inner
-                .client
-                .query()
-                .table_name(self.table())
-                .consistent_read(true)
-                .key_condition_expression("#pk = :pk")
-                .expression_attribute_names("#pk", PK)
-                .expression_attribute_values(":pk", s(pk))
-                .set_exclusive_start_key(start.take())
-                .send()
-                .await
-                .map_err(|e| from_sdk("read shard leases", e))?;
-            items.extend(out.items.unwrap_or_default());
-            match out.last_evaluated_key {
-                Some(next) if !next.is_empty() => start = Some(next),
-                _ => return Ok(items),
-            }
-        }
+        let query = self
+            .inner
+            .client
+            .query()
+            .table_name(self.table())
+            .consistent_read(true)
+            .key_condition_expression("#pk = :pk")
+            .expression_attribute_names("#pk", PK)
+            .expression_attribute_values(":pk", s(pk));
+        self.query_all(query, "read shard leases", None).await
     }
 
     async fn renew_lease(

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
     ConsumedCapacity, Put, ReturnConsumedCapacity, ReturnValue, TransactWriteItem,
@@ -406,6 +407,34 @@ impl DynamoOutbox {
 
     pub(crate) fn record_capacity(&self, slot: &AtomicU64, c: Option<&ConsumedCapacity>) {
         Metrics::add(slot, c);
+    }
+
+    /// Every item `query` returns, page after page (`what` names it in errors); the
+    /// capacity each page reports is added to `units` when given.
+    pub(crate) async fn query_all(
+        &self,
+        query: QueryFluentBuilder,
+        what: &str,
+        units: Option<&AtomicU64>,
+    ) -> Result<Vec<Item>> {
+        let mut items = Vec::new();
+        let mut start = None;
+        loop {
+            let out = query
+                .clone()
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| from_sdk(what, e))?;
+            if let Some(units) = units {
+                self.record_capacity(units, out.consumed_capacity());
+            }
+            items.extend(out.items.unwrap_or_default());
+            match out.last_evaluated_key {
+                Some(next) if !next.is_empty() => start = Some(next),
+                _ => return Ok(items),
+            }
+        }
     }
 }
 
