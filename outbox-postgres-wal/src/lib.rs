@@ -28,6 +28,7 @@ mod send_checks {
     #[allow(dead_code, clippy::diverging_sub_expression, unreachable_code)]
     fn futures_are_send(outbox: WalOutbox, relay: WalRelay, conn: &mut sqlx::PgConnection) {
         assert_send(&outbox.enqueue(conn, &[]));
+        assert_send(&outbox.enqueue_with(conn, sqlx::query("DELETE FROM t"), &[]));
         assert_send(&outbox.install());
         assert_send(&outbox.slot_status());
         assert_send(&relay.run(tokio_util::sync::CancellationToken::new()));

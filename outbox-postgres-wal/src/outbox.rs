@@ -6,7 +6,7 @@ use std::time::SystemTime;
 use outbox_core::backend::{bounded_error, check_enqueue};
 use outbox_core::{Error, ErrorKind, ErrorStatus, Message, NewMessage, Result};
 use outbox_postgres::PgOutbox;
-use sqlx::{PgConnection, PgPool};
+use sqlx::{Arguments, Execute, PgConnection, PgPool, Postgres};
 
 use pgwire_replication::Lsn;
 
@@ -369,21 +369,25 @@ impl WalOutbox {
 
     /// The logical decoding message contents of `messages`, checked as
     /// [`enqueue`](Self::enqueue) checks them, for emitting them in a statement of your
-    /// own and so saving enqueue's round trip: pass them with the config's
+    /// own, where [`enqueue_with`](Self::enqueue_with) cannot write it (a statement
+    /// with its own `WITH`, say): pass them with the config's
     /// [`prefix`](WalOutboxConfig::prefix) to `pg_logical_emit_message(true, prefix,
-    /// content)`, in order, in the transaction that makes the business change.
+    /// content)`, in order, in the transaction that makes the business change. Emit
+    /// each content once: joined with the change's rows, a message would be emitted
+    /// once per row.
     ///
     /// ```no_run
     /// # async fn demo(outbox: &outbox_postgres_wal::WalOutbox, tx: &mut sqlx::PgConnection,
     /// #     messages: &[outbox_core::NewMessage]) -> Result<(), Box<dyn std::error::Error>> {
     /// let contents = outbox.contents(messages)?;
-    /// // One statement: the business insert and the messages.
+    /// // One statement: the business change (a cart becomes an order) and the messages.
     /// sqlx::query(
-    ///     "WITH o AS (INSERT INTO orders (id, total) VALUES ($1, $2) RETURNING 1) \
-    ///      SELECT pg_logical_emit_message(true, $3, c) FROM o, unnest($4::bytea[]) AS c",
+    ///     "WITH items AS (DELETE FROM carts WHERE customer = $1 RETURNING item), \
+    ///           placed AS (INSERT INTO orders (customer, items) \
+    ///                      SELECT $1, array_agg(item) FROM items) \
+    ///      SELECT pg_logical_emit_message(true, $2, c) FROM unnest($3::bytea[]) AS c",
     /// )
     /// .bind(42_i64)
-    /// .bind(1_000_i64)
     /// .bind(outbox.config().prefix())
     /// .bind(contents)
     /// .execute(&mut *tx)
@@ -402,6 +406,72 @@ impl WalOutbox {
             .with_ids(vec![delayed.id()]));
         }
         Ok(messages.iter().map(codec::encode).collect())
+    }
+
+    /// Run `statement`, the transaction's business change, and enqueue `messages` in
+    /// the same statement: one round trip fewer than the change followed by
+    /// [`enqueue`](Self::enqueue), which on a busy server is most of what enqueueing
+    /// costs (`wal_bench`'s enqueue scenario).
+    ///
+    /// `statement` must be one `INSERT`, `UPDATE`, `DELETE` or (PostgreSQL 17 and
+    /// later) `MERGE`, with its parameters bound as usual (`$1` to `$n`, in bind
+    /// order). It runs as a data-modifying `WITH` query of a statement that emits the
+    /// messages: it runs once and to completion, and the messages are emitted once
+    /// whatever number of rows it changed (none included). Rows it `RETURN`s are not
+    /// returned, and its row count is not reported: when the messages depend on them,
+    /// run the change first and [`enqueue`](Self::enqueue) after it. It cannot itself
+    /// start with `WITH` (PostgreSQL allows a data-modifying `WITH` only at the top
+    /// level) or with a comment; a trailing `;` is dropped.
+    ///
+    /// ```no_run
+    /// # async fn demo(outbox: &outbox_postgres_wal::WalOutbox, pool: &sqlx::PgPool,
+    /// #     message: outbox_core::NewMessage) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut tx = pool.begin().await?;
+    /// let order = sqlx::query("INSERT INTO orders (id, total) VALUES ($1, $2)")
+    ///     .bind(42_i64)
+    ///     .bind(1_000_i64);
+    /// outbox.enqueue_with(&mut tx, order, &[message]).await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// - As [`enqueue`](Self::enqueue)'s checks, and
+    ///   [`ErrorKind::InvalidInput`](outbox_core::ErrorKind::InvalidInput) for a
+    ///   statement of another kind or one using a placeholder past its bound values
+    ///   (also inside a literal): nothing was sent.
+    /// - Mapped driver errors, the business statement's included (a unique violation
+    ///   is [`ErrorKind::Conflict`](outbox_core::ErrorKind::Conflict)); after them, roll
+    ///   the transaction back: neither the change nor the messages were made.
+    pub async fn enqueue_with<'q>(
+        &self,
+        conn: &mut PgConnection,
+        mut statement: impl Execute<'q, Postgres>,
+        messages: &[NewMessage],
+    ) -> Result<()> {
+        let business = statement.sql();
+        let mut arguments = statement
+            .take_arguments()
+            .map_err(|e| Error::invalid_input(format!("the business statement's parameters: {e}")))?
+            .unwrap_or_default();
+        check_business_statement(business, arguments.len())?;
+        let contents = self.contents(messages)?;
+        let sql = with_messages(business, arguments.len(), contents.len());
+        let bound = match contents.len() {
+            0 => Ok(()),
+            1 => arguments
+                .add(self.config.prefix().to_owned())
+                .and_then(|()| arguments.add(contents.into_iter().next().unwrap_or_default())),
+            _ => arguments
+                .add(self.config.prefix().to_owned())
+                .and_then(|()| arguments.add(contents)),
+        };
+        bound.map_err(|e| Error::invalid_input(format!("binding the messages: {e}")))?;
+        sqlx::query_with(&sql, arguments)
+            .execute(&mut *conn)
+            .await
+            .map(drop)
+            .map_err(|e| from_sqlx("business statement with enqueue", e))
     }
 
     /// Enqueue one message; see [`enqueue`](Self::enqueue).
@@ -481,6 +551,67 @@ pub(crate) fn invalidated(slot: &str, wal_status: Option<&str>) -> Error {
     )
 }
 
+/// Refuse what [`WalOutbox::enqueue_with`] cannot wrap: only a data-modifying `WITH`
+/// query is run whether or not the outer statement reads it, so anything but a plain
+/// `INSERT`, `UPDATE`, `DELETE` or `MERGE` could be skipped without an error. And a
+/// placeholder past the `params` bound values would silently take a message's
+/// parameter instead of failing as it would alone.
+fn check_business_statement(sql: &str, params: usize) -> Result<()> {
+    let first: String = sql
+        .trim_start()
+        .chars()
+        .take_while(char::is_ascii_alphabetic)
+        .collect();
+    if !["insert", "update", "delete", "merge"]
+        .iter()
+        .any(|k| first.eq_ignore_ascii_case(k))
+    {
+        return Err(Error::invalid_input(format!(
+            "enqueue_with runs one INSERT, UPDATE, DELETE or MERGE with the messages; \
+             this statement starts with {:?}: run it and call enqueue instead",
+            sql.trim_start().chars().take(20).collect::<String>()
+        )));
+    }
+    // `$` then digits: a placeholder (or the same text inside a literal, refused too).
+    let highest = sql
+        .split('$')
+        .skip(1)
+        .filter_map(|after| {
+            let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse::<usize>().ok()
+        })
+        .max()
+        .unwrap_or(0);
+    if highest > params {
+        return Err(Error::invalid_input(format!(
+            "the business statement uses ${highest} but binds {params} value(s)"
+        )));
+    }
+    Ok(())
+}
+
+/// `business` (with `params` parameters) as the data-modifying `WITH` query of a
+/// statement emitting `messages` logical decoding messages, whose prefix and contents
+/// are the next parameters. The newlines end a trailing `--` comment of `business`.
+fn with_messages(business: &str, params: usize, messages: usize) -> String {
+    let business = business
+        .trim_end()
+        .trim_end_matches([';', ' ', '\n', '\t', '\r']);
+    let (prefix, contents) = (params + 1, params + 2);
+    match messages {
+        0 => business.to_owned(),
+        1 => format!(
+            "WITH business AS (\n{business}\n) \
+             SELECT pg_logical_emit_message(true, ${prefix}, ${contents})::text"
+        ),
+        _ => format!(
+            "WITH business AS (\n{business}\n) \
+             SELECT count(pg_logical_emit_message(true, ${prefix}, m))::int8 \
+             FROM unnest(${contents}::bytea[]) AS t(m)"
+        ),
+    }
+}
+
 /// Text PostgreSQL can store: NUL (which `text` and `jsonb` cannot hold) replaced.
 fn storable(text: &str) -> String {
     text.replace('\0', "\u{FFFD}")
@@ -500,6 +631,57 @@ pub(crate) fn pg_time(micros: i64) -> SystemTime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn business_statements_that_a_with_query_runs() {
+        for ok in [
+            "INSERT INTO t",
+            "  update t",
+            "Delete from t",
+            "MERGE INTO t",
+            "insert(x)",
+        ] {
+            assert!(check_business_statement(ok, 0).is_ok(), "{ok}");
+        }
+        for refused in [
+            "SELECT f()",
+            "WITH x AS (..) INSERT",
+            "-- c\nINSERT",
+            "",
+            "inserts",
+        ] {
+            let err = check_business_statement(refused, 0).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{refused}");
+        }
+    }
+
+    #[test]
+    fn every_placeholder_of_the_business_statement_is_bound() {
+        let sql = "UPDATE t SET a = $2, b = $$x$$ WHERE c = $1 AND d = $1";
+        assert!(check_business_statement(sql, 2).is_ok());
+        assert!(check_business_statement(sql, 3).is_ok());
+        let err = check_business_statement(sql, 1).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("$2"), "{err}");
+        assert!(check_business_statement("DELETE FROM t WHERE a = $10", 9).is_err());
+        assert!(check_business_statement("DELETE FROM t WHERE a = $10", 10).is_ok());
+    }
+
+    #[test]
+    fn messages_take_the_parameters_after_the_business_statement() {
+        assert_eq!(with_messages("DELETE FROM t ;\n", 0, 0), "DELETE FROM t");
+        assert_eq!(
+            with_messages("UPDATE t SET a = $1, b = $2 ;;", 2, 1),
+            "WITH business AS (\nUPDATE t SET a = $1, b = $2\n) \
+             SELECT pg_logical_emit_message(true, $3, $4)::text"
+        );
+        assert_eq!(
+            with_messages("INSERT INTO t VALUES ($1) -- c", 1, 2),
+            "WITH business AS (\nINSERT INTO t VALUES ($1) -- c\n) \
+             SELECT count(pg_logical_emit_message(true, $2, m))::int8 \
+             FROM unnest($3::bytea[]) AS t(m)"
+        );
+    }
 
     #[test]
     fn pg_epoch() {

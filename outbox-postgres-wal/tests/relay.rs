@@ -546,67 +546,6 @@ async fn lag_gauges_and_counters_follow_the_stream() {
     assert_eq!(recorder.counter(DEAD_LETTERED, &slot), 0);
 }
 
-/// Enqueue's input rules: the core limits, repeated ids, no delays, empty batches;
-/// install is idempotent.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    outbox_service_unset,
-    ignore = "no PostgreSQL server binaries when built: see the build warning"
-)]
-async fn enqueue_checks_input() {
-    let Some(env) = Env::start(&[]).await else {
-        return;
-    };
-    let outbox = env.outbox().await;
-    outbox.install().await.unwrap();
-    let mut tx = outbox.pool().begin().await.unwrap();
-    outbox.enqueue(&mut tx, &[]).await.unwrap();
-    let m = NewMessage::builder("d").build().unwrap();
-    let err = outbox
-        .enqueue(&mut tx, &[m.clone(), m.clone()])
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Conflict);
-    let delayed = NewMessage::builder("d")
-        .delay(Duration::from_secs(1))
-        .build()
-        .unwrap();
-    let err = outbox.enqueue(&mut tx, &[delayed]).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::InvalidInput);
-    let small = outbox_postgres_wal::WalOutboxConfig::default()
-        .with_slot(outbox.config().slot())
-        .with_prefix(outbox.config().prefix())
-        .with_limits(outbox_core::MessageLimits::default().with_max_payload_bytes(2));
-    let strict = WalOutbox::new(outbox.pool().clone(), small).unwrap();
-    let big = NewMessage::builder("d")
-        .payload(vec![0; 3])
-        .build()
-        .unwrap();
-    assert_eq!(
-        strict.enqueue(&mut tx, &[big]).await.unwrap_err().kind(),
-        ErrorKind::InvalidInput
-    );
-    // Nothing failed on the server: the transaction is still usable.
-    outbox
-        .enqueue(&mut tx, std::slice::from_ref(&m))
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    // And the refused batches emitted nothing: a relay gets only the good message.
-    let publisher = RecordingPublisher::new();
-    let relay = spawn(&env, &outbox, Arc::new(publisher.clone()), fast());
-    publisher.wait_for_unique(1, DEADLINE).await.unwrap();
-    // A marker committed after it: once it is published, anything of the refused
-    // batches would have been too.
-    let marker = messages("marker", 1, 1);
-    commit(&outbox, &marker).await;
-    publisher.wait_for_unique(2, DEADLINE).await.unwrap();
-    relay.shutdown().await;
-    let seen: Vec<MessageId> = publisher.published().iter().map(|p| p.id).collect();
-    assert_eq!(seen, vec![m.id(), marker[0].id()]);
-    assert!(dead_letters(&outbox).await.is_empty());
-}
-
 /// Install refuses a server without `wal_level = logical`: a private cluster with
 /// `wal_level = replica`.
 #[tokio::test]
