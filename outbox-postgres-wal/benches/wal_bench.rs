@@ -8,8 +8,8 @@
 //!    minimal claim + delete statements (1 and 2 clients): the polling ceiling. Batches
 //!    of 100 everywhere. The systems take turns, round after round; medians.
 //! 2. **Enqueue**: transactions of one business `INSERT`, alone, with a log-tailing
-//!    enqueue of one message (its own statement, or in the business statement through
-//!    `WalOutbox::contents`), with an `outbox-postgres` row enqueue (the table-row
+//!    enqueue of one message (its own statement, `WalOutbox::enqueue`, or in the
+//!    business statement, `WalOutbox::enqueue_with`), with an `outbox-postgres` row enqueue (the table-row
 //!    variant's write), and with a `SELECT 1`: what any second statement costs, the
 //!    floor for an enqueue that is not part of the business statement. 4 concurrent
 //!    connections; rounds taking turns; three settings: fsync off and on with the
@@ -471,7 +471,7 @@ async fn enqueue(cluster: &Cluster, pool: &PgPool, plan: Plan) -> Res<()> {
 const ENQUEUE_KINDS: [&str; 5] = [
     "business insert alone",
     "+ log-tailing enqueue",
-    "+ log-tailing, one statement",
+    "+ log-tailing enqueue_with",
     "+ outbox row enqueue",
     "+ SELECT 1 (the floor)",
 ];
@@ -497,26 +497,16 @@ async fn enqueue_turns(
                         let mut tx = pool.begin().await?;
                         let id = uuid::Uuid::now_v7();
                         let total = i64::try_from(i).unwrap_or(0);
-                        if k == 2 {
-                            // The business insert and the message in one statement.
-                            let contents = wal.contents(&[message(i as u64)])?;
-                            sqlx::query(
-                                "WITH o AS (INSERT INTO bench_orders (id, total) VALUES ($1, $2) \
-                                 RETURNING 1) SELECT pg_logical_emit_message(true, $3, c) \
-                                 FROM o, unnest($4::bytea[]) AS c",
-                            )
-                            .bind(id)
-                            .bind(total)
-                            .bind(wal.config().prefix())
-                            .bind(contents)
-                            .execute(&mut *tx)
-                            .await?;
-                        } else {
+                        let order =
                             sqlx::query("INSERT INTO bench_orders (id, total) VALUES ($1, $2)")
                                 .bind(id)
-                                .bind(total)
-                                .execute(&mut *tx)
+                                .bind(total);
+                        if k == 2 {
+                            // The business insert and the message in one statement.
+                            wal.enqueue_with(&mut tx, order, &[message(i as u64)])
                                 .await?;
+                        } else {
+                            order.execute(&mut *tx).await?;
                         }
                         match k {
                             1 => wal.enqueue(&mut tx, &[message(i as u64)]).await?,
