@@ -370,7 +370,8 @@ impl WalOutbox {
     /// The logical decoding message contents of `messages`, checked as
     /// [`enqueue`](Self::enqueue) checks them, for emitting them in a statement of your
     /// own, where [`enqueue_with`](Self::enqueue_with) cannot write it (a statement
-    /// with its own `WITH`, say): pass them with the config's
+    /// with its own `WITH`, or messages only when the change did something): pass
+    /// them with the config's
     /// [`prefix`](WalOutboxConfig::prefix) to `pg_logical_emit_message(true, prefix,
     /// content)`, in order, in the transaction that makes the business change. Emit
     /// each content once: joined with the change's rows, a message would be emitted
@@ -380,12 +381,14 @@ impl WalOutbox {
     /// # async fn demo(outbox: &outbox_postgres_wal::WalOutbox, tx: &mut sqlx::PgConnection,
     /// #     messages: &[outbox_core::NewMessage]) -> Result<(), Box<dyn std::error::Error>> {
     /// let contents = outbox.contents(messages)?;
-    /// // One statement: the business change (a cart becomes an order) and the messages.
+    /// // One statement: the business change (a cart becomes an order) and the
+    /// // messages, emitted only when the cart had items.
     /// sqlx::query(
     ///     "WITH items AS (DELETE FROM carts WHERE customer = $1 RETURNING item), \
     ///           placed AS (INSERT INTO orders (customer, items) \
-    ///                      SELECT $1, array_agg(item) FROM items) \
-    ///      SELECT pg_logical_emit_message(true, $2, c) FROM unnest($3::bytea[]) AS c",
+    ///                      SELECT $1, array_agg(item) FROM items HAVING count(*) > 0) \
+    ///      SELECT pg_logical_emit_message(true, $2, c) FROM unnest($3::bytea[]) AS c \
+    ///      WHERE EXISTS (SELECT FROM items)",
     /// )
     /// .bind(42_i64)
     /// .bind(outbox.config().prefix())
@@ -419,9 +422,16 @@ impl WalOutbox {
     /// messages: it runs once and to completion, and the messages are emitted once
     /// whatever number of rows it changed (none included). Rows it `RETURN`s are not
     /// returned, and its row count is not reported: when the messages depend on them,
-    /// run the change first and [`enqueue`](Self::enqueue) after it. It cannot itself
-    /// start with `WITH` (PostgreSQL allows a data-modifying `WITH` only at the top
-    /// level) or with a comment; a trailing `;` is dropped.
+    /// run the change first and [`enqueue`](Self::enqueue) after it, or write the
+    /// statement yourself with [`contents`](Self::contents). The statement is checked
+    /// by its first word, so it cannot start with `WITH` (which could end in a
+    /// `SELECT`, and a `WITH` query that only reads is skipped when nothing reads it)
+    /// or with a comment. A trailing `;` is dropped, but not one followed by a
+    /// comment. PostgreSQL refuses, with an error that aborts the transaction, what it
+    /// cannot run inside `WITH`: `MERGE` before 17, a table with `DO ALSO` or
+    /// unconditional `DO INSTEAD` rules. Every `$n` in the statement must have a bound
+    /// value, so `$` followed by digits inside a literal or an identifier is refused
+    /// too.
     ///
     /// ```no_run
     /// # async fn demo(outbox: &outbox_postgres_wal::WalOutbox, pool: &sqlx::PgPool,
@@ -438,8 +448,8 @@ impl WalOutbox {
     /// # Errors
     /// - As [`enqueue`](Self::enqueue)'s checks, and
     ///   [`ErrorKind::InvalidInput`](outbox_core::ErrorKind::InvalidInput) for a
-    ///   statement of another kind or one using a placeholder past its bound values
-    ///   (also inside a literal): nothing was sent.
+    ///   statement of another kind or one using a placeholder past its bound values:
+    ///   nothing was sent.
     /// - Mapped driver errors, the business statement's included (a unique violation
     ///   is [`ErrorKind::Conflict`](outbox_core::ErrorKind::Conflict)); after them, roll
     ///   the transaction back: neither the change nor the messages were made.
@@ -450,6 +460,8 @@ impl WalOutbox {
         messages: &[NewMessage],
     ) -> Result<()> {
         let business = statement.sql();
+        // Before `take_arguments`: some `Execute`s derive it from the arguments.
+        let persistent = statement.persistent();
         let mut arguments = statement
             .take_arguments()
             .map_err(|e| Error::invalid_input(format!("the business statement's parameters: {e}")))?
@@ -468,6 +480,7 @@ impl WalOutbox {
         };
         bound.map_err(|e| Error::invalid_input(format!("binding the messages: {e}")))?;
         sqlx::query_with(&sql, arguments)
+            .persistent(persistent)
             .execute(&mut *conn)
             .await
             .map(drop)

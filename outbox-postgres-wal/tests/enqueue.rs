@@ -139,6 +139,30 @@ async fn enqueue_with_emits_each_message_once_with_the_change() {
         .enqueue_with(&mut tx, sqlx::query(&add).bind(4_i64).bind(7_i64), &[])
         .await
         .unwrap();
+    // The caller's choice of a prepared statement or not holds for the wrapped one
+    // (a statement text not run before, so not prepared already).
+    let prepared = "SELECT count(*) FROM pg_prepared_statements \
+                    WHERE statement LIKE 'WITH business AS%'";
+    let before: i64 = sqlx::query_scalar(prepared)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert!(before >= 2, "the UPDATE and the DELETE were prepared");
+    let noop = messages("orders.noop", 1, 1);
+    let unprepared = format!("DELETE FROM {table} WHERE id = $1 AND n < 0");
+    outbox
+        .enqueue_with(
+            &mut tx,
+            sqlx::query(&unprepared).bind(1_i64).persistent(false),
+            &noop,
+        )
+        .await
+        .unwrap();
+    let after: i64 = sqlx::query_scalar(prepared)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(after, before, "persistent(false) prepared nothing");
     tx.commit().await.unwrap();
     // A duplicate key: neither the change nor its message.
     let mut tx = outbox.pool().begin().await.unwrap();
@@ -154,14 +178,15 @@ async fn enqueue_with_emits_each_message_once_with_the_change() {
         .await
         .unwrap();
     assert_eq!(rows, vec![(1, 11), (2, 11), (3, 11), (4, 7)]);
-    let publisher = RecordingPublisher::new();
-    let seen = published_through_marker(&env, &outbox, &publisher, 4).await;
     let expected: Vec<MessageId> = batch
         .iter()
         .chain(&one)
         .chain(&none_changed)
+        .chain(&noop)
         .map(NewMessage::id)
         .collect();
+    let publisher = RecordingPublisher::new();
+    let seen = published_through_marker(&env, &outbox, &publisher, expected.len()).await;
     assert_eq!(seen, expected, "each message once, in enqueue order");
 }
 
