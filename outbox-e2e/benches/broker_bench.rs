@@ -584,8 +584,16 @@ impl Wal {
             .await?)
     }
 
-    /// Drop the slot (the relay must have stopped): the next drain starts a fresh one.
+    /// Drop the slot once the stopped relay's walsender let go of it: the next drain
+    /// starts a fresh one.
     async fn drop_slot(&self) -> Res<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.outbox.slot_status().await?.is_some_and(|s| s.active) {
+            if Instant::now() > deadline {
+                return Err("the replication slot stayed active after the relay stopped".into());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         sqlx::query("SELECT pg_drop_replication_slot($1)")
             .bind(self.outbox.config().slot())
             .execute(&self.pool)
