@@ -4,7 +4,7 @@
 //! eval "$(scripts/services.sh)"
 //! cargo bench -p outbox-e2e --bench broker_bench              # about nine minutes
 //! cargo bench -p outbox-e2e --bench broker_bench -- --quick   # about a minute
-//! OUTBOX_BENCH_ONLY=wal cargo bench -p outbox-e2e --bench broker_bench   # about three
+//! OUTBOX_BENCH_ONLY=wal cargo bench -p outbox-e2e --bench broker_bench   # one to two minutes
 //! ```
 //!
 //! For NATS JetStream (a file-stored stream) and RabbitMQ (a durable queue, persistent
