@@ -1,9 +1,10 @@
-//! The relay with a real broker, against that broker's own client, in one run.
+//! The relays with a real broker, against that broker's own client, in one run.
 //!
 //! ```text
 //! eval "$(scripts/services.sh)"
-//! cargo bench -p outbox-e2e --bench broker_bench              # about three minutes
-//! cargo bench -p outbox-e2e --bench broker_bench -- --quick   # about half a minute
+//! cargo bench -p outbox-e2e --bench broker_bench              # about nine minutes
+//! cargo bench -p outbox-e2e --bench broker_bench -- --quick   # about a minute
+//! OUTBOX_BENCH_ONLY=wal cargo bench -p outbox-e2e --bench broker_bench   # one to two minutes
 //! ```
 //!
 //! For NATS JetStream (a file-stored stream) and RabbitMQ (a durable queue, persistent
@@ -18,7 +19,15 @@
 //!    pipelining off), and two relays at the default depth. The ratio is relay msgs/s
 //!    over raw msgs/s; each figure is the median of the runs, raw and relay taking
 //!    turns.
-//! 2. **Latency.** One open-loop producer commits [`RATE`] transactions per second, one
+//! 2. **Log-tailing relay** (`outbox-postgres-wal`), in the same rounds: one `WalRelay`
+//!    streams the same messages, enqueued with `WalOutbox::enqueue` 1,000 per
+//!    transaction (not timed), from a fresh replication slot into the same publisher,
+//!    batch [`BATCHES`]; timed until the publisher has accepted every message. It runs
+//!    on a private PostgreSQL cluster with `wal_level = logical` (and `fsync = on`, as
+//!    the shared server), started by the bench; without PostgreSQL server binaries it
+//!    is skipped. Ratios to the library's publisher alone and to the raw client, and
+//!    CPU per message of this process and of every `postgres` process.
+//! 3. **Latency.** One open-loop producer commits [`RATE`] transactions per second, one
 //!    message each; a relay woken by `LISTEN/NOTIFY` publishes them. Latency is from
 //!    the producer's `COMMIT` returning to the publish call returning with the broker's
 //!    acks (the last ack of the message's batch), both on one monotonic clock.
@@ -26,13 +35,17 @@
 //! Two more figures split the relay's time: the library's publisher alone (batch-sized
 //! calls one at a time, no database), and relays with a no-op publisher (PostgreSQL alone).
 //!
+//! `OUTBOX_BENCH_ONLY=wal` runs only the raw client, the publisher alone and the
+//! log-tailing relay, taking turns (no polling relays, no latency).
+//!
 //! Reads `OUTBOX_PG_URL`, `OUTBOX_NATS_URL`, `OUTBOX_AMQP_URL`. Everything it creates
-//! (an `obx_bench_broker_*` schema, stream, exchange and queue) is removed at the end.
-//! It reports figures and asserts none.
+//! (an `obx_bench_broker_*` schema, stream, exchange and queue, the private cluster) is
+//! removed at the end. It reports figures and asserts none.
 
 use std::collections::{HashMap, VecDeque};
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -48,6 +61,9 @@ use outbox_nats::async_nats::jetstream::{
 use outbox_nats::async_nats::HeaderMap;
 use outbox_nats::{NatsPublisher, NatsPublisherConfig, CONTENT_TYPE_HEADER, MESSAGE_ID_HEADER};
 use outbox_postgres::{spawn_listener, Notify, PgOutbox, PgOutboxConfig};
+use outbox_postgres_wal::{
+    ReplicationTarget, WalOutbox, WalOutboxConfig, WalRelay, WalRelayConfig,
+};
 use outbox_rabbitmq::lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
     QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions,
@@ -57,7 +73,9 @@ use outbox_rabbitmq::lapin::{
     BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind, PublisherConfirm,
 };
 use outbox_rabbitmq::{RabbitPublisher, RabbitPublisherConfig, Routing};
+use outbox_testkit::pg_cluster::Cluster;
 use sqlx::postgres::{PgPool, PgPoolOptions};
+use tokio_util::sync::CancellationToken;
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -80,6 +98,9 @@ const GIVE_UP: Duration = Duration::from_secs(120);
 #[derive(Debug, Clone, Copy)]
 struct Mode {
     quick: bool,
+    /// `OUTBOX_BENCH_ONLY=wal`: the raw client, the publisher alone and the
+    /// log-tailing relay only.
+    only_wal: bool,
 }
 
 impl Mode {
@@ -447,11 +468,12 @@ async fn preload(outbox: &PgOutbox, messages: &[NewMessage]) -> Res<()> {
 
 /// Publish `messages` through one publisher in `batch`-sized calls, one call at a time,
 /// as a relay would but with no database: the publisher's share of a relay's time.
+/// Returns the time and the CPU spent meanwhile.
 async fn publisher_alone(
     broker: &dyn Broker,
     batch: usize,
     messages: &[NewMessage],
-) -> Res<Duration> {
+) -> Res<(Duration, cpu::Spent)> {
     let publisher = broker.publisher().await?;
     let claimed: Vec<Message> = messages
         .iter()
@@ -469,6 +491,7 @@ async fn publisher_alone(
             })
         })
         .collect();
+    let before = cpu::sample();
     let start = Instant::now();
     for chunk in claimed.chunks(batch) {
         let outcomes = publisher.publish(chunk).await?;
@@ -476,7 +499,8 @@ async fn publisher_alone(
             return Err("the publisher did not publish a whole batch".into());
         }
     }
-    Ok(start.elapsed())
+    let took = start.elapsed();
+    Ok((took, cpu::since(before)))
 }
 
 /// Pre-load `messages` and drain them with `relays` relays, each with its own
@@ -529,6 +553,144 @@ async fn relay_drain(
     Ok(took)
 }
 
+/// The log-tailing relay's PostgreSQL: a private cluster with `wal_level = logical`,
+/// one outbox (its slot created afresh for every drain).
+struct Wal {
+    url: String,
+    pool: PgPool,
+    outbox: WalOutbox,
+}
+
+/// The log-tailing outbox's slot, publication, prefix and dead-letter schema.
+const WAL_NAME: &str = "obx_bench_wal";
+
+impl Wal {
+    async fn setup(cluster: &Cluster) -> Res<Wal> {
+        let url = cluster.url();
+        // The relay's lock holds one connection; loading and slot checks use others.
+        let pool = Pg::connect(&url, 4).await?;
+        let config = WalOutboxConfig::default()
+            .with_slot(WAL_NAME)
+            .with_publication(WAL_NAME)
+            .with_prefix(WAL_NAME)
+            .with_dead_letters(PgOutboxConfig::default().with_schema(WAL_NAME));
+        let outbox = WalOutbox::new(pool.clone(), config)?;
+        Ok(Wal { url, pool, outbox })
+    }
+
+    async fn version(&self) -> Res<String> {
+        Ok(sqlx::query_scalar("SHOW server_version")
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Drop the slot once the stopped relay's walsender let go of it: the next drain
+    /// starts a fresh one.
+    async fn drop_slot(&self) -> Res<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.outbox.slot_status().await?.is_some_and(|s| s.active) {
+            if Instant::now() > deadline {
+                return Err("the replication slot stayed active after the relay stopped".into());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        sqlx::query("SELECT pg_drop_replication_slot($1)")
+            .bind(self.outbox.config().slot())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Counts the messages the inner publisher accepted (how a drain knows it is done) and
+/// notes when the first batch arrived.
+#[derive(Debug)]
+struct Seen {
+    inner: Arc<dyn Publisher>,
+    published: AtomicU64,
+    first: OnceLock<Instant>,
+}
+
+#[async_trait]
+impl Publisher for Seen {
+    async fn publish(&self, batch: &[Message]) -> outbox_core::Result<Vec<PublishOutcome>> {
+        self.first.get_or_init(Instant::now);
+        let outcomes = self.inner.publish(batch).await?;
+        let ok = outcomes
+            .iter()
+            .filter(|o| **o == PublishOutcome::Published)
+            .count();
+        self.published
+            .fetch_add(u64::try_from(ok).unwrap_or(u64::MAX), Ordering::Relaxed);
+        Ok(outcomes)
+    }
+}
+
+/// Enqueue `messages` into the log-tailing outbox (1,000 per transaction, behind a
+/// fresh slot) and stream them with one `WalRelay` into the broker's publisher; returns
+/// the time from the relay's start until the publisher accepted every message, the CPU
+/// spent meanwhile, and the time from the relay's start to its first publish call (its
+/// lock, slot checks and replication session: a fixed cost in the total).
+async fn wal_drain(
+    wal: &Wal,
+    broker: &dyn Broker,
+    batch: usize,
+    messages: &[NewMessage],
+) -> Res<(Duration, cpu::Spent, Duration)> {
+    // A slot streams only what is committed after it was created: install first.
+    wal.outbox.install().await?;
+    for chunk in messages.chunks(1_000) {
+        let mut tx = wal.pool.begin().await?;
+        wal.outbox.enqueue(&mut tx, chunk).await?;
+        tx.commit().await?;
+    }
+    let seen = Arc::new(Seen {
+        inner: broker.publisher().await?,
+        published: AtomicU64::new(0),
+        first: OnceLock::new(),
+    });
+    let relay = WalRelay::new(
+        wal.outbox.clone(),
+        ReplicationTarget::from_url(&wal.url)?,
+        seen.clone(),
+        WalRelayConfig::default().with_batch_size(batch),
+    )?;
+    let n = u64::try_from(messages.len())?;
+    let stop = CancellationToken::new();
+    let before = cpu::sample();
+    let start = Instant::now();
+    let mut task = tokio::spawn(relay.run(stop.clone()));
+    // On an early return the relay is told to stop, too.
+    let _stop_on_drop = stop.clone().drop_guard();
+    while seen.published.load(Ordering::Relaxed) < n {
+        if task.is_finished() {
+            let ended = (&mut task).await?;
+            return Err(format!("the log-tailing relay stopped early: {ended:?}").into());
+        }
+        if start.elapsed() > GIVE_UP {
+            let published = seen.published.load(Ordering::Relaxed);
+            return Err(format!(
+                "the log-tailing relay published {published} of {n} in {GIVE_UP:?}"
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let took = start.elapsed();
+    let spent = cpu::since(before);
+    let startup = seen
+        .first
+        .get()
+        .map_or(took, |first| first.saturating_duration_since(start));
+    stop.cancel();
+    let report = task.await??;
+    if report.dead_lettered > 0 || report.published != n {
+        return Err(format!("the log-tailing relay did more than publish: {report:?}").into());
+    }
+    wal.drop_slot().await?;
+    Ok((took, spent, startup))
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     match values.len() {
@@ -542,45 +704,86 @@ fn rate(n: usize, took: Duration) -> f64 {
     n as f64 / took.as_secs_f64()
 }
 
-async fn throughput(mode: Mode, pg: &Pg, brokers: &[Box<dyn Broker>]) -> Res<()> {
+/// Medians of one system's runs: msgs/s and CPU per message.
+#[derive(Debug, Default)]
+struct Runs {
+    rates: Vec<f64>,
+    client_us: Vec<f64>,
+    server_us: Vec<f64>,
+}
+
+impl Runs {
+    fn push(&mut self, n: usize, took: Duration, spent: cpu::Spent) {
+        self.rates.push(rate(n, took));
+        let (client, server) = spent.per(n);
+        self.client_us.push(client);
+        self.server_us.push(server);
+    }
+
+    /// (msgs/s, client µs/msg, PostgreSQL µs/msg), each the median of the runs.
+    fn medians(self) -> (f64, f64, f64) {
+        (
+            median(self.rates),
+            median(self.client_us),
+            median(self.server_us),
+        )
+    }
+}
+
+fn cell(x: f64, digits: usize) -> String {
+    if x.is_finite() {
+        format!("{x:.digits$}")
+    } else {
+        "-".to_owned()
+    }
+}
+
+async fn throughput(
+    mode: Mode,
+    pg: &Pg,
+    wal: Option<&Wal>,
+    brokers: &[Box<dyn Broker>],
+) -> Res<()> {
     let n: u64 = mode.pick(20_000, 5_000);
     let runs = mode.pick(3, 1);
-    println!(
-        "\n## 1. Throughput: {n} messages, raw client loop (as many unacknowledged as the \
-         batch) vs relays draining a pre-loaded PostgreSQL outbox; median of {runs} run(s), \
-         taking turns\n"
-    );
-    print!(
-        "| {:<15} | {:>5} | {:>10} | {:>10} |",
-        "broker", "batch", "raw msg/s", "publisher"
-    );
-    for depth in DEPTHS {
-        print!(" {:>10} | {:>5} |", format!("x1 depth {depth}"), "ratio");
+    // Each relay run: (relays, pipeline depth); the last is two relays at the default.
+    let runs_of: Vec<(usize, usize)> = if mode.only_wal {
+        Vec::new()
+    } else {
+        DEPTHS
+            .iter()
+            .map(|&depth| (1, depth))
+            .chain([(2, DEFAULT_PIPELINE_DEPTH)])
+            .collect()
+    };
+    if !mode.only_wal {
+        println!(
+            "\n## 1. Throughput: {n} messages, raw client loop (as many unacknowledged as the \
+             batch) vs relays draining a pre-loaded PostgreSQL outbox; median of {runs} \
+             run(s), taking turns\n"
+        );
+        print!(
+            "| {:<15} | {:>5} | {:>10} | {:>10} |",
+            "broker", "batch", "raw msg/s", "publisher"
+        );
+        for depth in DEPTHS {
+            print!(" {:>10} | {:>5} |", format!("x1 depth {depth}"), "ratio");
+        }
+        println!(" {:>10} | {:>5} |", "x2 default", "ratio");
+        print!("|{:-<17}|{:->7}|{:->12}|{:->12}|", "", "", "", "");
+        for _ in 0..=DEPTHS.len() {
+            print!("{:->12}|{:->7}|", "", "");
+        }
+        println!();
     }
-    println!(" {:>10} | {:>5} |", "x2 default", "ratio");
-    print!("|{:-<17}|{:->7}|{:->12}|{:->12}|", "", "", "", "");
-    for _ in 0..=DEPTHS.len() {
-        print!("{:->12}|{:->7}|", "", "");
-    }
-    println!();
     let outbox = pg.outbox("drain", Notify::Off).await?;
     let messages = || (0..n).map(order).collect::<Res<Vec<_>>>();
-    let cell = |x: f64, digits: usize| {
-        if x.is_finite() {
-            format!("{x:.digits$}")
-        } else {
-            "-".to_owned()
-        }
-    };
-    // Each relay run: (relays, pipeline depth); the last is two relays at the default.
-    let runs_of: Vec<(usize, usize)> = DEPTHS
-        .iter()
-        .map(|&depth| (1, depth))
-        .chain([(2, DEFAULT_PIPELINE_DEPTH)])
-        .collect();
+    // The log-tailing table, printed after the polling relays' table.
+    let mut wal_rows = Vec::new();
     for broker in brokers {
         for batch in BATCHES {
-            let (mut raw, mut alone) = (Vec::new(), Vec::new());
+            let (mut raw, mut alone, mut tailed) = (Vec::new(), Runs::default(), Runs::default());
+            let mut startups = Vec::new();
             let mut relayed = vec![Vec::new(); runs_of.len()];
             for _ in 0..runs {
                 let sent = messages()?;
@@ -589,8 +792,8 @@ async fn throughput(mode: Mode, pg: &Pg, brokers: &[Box<dyn Broker>]) -> Res<()>
                     raw.push(rate(sent.len(), took));
                     broker.clear().await?;
                     let sent = messages()?;
-                    let took = publisher_alone(&**broker, batch, &sent).await?;
-                    alone.push(rate(sent.len(), took));
+                    let (took, spent) = publisher_alone(&**broker, batch, &sent).await?;
+                    alone.push(sent.len(), took, spent);
                     broker.clear().await?;
                 }
                 for (&(relays, depth), rates) in runs_of.iter().zip(&mut relayed) {
@@ -600,27 +803,103 @@ async fn throughput(mode: Mode, pg: &Pg, brokers: &[Box<dyn Broker>]) -> Res<()>
                     rates.push(rate(sent.len(), took));
                     broker.clear().await?;
                 }
+                if let Some(wal) = wal {
+                    let sent = messages()?;
+                    let (took, spent, startup) = wal_drain(wal, &**broker, batch, &sent).await?;
+                    tailed.push(sent.len(), took, spent);
+                    startups.push(ms(startup));
+                    broker.clear().await?;
+                }
             }
-            let (raw, alone) = (median(raw), median(alone));
-            print!(
-                "| {:<15} | {batch:>5} | {:>10} | {:>10} |",
+            let raw = median(raw);
+            let (alone, alone_client, _) = alone.medians();
+            if !mode.only_wal {
+                print!(
+                    "| {:<15} | {batch:>5} | {:>10} | {:>10} |",
+                    broker.name(),
+                    cell(raw, 0),
+                    cell(alone, 0),
+                );
+                for rates in relayed {
+                    let relayed = median(rates);
+                    print!(" {relayed:>10.0} | {:>5} |", cell(relayed / raw, 2));
+                }
+                println!();
+            }
+            let (tailed, tailed_client, tailed_server) = tailed.medians();
+            wal_rows.push(format!(
+                "| {:<15} | {batch:>5} | {:>10} | {:>10} | {:>11} | {:>6} | {:>6} | {:>8} | \
+                 {:>8} | {:>8} | {:>11} |",
                 broker.name(),
                 cell(raw, 0),
                 cell(alone, 0),
-            );
-            for rates in relayed {
-                let relayed = median(rates);
-                print!(" {relayed:>10.0} | {:>5} |", cell(relayed / raw, 2));
-            }
-            println!();
+                cell(tailed, 0),
+                cell(tailed / alone, 2),
+                cell(tailed / raw, 2),
+                cell(median(startups), 1),
+                cell(alone_client, 2),
+                cell(tailed_client, 2),
+                cell(tailed_server, 2),
+            ));
         }
     }
+    if !mode.only_wal {
+        println!(
+            "\npublisher = the library's publisher alone, batch-sized calls one at a time, no \
+             database; x1 depth d = one relay with pipeline_depth d (1 = pipelining off); x2 \
+             default = two relays at the default depth ({DEFAULT_PIPELINE_DEPTH}); ratio = relay \
+             msgs/s / raw msgs/s (target for one relay: at least 0.80); the no-op rows are \
+             relays with no broker: what PostgreSQL alone allows"
+        );
+    }
+    let Some(wal) = wal else {
+        println!("\n## 2. Log-tailing relay: SKIPPED (no private PostgreSQL cluster)");
+        return Ok(());
+    };
     println!(
-        "\npublisher = the library's publisher alone, batch-sized calls one at a time, no \
-         database; x1 depth d = one relay with pipeline_depth d (1 = pipelining off); x2 \
-         default = two relays at the default depth ({DEFAULT_PIPELINE_DEPTH}); ratio = relay \
-         msgs/s / raw msgs/s (target for one relay: at least 0.80); the no-op rows are relays \
-         with no broker: what PostgreSQL alone allows"
+        "\n## 2. Log-tailing relay (outbox-postgres-wal): {n} messages streamed from a fresh \
+         slot by one WalRelay into the same publishers, PostgreSQL {} (private cluster, \
+         wal_level = logical); median of {runs} run(s), taking turns with the raw client, \
+         the publisher alone{}\n",
+        wal.version().await?,
+        if mode.only_wal {
+            ""
+        } else {
+            " and the polling relays"
+        }
+    );
+    println!(
+        "| {:<15} | {:>5} | {:>10} | {:>10} | {:>11} | {:>6} | {:>6} | {:>8} | {:>8} | {:>8} | \
+         {:>11} |",
+        "broker",
+        "batch",
+        "raw msg/s",
+        "publisher",
+        "log-tailing",
+        "/ pub.",
+        "/ raw",
+        "start ms",
+        "pub. µs",
+        "relay µs",
+        "relay PG µs"
+    );
+    println!(
+        "|{:-<17}|{:->7}|{:->12}|{:->12}|{:->13}|{:->8}|{:->8}|{:->10}|{:->10}|{:->10}|{:->13}|",
+        "", "", "", "", "", "", "", "", "", "", ""
+    );
+    for row in wal_rows {
+        println!("{row}");
+    }
+    println!(
+        "\nlog-tailing = one WalRelay (batch as shown) into the broker's publisher, msgs/s \
+         from its start until the publisher accepted every message; / pub. = over the \
+         library's publisher alone (target: at least 0.80); / raw = over the raw client; \
+         start = from the relay's start to its first publish call (lock, slot checks, \
+         replication session: a fixed cost inside the msgs/s, heavier in short runs); \
+         CPU per message in µs: pub. = this process during the publisher alone, relay = \
+         this process during the log-tailing drain (relay and publisher), relay PG = every \
+         postgres process meanwhile (walsender and the relay's sessions); the no-op rows are \
+         the log-tailing relay with no broker"
     );
     Ok(())
 }
@@ -665,7 +944,7 @@ fn ms(d: Duration) -> f64 {
 async fn latency(mode: Mode, pg: &Pg, brokers: &[Box<dyn Broker>]) -> Res<()> {
     let length = mode.pick(Duration::from_secs(10), Duration::from_secs(3));
     println!(
-        "\n## 2. Commit-to-broker-ack latency: {RATE} msg/s offered for {length:?}, one \
+        "\n## 3. Commit-to-broker-ack latency: {RATE} msg/s offered for {length:?}, one \
          message per transaction, one relay woken by NOTIFY; first {WARM_UP:?} not counted\n"
     );
     println!(
@@ -766,25 +1045,41 @@ async fn produce(outbox: &PgOutbox, length: Duration) -> Res<Vec<(MessageId, Ins
     Ok(commits)
 }
 
-async fn run(mode: Mode) -> Res<()> {
+async fn run(mode: Mode, cluster: Option<&Cluster>) -> Res<()> {
     let pg = Pg::setup(&var("OUTBOX_PG_URL")?).await?;
+    let wal = match cluster {
+        Some(cluster) => Some(Wal::setup(cluster).await?),
+        None => None,
+    };
     let brokers: Vec<Box<dyn Broker>> = vec![
         Box::new(NoBroker),
         Box::new(Nats::setup(&var("OUTBOX_NATS_URL")?).await?),
         Box::new(Rabbit::setup(&var("OUTBOX_AMQP_URL")?).await?),
     ];
     println!(
-        "# broker_bench ({} mode, {} cores)",
+        "# broker_bench ({} mode{}, {} cores)",
         if mode.quick { "quick" } else { "full" },
+        if mode.only_wal {
+            ", OUTBOX_BENCH_ONLY=wal"
+        } else {
+            ""
+        },
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     let result = async {
-        throughput(mode, &pg, &brokers).await?;
+        throughput(mode, &pg, wal.as_ref(), &brokers).await?;
+        if mode.only_wal {
+            return Ok(());
+        }
         latency(mode, &pg, &brokers).await
     }
     .await;
     for broker in &brokers {
         broker.teardown().await?;
+    }
+    if let Some(wal) = wal {
+        // The slot is dropped after every drain; the cluster goes with its data.
+        wal.pool.close().await;
     }
     pg.teardown().await?;
     result
@@ -792,6 +1087,24 @@ async fn run(mode: Mode) -> Res<()> {
 
 fn main() -> ExitCode {
     let quick = std::env::args().any(|a| a == "--quick");
+    let only_wal = match std::env::var("OUTBOX_BENCH_ONLY") {
+        Ok(only) if only.trim() == "wal" => true,
+        Ok(only) if only.trim().is_empty() => false,
+        Ok(only) => {
+            eprintln!("broker_bench: OUTBOX_BENCH_ONLY={only}: only `wal` is known");
+            return ExitCode::FAILURE;
+        }
+        Err(_) => false,
+    };
+    // The log-tailing relay's server: fsync on, as the shared server the polling relays
+    // use (the testkit's clusters default to fsync off).
+    let cluster = match Cluster::start_with(&[("wal_level", "logical"), ("fsync", "on")]) {
+        Ok(cluster) => Some(cluster),
+        Err(why) => {
+            println!("log-tailing relay SKIPPED: no private PostgreSQL cluster: {why}");
+            None
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -802,11 +1115,93 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(Mode { quick })) {
+    match runtime.block_on(run(Mode { quick, only_wal }, cluster.as_ref())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("broker_bench failed: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// CPU
+
+mod cpu {
+    //! CPU time of this process and of every `postgres` process, from `/proc` (Linux;
+    //! zero elsewhere).
+
+    use std::fs;
+
+    /// Clock ticks so far: this process, every `postgres` process.
+    #[derive(Debug, Clone, Copy)]
+    pub(crate) struct Sample {
+        own: u64,
+        server: u64,
+    }
+
+    /// CPU spent between two samples, in µs.
+    #[derive(Debug, Clone, Copy)]
+    pub(crate) struct Spent {
+        client_us: f64,
+        server_us: f64,
+    }
+
+    impl Spent {
+        /// (this process, PostgreSQL) µs per message.
+        pub(crate) fn per(&self, n: usize) -> (f64, f64) {
+            (self.client_us / n as f64, self.server_us / n as f64)
+        }
+    }
+
+    pub(crate) fn sample() -> Sample {
+        let own = fs::read_to_string("/proc/self/stat")
+            .map(|t| ticks(&t))
+            .unwrap_or(0);
+        let mut server = 0;
+        if let Ok(entries) = fs::read_dir("/proc") {
+            for entry in entries.flatten() {
+                let pid = entry.file_name();
+                if !pid.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+                    continue;
+                }
+                let Ok(text) = fs::read_to_string(entry.path().join("stat")) else {
+                    continue;
+                };
+                if comm(&text) == Some("postgres") {
+                    server += ticks(&text);
+                }
+            }
+        }
+        Sample { own, server }
+    }
+
+    pub(crate) fn since(before: Sample) -> Spent {
+        let after = sample();
+        // USER_HZ is 100 on Linux.
+        let us = |ticks: u64| ticks as f64 * 1e6 / 100.0;
+        Spent {
+            client_us: us(after.own.saturating_sub(before.own)),
+            server_us: us(after.server.saturating_sub(before.server)),
+        }
+    }
+
+    fn comm(stat: &str) -> Option<&str> {
+        let open = stat.find('(')?;
+        let close = stat.rfind(')')?;
+        stat.get(open + 1..close)
+    }
+
+    /// utime + stime + cutime + cstime.
+    fn ticks(stat: &str) -> u64 {
+        let Some(close) = stat.rfind(')') else {
+            return 0;
+        };
+        stat[close + 1..]
+            .split_whitespace()
+            .skip(11)
+            .take(4)
+            .map(|f| f.parse::<u64>().unwrap_or(0))
+            .sum()
     }
 }

@@ -25,7 +25,11 @@
 //! OUTBOX_BENCH_ONLY=enqueue,latency cargo bench -p outbox-postgres-wal --bench wal_bench
 //! ```
 //!
-//! `OUTBOX_BENCH_ONLY` runs the scenarios named (`drain`, `enqueue`, `latency`, `nats`).
+//! `OUTBOX_BENCH_ONLY` runs the scenarios named (`drain`, `enqueue`, `latency`).
+//!
+//! The log-tailing relay into real brokers (NATS JetStream, RabbitMQ), against the
+//! library's publisher alone and the raw clients, is measured by `outbox-e2e`'s
+//! `broker_bench`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -120,12 +124,6 @@ async fn run(cluster: &Cluster, plan: Plan) -> Res<()> {
     }
     if runs("latency") {
         latency(cluster, &pool, plan).await?;
-    }
-    if runs("nats") {
-        match std::env::var("OUTBOX_NATS_URL") {
-            Ok(url) if !url.trim().is_empty() => nats(cluster, &pool, plan, &url).await?,
-            _ => println!("\n4. NATS JetStream: SKIPPED (OUTBOX_NATS_URL is not set)"),
-        }
     }
     Ok(())
 }
@@ -648,145 +646,6 @@ async fn latency(cluster: &Cluster, pool: &PgPool, plan: Plan) -> Res<()> {
         "\n(client and server CPU here include the producer's transactions; latency runs from the \
          commit record's timestamp, by the server's clock, to the publisher call, by this \
          process's, on one host)"
-    );
-    Ok(())
-}
-
-// ---------------------------------------------------------------------------------
-// NATS JetStream
-
-/// Counts what the inner publisher accepted.
-#[derive(Debug)]
-struct CountingInner {
-    inner: Arc<dyn Publisher>,
-    count: Arc<Counting>,
-}
-
-#[async_trait]
-impl Publisher for CountingInner {
-    async fn publish(&self, batch: &[Message]) -> outbox_core::Result<Vec<PublishOutcome>> {
-        let outcomes = self.inner.publish(batch).await?;
-        let ok = outcomes
-            .iter()
-            .filter(|o| **o == PublishOutcome::Published)
-            .count();
-        self.count.count.fetch_add(ok as u64, Ordering::Relaxed);
-        Ok(outcomes)
-    }
-}
-
-fn stored(m: &NewMessage) -> Message {
-    Message::from(outbox_core::message::MessageParts {
-        id: m.id(),
-        destination: m.destination().to_owned(),
-        partition_key: m.partition_key().map(str::to_owned),
-        payload: m.payload().to_vec(),
-        content_type: m.content_type().map(str::to_owned),
-        headers: m.headers().clone(),
-        created_at: SystemTime::now(),
-        attempts: 1,
-        last_error: None,
-    })
-}
-
-/// The log-tailing relay draining into NATS JetStream (a file-stored stream) through
-/// `NatsPublisher`, against that publisher alone (batch-sized calls one at a time, no
-/// database), taking turns.
-async fn nats(cluster: &Cluster, pool: &PgPool, plan: Plan, url: &str) -> Res<()> {
-    use outbox_nats::async_nats::jetstream::{self, stream::StorageType};
-    use outbox_nats::{NatsPublisher, NatsPublisherConfig};
-
-    let n = plan.backlog / 5;
-    let client = outbox_nats::async_nats::connect(url).await?;
-    let js = jetstream::new(client);
-    let stream = format!("obx_bench_wal_{}", std::process::id());
-    js.create_stream(jetstream::stream::Config {
-        name: stream.clone(),
-        subjects: vec![format!("{stream}.>")],
-        storage: StorageType::File,
-        duplicate_window: Duration::from_secs(120),
-        ..Default::default()
-    })
-    .await?;
-    let publisher: Arc<dyn Publisher> = Arc::new(
-        NatsPublisher::connect(NatsPublisherConfig::new(url).with_subject_prefix(&stream)).await?,
-    );
-    let mut alone = Vec::new();
-    let mut relay = Vec::new();
-    for round in 0..plan.rounds {
-        let messages: Vec<NewMessage> = (0..n).map(message).collect();
-        let batch: Vec<Message> = messages.iter().map(stored).collect();
-        let before = cpu::sample();
-        let start = Instant::now();
-        for chunk in batch.chunks(BATCH) {
-            let outcomes = publisher.publish(chunk).await?;
-            if outcomes.iter().any(|o| *o != PublishOutcome::Published) {
-                return Err(format!("NATS refused a message: {outcomes:?}").into());
-            }
-        }
-        let a = cpu::since(before).run(n, start.elapsed());
-        js.get_stream(&stream).await?.purge().await?;
-
-        let name = format!("bench_nats_{round}");
-        let outbox = wal_outbox(pool, &name).await?;
-        for chunk in (0..n).collect::<Vec<_>>().chunks(1_000) {
-            let messages: Vec<NewMessage> = chunk.iter().map(|&i| message(i)).collect();
-            let mut tx = pool.begin().await?;
-            outbox.enqueue(&mut tx, &messages).await?;
-            tx.commit().await?;
-        }
-        let count = Arc::new(Counting::default());
-        let counting = Arc::new(CountingInner {
-            inner: publisher.clone(),
-            count: count.clone(),
-        });
-        let stop = CancellationToken::new();
-        let wal = WalRelay::new(
-            outbox.clone(),
-            ReplicationTarget::from_url(&cluster.url())?,
-            counting,
-            WalRelayConfig::default().with_batch_size(BATCH),
-        )?;
-        let before = cpu::sample();
-        let start = Instant::now();
-        let task = tokio::spawn(wal.run(stop.clone()));
-        count.wait_for(n, Duration::from_secs(300)).await?;
-        let b = cpu::since(before).run(n, start.elapsed());
-        stop.cancel();
-        task.await??;
-        drop_slot(pool, &name).await?;
-        js.get_stream(&stream).await?.purge().await?;
-        println!(
-            "  round {} NatsPublisher alone {:>8.0} msgs/s, log-tailing relay into it {:>8.0} msgs/s",
-            round + 1,
-            a.rate,
-            b.rate
-        );
-        alone.push(a);
-        relay.push(b);
-    }
-    js.delete_stream(&stream).await?;
-    let med = |v: &mut Vec<Run>| {
-        v.sort_by(|a, b| a.rate.total_cmp(&b.rate));
-        v[v.len() / 2]
-    };
-    let (a, b) = (med(&mut alone), med(&mut relay));
-    println!(
-        "\n4. NATS JetStream (file storage), {n} messages, batch {BATCH}, medians of {}:\n",
-        plan.rounds
-    );
-    println!("| system | msgs/s | vs publisher alone | client CPU µs/msg | server (PostgreSQL) CPU µs/msg |");
-    println!("|---|---:|---:|---:|---:|");
-    println!(
-        "| NatsPublisher alone (no database) | {:.0} | 1.00 | {:.2} | {:.2} |",
-        a.rate, a.client_us, a.server_us
-    );
-    println!(
-        "| log-tailing relay into NatsPublisher | {:.0} | {:.2} | {:.2} | {:.2} |",
-        b.rate,
-        b.rate / a.rate,
-        b.client_us,
-        b.server_us
     );
     Ok(())
 }
