@@ -300,7 +300,22 @@ async fn wal_outbox(pool: &PgPool, name: &str) -> Res<WalOutbox> {
     Ok(outbox)
 }
 
+/// Drop a slot once the stopped relay's walsender let go of it (dropping an active
+/// slot fails).
 async fn drop_slot(pool: &PgPool, name: &str) -> Res<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let active = "SELECT coalesce(bool_or(active), false) FROM pg_replication_slots \
+                  WHERE slot_name = $1";
+    while sqlx::query_scalar::<_, bool>(active)
+        .bind(name)
+        .fetch_one(pool)
+        .await?
+    {
+        if Instant::now() > deadline {
+            return Err(format!("slot {name} stayed active after the relay stopped").into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     sqlx::query("SELECT pg_drop_replication_slot($1)")
         .bind(name)
         .execute(pool)
