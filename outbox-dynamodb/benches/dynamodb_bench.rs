@@ -33,6 +33,7 @@ use outbox_core::{
     OutboxStore, OutboxStoreExt, Relay, RelayConfig,
 };
 use outbox_dynamodb::{DynamoDedupConfig, DynamoDedupStore, DynamoOutbox, DynamoOutboxConfig};
+use outbox_testkit::cpu::{self, Server};
 use outbox_testkit::RecordingPublisher;
 
 fn client(url: &str) -> Client {
@@ -199,46 +200,6 @@ async fn dedup_bench(client: &Client, scale: usize) {
     store.drop_table().await.unwrap();
 }
 
-/// CPU time of this process so far (user + system), from `/proc/self/stat`; zero where
-/// that file does not exist.
-fn process_cpu() -> Duration {
-    cpu_of("/proc/self/stat")
-}
-
-/// CPU time of the process whose `/proc/<pid>/stat` is at `path`.
-fn cpu_of(path: &str) -> Duration {
-    let Ok(stat) = std::fs::read_to_string(path) else {
-        return Duration::ZERO;
-    };
-    // Fields after the parenthesised command name; utime and stime are the 12th and
-    // 13th of them, in clock ticks (100 per second on Linux).
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    Duration::from_millis((ticks(11) + ticks(12)) * 10)
-}
-
-/// CPU time of every DynamoDB Local process on this machine (zero when the endpoint
-/// is elsewhere).
-fn server_cpu() -> Duration {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Duration::ZERO;
-    };
-    entries
-        .flatten()
-        .filter(|e| {
-            std::fs::read(e.path().join("cmdline"))
-                .is_ok_and(|c| c.windows(13).any(|w| w == b"DynamoDBLocal"))
-        })
-        .map(|e| cpu_of(&e.path().join("stat").to_string_lossy()))
-        .sum()
-}
-
 /// What one relay run measured.
 struct RelayRun {
     rate: f64,
@@ -287,7 +248,7 @@ async fn relay_run(client: &Client, relays: usize, backlog: usize, leases: bool)
         .collect();
     let publisher = RecordingPublisher::new();
     let start = Instant::now();
-    let (cpu_start, server_start) = (process_cpu(), server_cpu());
+    let cpu_start = cpu::sample(Server::DynamoDbLocal);
     let handles: Vec<_> = stores
         .iter()
         .enumerate()
@@ -323,8 +284,7 @@ async fn relay_run(client: &Client, relays: usize, backlog: usize, leases: bool)
         .await
         .unwrap();
     let elapsed = start.elapsed();
-    let cpu = process_cpu().saturating_sub(cpu_start);
-    let server = server_cpu().saturating_sub(server_start);
+    let (cpu, server_cpu) = cpu::since(cpu_start).per(backlog as u64);
     for h in handles {
         h.shutdown().await.unwrap();
     }
@@ -344,8 +304,8 @@ async fn relay_run(client: &Client, relays: usize, backlog: usize, leases: bool)
         steady: per((refused_b - refused_a) as f64, claimed_b - claimed_a),
         writes: per(writes, claimed),
         reads: per(reads, claimed),
-        cpu: cpu.as_secs_f64() * 1e6 / backlog as f64,
-        server_cpu: server.as_secs_f64() * 1e6 / backlog as f64,
+        cpu,
+        server_cpu,
     }
 }
 

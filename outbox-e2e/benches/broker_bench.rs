@@ -73,6 +73,7 @@ use outbox_rabbitmq::lapin::{
     BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind, PublisherConfirm,
 };
 use outbox_rabbitmq::{RabbitPublisher, RabbitPublisherConfig, Routing};
+use outbox_testkit::cpu::{self, Server};
 use outbox_testkit::pg_cluster::Cluster;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
@@ -491,7 +492,7 @@ async fn publisher_alone(
             })
         })
         .collect();
-    let before = cpu::sample();
+    let before = cpu::sample(Server::Postgres);
     let start = Instant::now();
     for chunk in claimed.chunks(batch) {
         let outcomes = publisher.publish(chunk).await?;
@@ -657,7 +658,7 @@ async fn wal_drain(
     )?;
     let n = u64::try_from(messages.len())?;
     let stop = CancellationToken::new();
-    let before = cpu::sample();
+    let before = cpu::sample(Server::Postgres);
     let start = Instant::now();
     let mut task = tokio::spawn(relay.run(stop.clone()));
     // On an early return the relay is told to stop, too.
@@ -715,7 +716,7 @@ struct Runs {
 impl Runs {
     fn push(&mut self, n: usize, took: Duration, spent: cpu::Spent) {
         self.rates.push(rate(n, took));
-        let (client, server) = spent.per(n);
+        let (client, server) = spent.per(n as u64);
         self.client_us.push(client);
         self.server_us.push(server);
     }
@@ -1121,87 +1122,5 @@ fn main() -> ExitCode {
             eprintln!("broker_bench failed: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-// ---------------------------------------------------------------------------------
-// CPU
-
-mod cpu {
-    //! CPU time of this process and of every `postgres` process, from `/proc` (Linux;
-    //! zero elsewhere).
-
-    use std::fs;
-
-    /// Clock ticks so far: this process, every `postgres` process.
-    #[derive(Debug, Clone, Copy)]
-    pub(crate) struct Sample {
-        own: u64,
-        server: u64,
-    }
-
-    /// CPU spent between two samples, in µs.
-    #[derive(Debug, Clone, Copy)]
-    pub(crate) struct Spent {
-        client_us: f64,
-        server_us: f64,
-    }
-
-    impl Spent {
-        /// (this process, PostgreSQL) µs per message.
-        pub(crate) fn per(&self, n: usize) -> (f64, f64) {
-            (self.client_us / n as f64, self.server_us / n as f64)
-        }
-    }
-
-    pub(crate) fn sample() -> Sample {
-        let own = fs::read_to_string("/proc/self/stat")
-            .map(|t| ticks(&t))
-            .unwrap_or(0);
-        let mut server = 0;
-        if let Ok(entries) = fs::read_dir("/proc") {
-            for entry in entries.flatten() {
-                let pid = entry.file_name();
-                if !pid.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
-                    continue;
-                }
-                let Ok(text) = fs::read_to_string(entry.path().join("stat")) else {
-                    continue;
-                };
-                if comm(&text) == Some("postgres") {
-                    server += ticks(&text);
-                }
-            }
-        }
-        Sample { own, server }
-    }
-
-    pub(crate) fn since(before: Sample) -> Spent {
-        let after = sample();
-        // USER_HZ is 100 on Linux.
-        let us = |ticks: u64| ticks as f64 * 1e6 / 100.0;
-        Spent {
-            client_us: us(after.own.saturating_sub(before.own)),
-            server_us: us(after.server.saturating_sub(before.server)),
-        }
-    }
-
-    fn comm(stat: &str) -> Option<&str> {
-        let open = stat.find('(')?;
-        let close = stat.rfind(')')?;
-        stat.get(open + 1..close)
-    }
-
-    /// utime + stime + cutime + cstime.
-    fn ticks(stat: &str) -> u64 {
-        let Some(close) = stat.rfind(')') else {
-            return 0;
-        };
-        stat[close + 1..]
-            .split_whitespace()
-            .skip(11)
-            .take(4)
-            .map(|f| f.parse::<u64>().unwrap_or(0))
-            .sum()
     }
 }

@@ -27,6 +27,7 @@ use async_trait::async_trait;
 use chrono::NaiveDateTime;
 use outbox_core::{Message, NewMessage, PublishOutcome, Publisher, Relay, RelayConfig, Result};
 use outbox_mysql::{MySqlOutbox, MySqlOutboxConfig};
+use outbox_testkit::cpu::{self, Server};
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{MySqlPool, Row};
 use tokio::sync::watch;
@@ -131,47 +132,20 @@ fn median(mut sample: Vec<Figure>) -> Figure {
     sample[sample.len() / 2]
 }
 
-/// CPU time (µs) of this process and of the server process so far.
-fn cpu_now() -> (f64, f64) {
-    let ticks = |stat: String| -> f64 {
-        // Fields after the command's closing parenthesis: utime is the 12th, stime 13th.
-        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-        let f: Vec<f64> = rest
-            .split_whitespace()
-            .filter_map(|v| v.parse().ok())
-            .collect();
-        (f.get(11).unwrap_or(&0.0) + f.get(12).unwrap_or(&0.0)) * 10_000.0
-    };
-    let own = ticks(std::fs::read_to_string("/proc/self/stat").unwrap_or_default());
-    let server = std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .find(|e| {
-            let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
-            matches!(comm.trim(), "mariadbd" | "mysqld")
-        })
-        .map_or(0.0, |e| {
-            ticks(std::fs::read_to_string(e.path().join("stat")).unwrap_or_default())
-        });
-    (own, server)
-}
-
 /// Time `work`, which handles `units` things; its rate and CPU per unit.
 async fn measure<F: std::future::Future<Output = Result<()>>>(
     units: u64,
     work: F,
 ) -> Result<Figure> {
-    let (client, server) = cpu_now();
+    let before = cpu::sample(Server::MySql);
     let started = Instant::now();
     work.await?;
     let elapsed = started.elapsed().as_secs_f64();
-    let (client_after, server_after) = cpu_now();
-    let per = |a: f64, b: f64| (b - a) / units as f64;
+    let (client_us, server_us) = cpu::since(before).per(units);
     Ok(Figure {
         rate: units as f64 / elapsed,
-        client_us: per(client, client_after),
-        server_us: per(server, server_after),
+        client_us,
+        server_us,
     })
 }
 

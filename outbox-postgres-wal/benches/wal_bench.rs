@@ -41,6 +41,7 @@ use outbox_postgres::{PgOutbox, PgOutboxConfig};
 use outbox_postgres_wal::{
     ReplicationTarget, WalOutbox, WalOutboxConfig, WalRelay, WalRelayConfig,
 };
+use outbox_testkit::cpu::{self, Server};
 use outbox_testkit::pg_cluster::Cluster;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -184,6 +185,18 @@ struct Run {
     server_us: f64,
 }
 
+impl Run {
+    /// `n` messages (or transactions) in `elapsed`, having spent `spent`.
+    fn of(spent: cpu::Spent, n: u64, elapsed: Duration) -> Run {
+        let (client_us, server_us) = spent.per(n);
+        Run {
+            rate: n as f64 / elapsed.as_secs_f64(),
+            client_us,
+            server_us,
+        }
+    }
+}
+
 fn message(n: u64) -> NewMessage {
     NewMessage::builder("bench.events")
         .partition_key(format!("k{}", n % 64))
@@ -270,7 +283,7 @@ async fn drain_wal(cluster: &Cluster, pool: &PgPool, n: u64, round: usize) -> Re
         tx.commit().await?;
     }
     let publisher = Arc::new(Counting::default());
-    let before = cpu::sample();
+    let before = cpu::sample(Server::Postgres);
     let start = Instant::now();
     let stop = CancellationToken::new();
     let relay = WalRelay::new(
@@ -286,7 +299,7 @@ async fn drain_wal(cluster: &Cluster, pool: &PgPool, n: u64, round: usize) -> Re
     stop.cancel();
     task.await??;
     drop_slot(pool, &name).await?;
-    Ok(spent.run(n, elapsed))
+    Ok(Run::of(spent, n, elapsed))
 }
 
 async fn wal_outbox(pool: &PgPool, name: &str) -> Res<WalOutbox> {
@@ -352,7 +365,7 @@ async fn drain_polling(pool: &PgPool, n: u64, relays: u32) -> Res<Run> {
         outbox.config().clone().with_relay_connections(4 * relays),
     )?;
     let publisher = Arc::new(Counting::default());
-    let before = cpu::sample();
+    let before = cpu::sample(Server::Postgres);
     let start = Instant::now();
     let mut handles = Vec::new();
     for r in 0..relays {
@@ -370,7 +383,7 @@ async fn drain_polling(pool: &PgPool, n: u64, relays: u32) -> Res<Run> {
         h.shutdown().await?;
     }
     outbox.relay_pool().close().await;
-    Ok(spent.run(n, elapsed))
+    Ok(Run::of(spent, n, elapsed))
 }
 
 /// The minimal polling protocol: claim 100 due rows (`FOR UPDATE SKIP LOCKED`, a lease
@@ -389,7 +402,7 @@ async fn drain_pgbench(cluster: &Cluster, pool: &PgPool, n: u64, clients: u32) -
     let path = dir.join("claim_delete.sql");
     std::fs::write(&path, script)?;
     let per_client = n / (BATCH as u64) / u64::from(clients);
-    let before = cpu::sample();
+    let before = cpu::sample(Server::Postgres);
     let start = Instant::now();
     let out = tokio::process::Command::new("pgbench")
         .args([
@@ -418,7 +431,7 @@ async fn drain_pgbench(cluster: &Cluster, pool: &PgPool, n: u64, clients: u32) -
         return Err(format!("pgbench left {left} rows").into());
     }
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(spent.run(n, elapsed))
+    Ok(Run::of(spent, n, elapsed))
 }
 
 // ---------------------------------------------------------------------------------
@@ -499,7 +512,7 @@ async fn enqueue_turns(
     let mut rates: Vec<Vec<Run>> = vec![Vec::new(); ENQUEUE_KINDS.len()];
     for round in 0..plan.enqueue_rounds {
         for (k, kind) in ENQUEUE_KINDS.iter().enumerate() {
-            let before = cpu::sample();
+            let before = cpu::sample(Server::Postgres);
             let start = Instant::now();
             let mut tasks = Vec::new();
             for _ in 0..4 {
@@ -540,7 +553,7 @@ async fn enqueue_turns(
             }
             let elapsed = start.elapsed();
             let n = (plan.enqueue_txns / 4 * 4) as u64;
-            let run = cpu::since(before).run(n, elapsed);
+            let run = Run::of(cpu::since(before), n, elapsed);
             println!(
                 "  round {} {kind:<29} {:>8.0} txn/s  client {:>6.2} µs/txn  server {:>6.2} µs/txn",
                 round + 1,
@@ -612,7 +625,7 @@ async fn latency(cluster: &Cluster, pool: &PgPool, plan: Plan) -> Res<()> {
     let mut conn = pool.acquire().await?;
     let mut tick = tokio::time::interval(Duration::from_millis(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let before = cpu::sample();
+    let before = cpu::sample(Server::Postgres);
     let start = Instant::now();
     for i in 0..n {
         tick.tick().await;
@@ -663,96 +676,4 @@ async fn latency(cluster: &Cluster, pool: &PgPool, plan: Plan) -> Res<()> {
          process's, on one host)"
     );
     Ok(())
-}
-
-// ---------------------------------------------------------------------------------
-// CPU
-
-mod cpu {
-    //! CPU time of this process (and the children it waited for) and of every
-    //! `postgres` process (with their reaped children), from `/proc`. Linux only.
-
-    use std::fs;
-    use std::time::Duration;
-
-    #[derive(Debug, Clone, Copy)]
-    pub(crate) struct Sample {
-        own: u64,
-        server: u64,
-    }
-
-    #[derive(Debug, Clone, Copy)]
-    pub(crate) struct Spent {
-        client_us: f64,
-        server_us: f64,
-    }
-
-    impl Spent {
-        pub(crate) fn per(&self, n: u64) -> (f64, f64) {
-            (self.client_us / n as f64, self.server_us / n as f64)
-        }
-
-        pub(crate) fn run(&self, n: u64, elapsed: Duration) -> super::Run {
-            let (client_us, server_us) = self.per(n);
-            super::Run {
-                rate: n as f64 / elapsed.as_secs_f64(),
-                client_us,
-                server_us,
-            }
-        }
-    }
-
-    pub(crate) fn sample() -> Sample {
-        let own = fs::read_to_string("/proc/self/stat")
-            .map(|t| fields(&t).iter().sum())
-            .unwrap_or(0);
-        let mut server = 0;
-        if let Ok(entries) = fs::read_dir("/proc") {
-            for entry in entries.flatten() {
-                if !entry
-                    .file_name()
-                    .to_string_lossy()
-                    .bytes()
-                    .all(|b| b.is_ascii_digit())
-                {
-                    continue;
-                }
-                let Ok(text) = fs::read_to_string(entry.path().join("stat")) else {
-                    continue;
-                };
-                if comm(&text) == Some("postgres") {
-                    server += fields(&text).iter().sum::<u64>();
-                }
-            }
-        }
-        Sample { own, server }
-    }
-
-    pub(crate) fn since(before: Sample) -> Spent {
-        let after = sample();
-        let us = |ticks: u64| ticks as f64 * 1e6 / 100.0;
-        Spent {
-            client_us: us(after.own.saturating_sub(before.own)),
-            server_us: us(after.server.saturating_sub(before.server)),
-        }
-    }
-
-    fn comm(stat: &str) -> Option<&str> {
-        let open = stat.find('(')?;
-        let close = stat.rfind(')')?;
-        stat.get(open + 1..close)
-    }
-
-    /// utime, stime, cutime, cstime.
-    fn fields(stat: &str) -> Vec<u64> {
-        let Some(close) = stat.rfind(')') else {
-            return Vec::new();
-        };
-        stat[close + 1..]
-            .split_whitespace()
-            .skip(11)
-            .take(4)
-            .map(|f| f.parse().unwrap_or(0))
-            .collect()
-    }
 }

@@ -49,8 +49,6 @@
 
 #[path = "pg_bench/cold_drain.rs"]
 mod cold_drain;
-#[path = "pg_bench/cpu.rs"]
-mod cpu;
 #[path = "pg_bench/drain.rs"]
 mod drain;
 #[path = "pg_bench/enqueue.rs"]
@@ -72,6 +70,7 @@ mod shapes;
 #[path = "pg_bench/soak.rs"]
 mod soak;
 
+use outbox_testkit::cpu;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;

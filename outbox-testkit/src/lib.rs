@@ -214,6 +214,7 @@
 mod broker;
 mod consumer_faults;
 mod consumer_harness;
+pub mod cpu;
 mod dedup;
 mod dedup_harness;
 mod dedup_macros;

@@ -205,7 +205,7 @@ struct Run {
 
 impl Run {
     fn of(n: u64, took: Duration, spent: cpu::Spent) -> Run {
-        let (client_us, server_us) = spent.per_message(n);
+        let (client_us, server_us) = spent.per(n);
         Run {
             rate: rate(n, took),
             client_us,
@@ -261,9 +261,9 @@ async fn pgbench_drain(
 ) -> Res<Run> {
     reset(outbox, n).await?;
     let per_client = n / (u64::try_from(batch)? * u64::from(relays));
-    let cpu = cpu::sample();
+    let cpu = cpu::sample(outbox_testkit::cpu::Server::Postgres);
     let run = pgbench::run(env, script, relays, per_client, batch).await?;
-    let (client_us, server_us) = cpu::since(cpu).per_message(n);
+    let (client_us, server_us) = cpu::since(cpu).per(n);
     ensure_empty(outbox, "pgbench").await?;
     Ok(Run {
         rate: run.tps * f64::from(u32::try_from(batch)?),
@@ -386,7 +386,7 @@ async fn library_drain(
     let warm: Vec<_> =
         futures::future::try_join_all((0..connections).map(|_| relay_pool.acquire())).await?;
     drop(warm);
-    let cpu = cpu::sample();
+    let cpu = cpu::sample(outbox_testkit::cpu::Server::Postgres);
     let start = Instant::now();
     let handles: Vec<_> = relays.iter().map(Relay::spawn).collect();
     let dispatched = || relays.iter().map(|r| r.report().dispatched).sum::<u64>();

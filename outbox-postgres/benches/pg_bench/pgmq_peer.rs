@@ -88,7 +88,7 @@ impl Peer {
         let pool = env.pool(workers).await?;
         let queue = PGMQueue::new_with_pool(pool.clone()).await;
         let batch = i32::try_from(batch)?;
-        let cpu = crate::cpu::sample();
+        let cpu = crate::cpu::sample(outbox_testkit::cpu::Server::Postgres);
         let start = Instant::now();
         let mut tasks = Vec::new();
         for _ in 0..workers {

@@ -164,7 +164,7 @@ async fn drain(env: &Env, admin: &sqlx::PgPool, script: &std::path::Path, n: u64
             .await
     };
     let before = lsn().await?;
-    let cpu = crate::cpu::sample();
+    let cpu = crate::cpu::sample(outbox_testkit::cpu::Server::Postgres);
     let start = Instant::now();
     pgbench::run(env, script, 1, n / BATCH, usize::try_from(BATCH)?).await?;
     let took = start.elapsed();
@@ -178,7 +178,7 @@ async fn drain(env: &Env, admin: &sqlx::PgPool, script: &std::path::Path, n: u64
     let n_f = n as f64;
     Ok(Run {
         rate: n_f / took.as_secs_f64(),
-        server_us: spent.per_message(n).1,
+        server_us: spent.per(n).1,
         wal_bytes: wal / n_f,
     })
 }
