@@ -3,7 +3,8 @@
 
 use std::time::SystemTime;
 
-use outbox_core::backend::{bounded_error, check_enqueue};
+use outbox_core::backend::check_enqueue;
+use outbox_core::message::MessageParts;
 use outbox_core::{Error, ErrorKind, ErrorStatus, Message, NewMessage, Result};
 use outbox_postgres::PgOutbox;
 use sqlx::{Arguments, Execute, PgConnection, PgPool, Postgres};
@@ -496,50 +497,36 @@ impl WalOutbox {
     }
 
     /// Write `letters` (a message and why it is dead) to the dead-letter table in one
-    /// transaction. A message whose id is there already is left as it is: a relay that
+    /// statement. A message whose id is there already is left as it is: a relay that
     /// resumed before its position was confirmed meets the same message again.
     pub(crate) async fn write_dead_letters(&self, letters: &[DeadLetterRow]) -> Result<()> {
-        if letters.is_empty() {
-            return Ok(());
-        }
-        let sql = format!(
-            "INSERT INTO {} (id, destination, partition_key, payload, content_type, headers, \
-             created_at, available_at, attempts, last_error, dead_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, now(), $8, $9, now()) \
-             ON CONFLICT (id) DO NOTHING",
-            self.dead_letters.qualified_name()
-        );
-        let mut tx = self
-            .pool
-            .begin()
+        // `text` and `jsonb` cannot hold NUL: a message that reached the dead letters
+        // must not fail to be written there.
+        let messages: Vec<Message> = letters
+            .iter()
+            .map(|letter| {
+                let m = &letter.message;
+                let mut headers = outbox_core::Headers::new();
+                for (name, value) in m.headers.iter() {
+                    headers.insert(storable(name), storable(value));
+                }
+                Message::from(MessageParts {
+                    id: m.id,
+                    destination: storable(&m.destination),
+                    partition_key: m.partition_key.as_deref().map(storable),
+                    payload: m.payload.clone(),
+                    content_type: m.content_type.as_deref().map(storable),
+                    headers,
+                    created_at: m.created_at,
+                    attempts: m.attempts,
+                    last_error: Some(storable(&letter.reason)),
+                })
+            })
+            .collect();
+        self.dead_letters
+            .store_dead_letters(&messages)
             .await
-            .map_err(|e| from_sqlx("begin dead-letter write", e))?;
-        for letter in letters {
-            let m = &letter.message;
-            // `text` and `jsonb` cannot hold NUL: a message that reached the dead
-            // letters must not fail to be written there.
-            let headers: serde_json::Map<String, serde_json::Value> = m
-                .headers
-                .iter()
-                .map(|(k, v)| (storable(k), serde_json::Value::String(storable(v))))
-                .collect();
-            sqlx::query(&sql)
-                .bind(m.id.as_uuid())
-                .bind(storable(&m.destination))
-                .bind(m.partition_key.as_deref().map(storable))
-                .bind(&m.payload)
-                .bind(m.content_type.as_deref().map(storable))
-                .bind(sqlx::types::Json(serde_json::Value::Object(headers)))
-                .bind(chrono::DateTime::<chrono::Utc>::from(m.created_at))
-                .bind(i32::try_from(m.attempts).unwrap_or(i32::MAX - 1))
-                .bind(bounded_error(storable(&letter.reason)))
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| from_sqlx("write dead letter", e))?;
-        }
-        tx.commit()
-            .await
-            .map_err(|e| from_sqlx("commit dead letters", e))
+            .map(drop)
     }
 }
 

@@ -69,6 +69,9 @@ pub(crate) struct Statements {
     pub(crate) enqueue: String,
     /// `$1` ids: take back rows this transaction just inserted.
     pub(crate) unenqueue: String,
+    /// `$1..$9` dead letters' arrays (id, destination, key, payload, content type,
+    /// headers, created at, attempts, last error): store them dead, skipping stored ids.
+    pub(crate) store_dead: String,
     /// `$1` limit, `$2` lease µs, `$3` token.
     pub(crate) claim: String,
     /// As `claim`, plus `$4` ids.
@@ -128,6 +131,17 @@ impl Statements {
         Statements {
             enqueue: enqueue(t, config.notify_channel().is_some()),
             unenqueue: format!("DELETE FROM {t} WHERE id = ANY($1::uuid[])"),
+            store_dead: format!(
+                "INSERT INTO {t} (id, destination, partition_key, payload, content_type, \
+                 headers, created_at, available_at, attempts, last_error, dead_at) \
+                 SELECT n.id, n.destination, n.partition_key, n.payload, n.content_type, \
+                     n.headers, n.created_at, now(), n.attempts, n.last_error, now() \
+                 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::text[], \
+                     $6::jsonb[], $7::timestamptz[], $8::int4[], $9::text[]) \
+                     AS n(id, destination, partition_key, payload, content_type, headers, \
+                          created_at, attempts, last_error) \
+                 ON CONFLICT (id) DO NOTHING"
+            ),
             claim: claim(t, per_key, Claim::Due),
             claim_ids: claim(t, per_key, Claim::Ids),
             complete_and_claim: complete_and_claim(t, per_key, config.retention()),

@@ -11,12 +11,12 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use outbox_core::backend::{check_enqueue, in_id_order, validate_lease};
+use outbox_core::backend::{bounded_error, check_enqueue, in_id_order, validate_lease};
 use outbox_core::backend::{finish_claim, release_claim, CommittedClaim, DecodedClaim};
 use outbox_core::message::MAX_DELAY;
 use outbox_core::{
-    ClaimIds, ClaimRequest, Claimed, Disposition, Error, Failure, Lease, LeaseToken, MessageId,
-    NewMessage, OutboxStore, Renewed, Result, Settled, SettledAndClaimed, Settlement,
+    ClaimIds, ClaimRequest, Claimed, Disposition, Error, Failure, Lease, LeaseToken, Message,
+    MessageId, NewMessage, OutboxStore, Renewed, Result, Settled, SettledAndClaimed, Settlement,
     StoreCapabilities,
 };
 use sqlx::Row;
@@ -325,6 +325,59 @@ impl PgOutbox {
     /// As [`enqueue`](Self::enqueue).
     pub async fn enqueue_one(&self, conn: &mut PgConnection, message: &NewMessage) -> Result<()> {
         self.enqueue(conn, std::slice::from_ref(message)).await
+    }
+
+    /// Store `messages`, which never were rows of this table, as dead letters: the
+    /// log-tailing relay's refusals, listed, requeued and discarded here like any
+    /// other. Each message's `last_error` is the reason and `attempts` its attempts;
+    /// `created_at` is kept, and it is dead (and available) as of now. A message whose
+    /// id is stored already is left as it is, so writing the same letters again adds
+    /// nothing. One statement, in a transaction of its own. Returns how many were
+    /// stored.
+    ///
+    /// # Errors
+    /// Mapped driver errors: among them text PostgreSQL cannot hold (a NUL character
+    /// in a destination, key, content type, header or error), which the caller must
+    /// replace first. Nothing is stored then.
+    pub async fn store_dead_letters(&self, messages: &[Message]) -> Result<u64> {
+        if messages.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<Uuid> = messages.iter().map(|m| m.id.as_uuid()).collect();
+        let destinations: Vec<&str> = messages.iter().map(|m| m.destination.as_str()).collect();
+        let keys: Vec<Option<&str>> = messages
+            .iter()
+            .map(|m| m.partition_key.as_deref())
+            .collect();
+        let payloads: Vec<&[u8]> = messages.iter().map(|m| m.payload.as_slice()).collect();
+        let content_types: Vec<Option<&str>> =
+            messages.iter().map(|m| m.content_type.as_deref()).collect();
+        let headers: Vec<serde_json::Value> =
+            messages.iter().map(|m| m.headers.to_json()).collect();
+        let created: Vec<chrono::DateTime<chrono::Utc>> =
+            messages.iter().map(|m| m.created_at.into()).collect();
+        let attempts: Vec<i32> = messages
+            .iter()
+            .map(|m| i32::try_from(m.attempts).unwrap_or(i32::MAX))
+            .collect();
+        let errors: Vec<Option<String>> = messages
+            .iter()
+            .map(|m| m.last_error.clone().map(bounded_error))
+            .collect();
+        let stored = sqlx::query(&self.inner.sql.store_dead)
+            .bind(ids)
+            .bind(destinations)
+            .bind(keys)
+            .bind(payloads)
+            .bind(content_types)
+            .bind(headers)
+            .bind(created)
+            .bind(attempts)
+            .bind(errors)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| from_sqlx("store dead letters", e))?;
+        Ok(stored.rows_affected())
     }
 
     pub(crate) fn statements(&self) -> &Statements {

@@ -288,3 +288,59 @@ async fn huge_retry_delays_are_capped_at_max_delay() {
     .unwrap();
     assert!((9.9..10.1).contains(&years), "due in {years} years");
 }
+
+/// Messages that never were rows (a log-tailing relay's refusals) are stored dead in one
+/// statement with every field kept; storing them again adds nothing; a requeue makes
+/// them ordinary rows a claim delivers.
+#[tokio::test]
+async fn messages_from_elsewhere_are_stored_as_dead_letters() {
+    let Some(url) = common::url("store dead letters") else {
+        return;
+    };
+    let pool = common::pool(&url, 4).await;
+    let outbox = outbox(&pool, PgOutboxConfig::default()).await;
+    let created = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let mut headers = outbox_core::Headers::new();
+    headers.insert("traceparent", "00-1");
+    let letter = |n: u8, error: Option<&str>| {
+        outbox_core::Message::from(outbox_core::message::MessageParts {
+            id: outbox_core::MessageId::new(),
+            destination: format!("elsewhere.{n}"),
+            partition_key: (n == 0).then(|| "k".to_owned()),
+            payload: vec![n; 3],
+            content_type: (n == 0).then(|| "application/json".to_owned()),
+            headers: if n == 0 {
+                headers.clone()
+            } else {
+                outbox_core::Headers::new()
+            },
+            created_at: created,
+            attempts: u32::from(n) + 2,
+            last_error: error.map(str::to_owned),
+        })
+    };
+    let letters = vec![letter(0, Some("refused by the broker")), letter(1, None)];
+    assert_eq!(outbox.store_dead_letters(&letters).await.unwrap(), 2);
+    assert_eq!(outbox.store_dead_letters(&letters).await.unwrap(), 0);
+    assert_eq!(outbox.store_dead_letters(&[]).await.unwrap(), 0);
+
+    let page = DeadLetterPage::new(DeadLetterFilter::default(), 10).unwrap();
+    let mut dead = outbox.dead_letters(&page).await.unwrap();
+    dead.sort_by(|a, b| a.message.destination.cmp(&b.message.destination));
+    let stored: Vec<_> = dead.iter().map(|d| d.message.clone()).collect();
+    assert_eq!(stored, letters);
+    assert_eq!(row_count(&outbox).await, 2);
+
+    let requeued = outbox
+        .requeue_dead(&outbox_core::DeadLetterSelection::Ids(
+            letters.iter().map(|m| m.id).collect(),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(requeued, 2);
+    let claimed = outbox
+        .claim(ClaimRequest::new(10, LONG).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 2);
+}
