@@ -414,8 +414,8 @@ impl WalOutbox {
 
     /// Run `statement`, the transaction's business change, and enqueue `messages` in
     /// the same statement: one round trip fewer than the change followed by
-    /// [`enqueue`](Self::enqueue), which on a busy server is most of what enqueueing
-    /// costs (`wal_bench`'s enqueue scenario).
+    /// [`enqueue`](Self::enqueue); on a CPU-bound server that round trip costs more
+    /// than the message itself (`wal_bench`'s enqueue scenario).
     ///
     /// `statement` must be one `INSERT`, `UPDATE`, `DELETE` or (PostgreSQL 17 and
     /// later) `MERGE`, with its parameters bound as usual (`$1` to `$n`, in bind
