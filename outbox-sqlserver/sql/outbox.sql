@@ -11,6 +11,7 @@ CREATE TABLE [outbox].[outbox_schema_versions] (
     installed_at datetime2(7) NOT NULL CONSTRAINT [outbox_schema_versions_installed_default] DEFAULT SYSUTCDATETIME()
 );
 IF OBJECT_ID(N'[outbox].[outbox_messages]', N'U') IS NULL
+BEGIN
 CREATE TABLE [outbox].[outbox_messages] (
     id binary(16) NOT NULL,
     seq bigint IDENTITY(1, 1) NOT NULL,
@@ -29,6 +30,8 @@ CREATE TABLE [outbox].[outbox_messages] (
     dead_at datetime2(7) NULL,
     CONSTRAINT [outbox_messages_pk] PRIMARY KEY NONCLUSTERED (id)
 );
+ALTER TABLE [outbox].[outbox_messages] SET (LOCK_ESCALATION = DISABLE);
+END;
 IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[outbox].[outbox_messages]') AND name = N'outbox_messages_clustered')
     CREATE UNIQUE CLUSTERED INDEX [outbox_messages_clustered] ON [outbox].[outbox_messages] (bucket, seq);
 IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[outbox].[outbox_messages]') AND name = N'outbox_messages_due')
@@ -39,8 +42,6 @@ IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[outbox].
     CREATE INDEX [outbox_messages_dispatched] ON [outbox].[outbox_messages] (dispatched_at) WHERE dispatched_at IS NOT NULL;
 IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[outbox].[outbox_messages]') AND name = N'outbox_messages_dead')
     CREATE INDEX [outbox_messages_dead] ON [outbox].[outbox_messages] (id) INCLUDE (dead_at) WHERE dead_at IS NOT NULL;
-IF EXISTS (SELECT 1 FROM sys.tables WHERE object_id = OBJECT_ID(N'[outbox].[outbox_messages]') AND lock_escalation <> 1)
-    ALTER TABLE [outbox].[outbox_messages] SET (LOCK_ESCALATION = DISABLE);
 IF CAST(SERVERPROPERTY('ProductMajorVersion') AS int) >= 15 OR CAST(SERVERPROPERTY('EngineEdition') AS int) IN (5, 8)
     EXEC(N'IF EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N''[outbox].[outbox_messages]'') AND name = N''outbox_messages_pk'' AND optimize_for_sequential_key = 0) ALTER INDEX [outbox_messages_pk] ON [outbox].[outbox_messages] SET (OPTIMIZE_FOR_SEQUENTIAL_KEY = ON); IF EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N''[outbox].[outbox_messages]'') AND name = N''outbox_messages_due'' AND optimize_for_sequential_key = 0) ALTER INDEX [outbox_messages_due] ON [outbox].[outbox_messages] SET (OPTIMIZE_FOR_SEQUENTIAL_KEY = ON); IF EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N''[outbox].[outbox_messages]'') AND name = N''outbox_messages_dispatched'' AND optimize_for_sequential_key = 0) ALTER INDEX [outbox_messages_dispatched] ON [outbox].[outbox_messages] SET (OPTIMIZE_FOR_SEQUENTIAL_KEY = ON);');
 IF NOT EXISTS (SELECT 1 FROM [outbox].[outbox_schema_versions] WHERE table_name = N'outbox_messages')

@@ -17,14 +17,13 @@ use outbox_core::{
 };
 
 use crate::claim::UPDATE_LOCKS;
-use crate::error::from_tiberius;
-use crate::exec::{execute, row_count, row_opt_i64};
+use crate::exec::{row_count, row_opt_i64, session_execute};
 use crate::ident::QualifiedName;
 use crate::row::decode_dead_letter;
 use crate::schema::{index, index_hint};
 use crate::sql::{
-    age_micros, before, by_key, chunk_rows, id_list, limit_param, purge_hints, unix_us, Binder,
-    Param, Stmt, DELETE_BATCH, NOW, UNDELIVERED,
+    age_micros, before, bounded_delete, by_key, chunk_rows, id_list, limit_param, purge_hints,
+    unix_us, Binder, Param, Stmt, DELETE_BATCH, NOW, UNDELIVERED,
 };
 use crate::store::MssqlOutbox;
 
@@ -102,6 +101,9 @@ pub(crate) fn count_dead(t: &QualifiedName, filter: &DeadLetterFilter) -> Stmt {
     ))
 }
 
+/// `UPDATE <alias> SET ...` or `DELETE FROM <alias>`: the change, on a target named by
+/// alias (a CTE, or a `FROM` occurrence that carries the hints; SQL Server refuses
+/// index hints on the target itself).
 fn dead_change_head(change: DeadChange, alias: &str) -> String {
     match change {
         DeadChange::Requeue => format!(
@@ -114,13 +116,15 @@ fn dead_change_head(change: DeadChange, alias: &str) -> String {
     }
 }
 
-/// Requeue or discard dead letters among `ids` (a chunk).
+/// Requeue or discard dead letters among `ids` (a chunk): the target is the alias of
+/// a `FROM` occurrence pinned to the primary key.
 pub(crate) fn change_dead_ids(t: &QualifiedName, change: DeadChange, ids: &[[u8; 16]]) -> Stmt {
     let mut b = Binder::default();
     let list = id_list(&mut b, ids);
-    let head = dead_change_head(change, &format!("{t} {}", by_key(t)));
+    let head = dead_change_head(change, "x");
     b.finish(format!(
-        "{head} WHERE dead_at IS NOT NULL AND id IN ({list});"
+        "{head} FROM {t} AS x {hints} WHERE x.dead_at IS NOT NULL AND x.id IN ({list});",
+        hints = by_key(t),
     ))
 }
 
@@ -151,12 +155,12 @@ pub(crate) fn purge_dispatched(t: &QualifiedName, age_us: i64, limit: usize) -> 
     let mut b = Binder::default();
     let top = b.bind(Param::I64(limit_param(limit.min(DELETE_BATCH))));
     let age = b.bind(Param::I64(age_us));
-    b.finish(format!(
-        "DELETE TOP ({top}) FROM {t} {hints} \
-         WHERE dispatched_at IS NOT NULL AND dispatched_at < {cutoff};",
-        hints = purge_hints(t, index::DISPATCHED),
-        cutoff = before(&age),
-    ))
+    let predicate = format!(
+        "x.dispatched_at IS NOT NULL AND x.dispatched_at < {}",
+        before(&age)
+    );
+    let hints = purge_hints(t, index::DISPATCHED);
+    b.finish(bounded_delete(t, &top, &hints, &predicate))
 }
 
 /// How many rows a purge with this age would delete in all.
@@ -171,10 +175,11 @@ pub(crate) fn count_dispatched(t: &QualifiedName, age_us: i64) -> Stmt {
 }
 
 /// The hints of `stats`' reads: pinned to the filtered index that covers the count, a
-/// locking read (whatever `READ_COMMITTED_SNAPSHOT` says) that skips locked rows.
+/// locking read (whatever `READ_COMMITTED_SNAPSHOT` says) that skips locked rows, at
+/// row granularity (`READPAST` does not skip page locks).
 fn stats_hints(t: &QualifiedName, suffix: &str) -> String {
     format!(
-        "WITH ({}, READCOMMITTEDLOCK, READPAST)",
+        "WITH ({}, READCOMMITTEDLOCK, READPAST, ROWLOCK)",
         index_hint(t, suffix)
     )
 }
@@ -224,9 +229,9 @@ impl MssqlOutbox {
                 // overlapping calls lock rows in one order.
                 let ids: Vec<[u8; 16]> = ids.iter().map(|id| *id.as_uuid().as_bytes()).collect();
                 for chunk in ids.chunks(chunk_rows(1, 0).min(DELETE_BATCH)) {
-                    changed += execute(&mut client, change_dead_ids(name, change, chunk))
-                        .await
-                        .map_err(|e| from_tiberius(what, e))?;
+                    changed +=
+                        session_execute(&mut client, what, change_dead_ids(name, change, chunk))
+                            .await?;
                 }
             }
             DeadTarget::Matching { filter, limit } => {
@@ -235,12 +240,12 @@ impl MssqlOutbox {
                     let step = usize::try_from(limit - changed)
                         .unwrap_or(DELETE_BATCH)
                         .min(DELETE_BATCH);
-                    let done = execute(
+                    let done = session_execute(
                         &mut client,
+                        what,
                         change_dead_matching(name, change, filter, step),
                     )
-                    .await
-                    .map_err(|e| from_tiberius(what, e))?;
+                    .await?;
                     changed += done;
                     if done < step as u64 {
                         break;
@@ -320,12 +325,12 @@ impl OutboxAdmin for MssqlOutbox {
             let step = usize::try_from(limit - purged)
                 .unwrap_or(DELETE_BATCH)
                 .min(DELETE_BATCH);
-            let done = execute(
+            let done = session_execute(
                 &mut client,
+                what,
                 purge_dispatched(self.qualified_name(), age, step),
             )
-            .await
-            .map_err(|e| from_tiberius(what, e))?;
+            .await?;
             purged += done;
             if done < step as u64 {
                 break;

@@ -11,7 +11,7 @@
 //!   nothing else.
 //! - **Per key** ([`KeyOrder::PerKey`]): two passes in one statement.
 //!   1. *Heads, without update locks.* A CTE reads due rows from `<table>_due` (pinned,
-//!      `WITH (READCOMMITTEDLOCK, READPAST)`: shared locks released row by row, locked
+//!      `WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK)`: shared locks released row by row, locked
 //!      rows skipped) and keeps a keyed row only if it is the head of its key, the
 //!      lowest `seq` among the key's undelivered rows, read from `<table>_key` (pinned,
 //!      `WITH (READCOMMITTEDLOCK)`). Rows behind an in-flight head are read and passed
@@ -59,8 +59,10 @@ pub(crate) const UPDATE_LOCKS: &str = "UPDLOCK, READPAST, ROWLOCK";
 
 /// The locks of a per-key claim's first pass: a locking read (whatever
 /// `READ_COMMITTED_SNAPSHOT` says, and the form in which SQL Server accepts `READPAST`
-/// under it), shared locks released as the scan moves on, locked rows skipped.
-pub(crate) const HEAD_SCAN_LOCKS: &str = "READCOMMITTEDLOCK, READPAST";
+/// under it), shared locks released as the scan moves on, locked rows skipped. Row
+/// locks: `READPAST` skips locked rows but waits on locked pages, so a scan must not
+/// take page locks.
+pub(crate) const HEAD_SCAN_LOCKS: &str = "READCOMMITTEDLOCK, READPAST, ROWLOCK";
 
 /// The lock of the per-key head probe: a locking read that waits for an uncommitted
 /// earlier row of the key rather than skip it.

@@ -9,7 +9,9 @@ use bb8::ManageConnection;
 use outbox_core::{Error, Result};
 
 use crate::error::in_context;
-use crate::session::{MssqlClient, MssqlManager, MssqlPool, DEFAULT_LOCK_TIMEOUT};
+use crate::session::{
+    MssqlClient, MssqlManager, MssqlPool, DEFAULT_LOCK_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT,
+};
 
 /// Keys whose values `Debug` may show: addresses, names and switches. Every other
 /// key's value (`Password`, `PWD`, and anything this list does not know) is shown as
@@ -61,6 +63,7 @@ pub struct MssqlConnection {
     pairs: Vec<(String, String)>,
     config: tiberius::Config,
     lock_timeout: Option<Duration>,
+    statement_timeout: Option<Duration>,
 }
 
 impl MssqlConnection {
@@ -80,7 +83,26 @@ impl MssqlConnection {
             pairs,
             config,
             lock_timeout: Some(DEFAULT_LOCK_TIMEOUT),
+            statement_timeout: Some(DEFAULT_STATEMENT_TIMEOUT),
         })
+    }
+
+    /// The same connection whose pooled sessions give each of the crate's own
+    /// statements at most `timeout` (a claim the shorter of this and its lease): past
+    /// it the call fails with a retryable
+    /// [`ErrorKind::Timeout`](outbox_core::ErrorKind::Timeout) and the session is
+    /// closed, not reused, since a request may still be running on it. `None` sets no
+    /// bound. Default [`DEFAULT_STATEMENT_TIMEOUT`]. Your own statements are not bounded
+    /// by it.
+    #[must_use]
+    pub fn with_statement_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.statement_timeout = timeout;
+        self
+    }
+
+    /// The bound on the crate's own statements on pooled sessions.
+    pub fn statement_timeout(&self) -> Option<Duration> {
+        self.statement_timeout
     }
 
     /// The same connection whose pooled sessions wait at most `timeout` for a lock
@@ -120,8 +142,11 @@ impl MssqlConnection {
         // tiberius refuses an empty pair (`;;`), so a string that ends with `;` is
         // trimmed first.
         let base = self.ado.trim_end_matches([';', ' ', '\n']);
-        Self::from_ado_string(&format!("{base};Application Name={name}"))
-            .map(|named| named.with_lock_timeout(self.lock_timeout))
+        Self::from_ado_string(&format!("{base};Application Name={name}")).map(|named| {
+            named
+                .with_lock_timeout(self.lock_timeout)
+                .with_statement_timeout(self.statement_timeout)
+        })
     }
 
     /// A pool of at most `max_size` sessions (the stores also open dedicated,
@@ -166,7 +191,9 @@ impl MssqlConnection {
 
     /// The pool's connection manager for this connection.
     pub fn manager(&self) -> MssqlManager {
-        MssqlManager::new(self.config.clone()).with_lock_timeout(self.lock_timeout)
+        MssqlManager::new(self.config.clone())
+            .with_lock_timeout(self.lock_timeout)
+            .with_statement_timeout(self.statement_timeout)
     }
 
     /// One connection outside any pool, closed when dropped (no check-out statement
@@ -198,6 +225,7 @@ impl fmt::Debug for MssqlConnection {
         f.debug_struct("MssqlConnection")
             .field("ado", &shown.join(";"))
             .field("lock_timeout", &self.lock_timeout)
+            .field("statement_timeout", &self.statement_timeout)
             .finish()
     }
 }

@@ -64,13 +64,15 @@ use outbox_core::{
 
 use crate::config::MssqlDedupConfig;
 use crate::error::{from_pool, from_tiberius, has_number};
-use crate::exec::{execute, query_all_rows, query_rows, row_i32};
+use crate::exec::{query_all_rows, row_i32, session_execute, session_rows};
 use crate::ident::QualifiedName;
 use crate::install::install;
 use crate::schema::index;
 use crate::schema::{inbox_ddl, inbox_layout};
 use crate::session::{dedicated, MssqlClient, MssqlPool};
-use crate::sql::{age_micros, before, purge_hints, Binder, Param, Stmt, DELETE_BATCH, NOW};
+use crate::sql::{
+    age_micros, before, bounded_delete, purge_hints, Binder, Param, Stmt, DELETE_BATCH, NOW,
+};
 
 /// The error numbers of a duplicate key: a racing insert of the same id.
 pub(crate) const DUPLICATE_KEY: [u32; 2] = [2627, 2601];
@@ -120,11 +122,9 @@ pub(crate) fn purge(t: &QualifiedName, retention_us: i64, limit: usize) -> Stmt 
     let mut b = Binder::default();
     let top = b.bind(Param::I64(crate::sql::limit_param(limit.min(DELETE_BATCH))));
     let retention = b.bind(Param::I64(retention_us));
-    b.finish(format!(
-        "DELETE TOP ({top}) FROM {t} {hints} WHERE processed_at < {cutoff};",
-        hints = purge_hints(t, index::PROCESSED_AT),
-        cutoff = before(&retention),
-    ))
+    let predicate = format!("x.processed_at < {}", before(&retention));
+    let hints = purge_hints(t, index::PROCESSED_AT);
+    b.finish(bounded_delete(t, &top, &hints, &predicate))
 }
 
 /// Processed message ids per consumer in a SQL Server table; strongly consistent.
@@ -328,9 +328,7 @@ impl DedupStore for MssqlDedupStore {
             *id.as_uuid().as_bytes(),
             self.retention_us,
         );
-        let rows = query_rows(&mut client, stmt)
-            .await
-            .map_err(|e| from_tiberius(what, e))?;
+        let rows = session_rows(&mut client, what, stmt, None).await?;
         let row = rows
             .first()
             .ok_or_else(|| Error::new(outbox_core::ErrorKind::Decode, "lookup returned no row"))?;
@@ -355,9 +353,12 @@ impl DedupStore for MssqlDedupStore {
             let step = usize::try_from(limit - purged)
                 .unwrap_or(DELETE_BATCH)
                 .min(DELETE_BATCH);
-            let done = execute(&mut client, purge(&self.name, self.retention_us, step))
-                .await
-                .map_err(|e| from_tiberius(what, e))?;
+            let done = session_execute(
+                &mut client,
+                what,
+                purge(&self.name, self.retention_us, step),
+            )
+            .await?;
             purged += done;
             if done < step as u64 {
                 break;

@@ -24,8 +24,8 @@ use outbox_core::consumer::{EntityRecord, EntityStore, Loaded, Persisted, Versio
 use outbox_core::{EntityKey, Error, ErrorKind, Result};
 
 use crate::config::MssqlEntityConfig;
-use crate::error::{from_pool, from_tiberius, has_number};
-use crate::exec::{query_rows, row_i64, row_str};
+use crate::error::{from_pool, has_number};
+use crate::exec::{guarded, query_rows, row_i64, row_str, session_rows};
 use crate::ident::QualifiedName;
 use crate::install::install;
 use crate::schema::{entity_ddl, entity_layout};
@@ -125,9 +125,7 @@ impl EntityStore for MssqlEntityStore {
     async fn load(&self, key: &EntityKey) -> Result<Option<Loaded>> {
         let what = "load entity";
         let mut client = self.pool.get().await.map_err(|e| from_pool(what, e))?;
-        let rows = query_rows(&mut client, load(&self.name, key.as_str()))
-            .await
-            .map_err(|e| from_tiberius(what, e))?;
+        let rows = session_rows(&mut client, what, load(&self.name, key.as_str()), None).await?;
         let Some(row) = rows.first() else {
             return Ok(None);
         };
@@ -152,11 +150,20 @@ impl EntityStore for MssqlEntityStore {
             Some(v) => replace(&self.name, key.as_str(), state, outbox, stored_version(v)?),
         };
         let mut client = self.pool.get().await.map_err(|e| from_pool(what, e))?;
-        let rows = match query_rows(&mut client, stmt).await {
-            Ok(rows) => rows,
-            // A racing create of the same key: the same conflict.
-            Err(e) if has_number(&e, &[2627, 2601]) => return Ok(Persisted::Conflict),
-            Err(e) => return Err(from_tiberius(what, e)),
+        let limit = client.statement_timeout();
+        let rows = guarded(&mut client, what, limit, |c| {
+            Box::pin(async move {
+                match query_rows(c, stmt).await {
+                    Ok(rows) => Ok(Some(rows)),
+                    // A racing create of the same key: the same conflict.
+                    Err(e) if has_number(&e, &[2627, 2601]) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            })
+        })
+        .await?;
+        let Some(rows) = rows else {
+            return Ok(Persisted::Conflict);
         };
         match rows.first() {
             Some(row) => Ok(Persisted::Stored(entity_version(row_i64(row, "version")?)?)),

@@ -33,6 +33,18 @@
 //!   row in a unique index): the Database Engine errors reference, 2000-2999.
 //! - 208 (invalid object name), 207 (invalid column name), 2812 (could not find stored
 //!   procedure), 2760 (specified schema name does not exist).
+//! - 1069 (index hints only in a FROM or OPTION clause), 308 (a hinted index does not
+//!   exist), 315 (a hinted index is disabled or offline), 8622 (no plan can honour the
+//!   hints) and 334 (`OUTPUT` without `INTO` on a table with an enabled trigger): the
+//!   statement does not fit the table as it is (an index renamed or dropped, a trigger
+//!   added), so retrying cannot help.
+//! - 596 (the session is being killed) and 6005 (the server is shutting down): a new
+//!   session succeeds once the server is back. 8628 (time-out waiting to optimise) and
+//!   8651 (a memory grant was not available): the Database Engine errors reference;
+//!   pressure passes. 42108 and 42109 (an Azure serverless pool paused or resuming):
+//!   Azure's serverless troubleshooting page; it resumes on the next connection.
+//! - 3930 (the transaction is doomed: it cannot commit or write to the log) is not
+//!   retryable where it is met, only after the caller rolls its transaction back.
 //!
 //! Client-side numbers of other drivers (SqlClient's 20, 64, 233, and the Winsock
 //! 10053/10054/10060) are not listed: the server never sends them, and tiberius reports
@@ -98,6 +110,9 @@ impl Platform {
 /// | 49918, 49919, 49920 | not enough resources / too many operations | Contention |
 /// | 40549, 40550, 40551 | session ended: long transaction, too many locks, `tempdb` | Contention |
 /// | 701, 8645 | insufficient memory / time-out waiting for query memory | Contention |
+/// | 8628, 8651 | time-out waiting to optimise / memory grant not available | Contention |
+/// | 596, 6005 | session being killed / server shutting down | Unavailable |
+/// | 42108, 42109 | Azure serverless pool paused / resuming | Unavailable |
 /// | 40613 | database not currently available | Unavailable |
 /// | 40197, 40540 | service error processing the request (failover) | Unavailable |
 /// | 4221, 615, 926 | replica or database briefly unavailable during reconfiguration | Unavailable |
@@ -109,18 +124,39 @@ impl Platform {
 /// | 2627, 2601 | unique constraint / unique index violation | Conflict |
 /// | 515, 547, 8152, 2628, 8114, 8115, 245, 220 | NULL, constraint, truncation, conversion, overflow | InvalidInput |
 /// | 208, 207, 2812, 2760 | missing object, column, procedure or schema | Schema |
+/// | 1069, 308, 315, 8622, 334 | hints or `OUTPUT` the table refuses | Schema |
 /// | anything else | | Storage |
 pub(crate) fn kind_for_number(number: u32, platform: Platform) -> ErrorKind {
     match number {
         1205 | 1222 | 1204 | 3960 | 40501 | 10928 | 10929 | 49918 | 49919 | 49920 | 40549
-        | 40550 | 40551 | 701 | 8645 => ErrorKind::Contention,
-        40613 | 40197 | 40540 | 4221 | 615 | 926 | 976 | 983 | 3906 => ErrorKind::Unavailable,
+        | 40550 | 40551 | 701 | 8645 | 8628 | 8651 => ErrorKind::Contention,
+        40613 | 40197 | 40540 | 4221 | 615 | 926 | 976 | 983 | 3906 | 596 | 6005 | 42108
+        | 42109 => ErrorKind::Unavailable,
         4060 if platform == Platform::AzureSql => ErrorKind::Unavailable,
         4060 | 18456 => ErrorKind::Config,
         2627 | 2601 => ErrorKind::Conflict,
         515 | 547 | 8152 | 2628 | 8114 | 8115 | 245 | 220 => ErrorKind::InvalidInput,
-        208 | 207 | 2812 | 2760 => ErrorKind::Schema,
+        208 | 207 | 2812 | 2760 | 1069 | 308 | 315 | 8622 | 334 => ErrorKind::Schema,
         _ => ErrorKind::Storage,
+    }
+}
+
+/// What to do about the numbers whose cure is not in the statement: appended to the
+/// message.
+pub(crate) fn advice(number: u32) -> Option<&'static str> {
+    match number {
+        308 | 315 | 8622 => Some(
+            "the statement's index hints name an index of the table that is missing, \
+             disabled or unusable: install the table again, or compare its indexes with \
+             the crate's DDL",
+        ),
+        1069 => Some("an index hint stands where SQL Server refuses it: a defect of this crate"),
+        334 => Some(
+            "the table has an enabled trigger, and the crate's statements return rows with \
+             OUTPUT without INTO: disable or drop the trigger on the outbox tables",
+        ),
+        3930 => Some("the transaction is doomed: roll it back, then retry it whole"),
+        _ => None,
     }
 }
 
@@ -142,7 +178,13 @@ pub(crate) fn from_tiberius_on(
     let (kind, message) = match &err {
         E::Server(token) => (
             kind_for_number(token.code(), platform),
-            format!("{what} failed (SQL Server error {})", token.code()),
+            match advice(token.code()) {
+                Some(advice) => format!(
+                    "{what} failed (SQL Server error {}: {advice})",
+                    token.code()
+                ),
+                None => format!("{what} failed (SQL Server error {})", token.code()),
+            },
         ),
         E::Io { .. } | E::Tls(_) | E::Protocol(_) | E::Routing { .. } => {
             (ErrorKind::Unavailable, format!("{what} failed"))
@@ -226,6 +268,18 @@ mod tests {
         (40551, ErrorKind::Contention, ErrorKind::Contention, true),
         (701, ErrorKind::Contention, ErrorKind::Contention, true),
         (8645, ErrorKind::Contention, ErrorKind::Contention, true),
+        (8628, ErrorKind::Contention, ErrorKind::Contention, true),
+        (8651, ErrorKind::Contention, ErrorKind::Contention, true),
+        (596, ErrorKind::Unavailable, ErrorKind::Unavailable, true),
+        (6005, ErrorKind::Unavailable, ErrorKind::Unavailable, true),
+        (42108, ErrorKind::Unavailable, ErrorKind::Unavailable, true),
+        (42109, ErrorKind::Unavailable, ErrorKind::Unavailable, true),
+        (1069, ErrorKind::Schema, ErrorKind::Schema, false),
+        (308, ErrorKind::Schema, ErrorKind::Schema, false),
+        (315, ErrorKind::Schema, ErrorKind::Schema, false),
+        (8622, ErrorKind::Schema, ErrorKind::Schema, false),
+        (334, ErrorKind::Schema, ErrorKind::Schema, false),
+        (3930, ErrorKind::Storage, ErrorKind::Storage, false),
         (40613, ErrorKind::Unavailable, ErrorKind::Unavailable, true),
         (40197, ErrorKind::Unavailable, ErrorKind::Unavailable, true),
         (40540, ErrorKind::Unavailable, ErrorKind::Unavailable, true),
@@ -293,6 +347,18 @@ mod tests {
                 retry || number == 4060,
                 "{number} on Azure"
             );
+        }
+    }
+
+    #[test]
+    fn numbers_whose_cure_is_elsewhere_say_what_to_do() {
+        for number in [308, 315, 8622, 1069, 334, 3930] {
+            assert!(advice(number).is_some(), "{number}");
+        }
+        assert!(advice(334).unwrap().contains("trigger"));
+        assert!(advice(3930).unwrap().contains("roll it back"));
+        for number in [1205, 208, 0] {
+            assert_eq!(advice(number), None, "{number}");
         }
     }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use outbox_core::KeyOrder;
 
 use crate::claim::{self, HEAD_PROBE_LOCKS, HEAD_SCAN_LOCKS, UPDATE_LOCKS};
-use crate::session::{check_out, DEFAULT_LOCK_TIMEOUT, SESSION_OPTIONS};
+use crate::session::{check_out, DEFAULT_LOCK_TIMEOUT, IDENTITY, SESSION_OPTIONS};
 use crate::statement_tests::{every_statement, id, name};
 use crate::{admin, dedup, entity, schema, sql::Stmt};
 
@@ -344,7 +344,7 @@ fn stats_read_covering_indexes_past_locks() {
     for (reference, index) in refs.iter().zip(["dead", "dispatched", "due"]) {
         assert_eq!(
             *reference,
-            format!(" WITH (INDEX([obx_t_{index}]), READCOMMITTEDLOCK, READPAST)"),
+            format!(" WITH (INDEX([obx_t_{index}]), READCOMMITTEDLOCK, READPAST, ROWLOCK)"),
             "{sql}"
         );
     }
@@ -401,13 +401,19 @@ fn admin_changes_by_filter_are_pinned_to_the_dead_letter_index() {
 
 #[test]
 fn check_out_resets_the_session() {
-    let sql = check_out(Some(DEFAULT_LOCK_TIMEOUT));
+    let sql = check_out(Some(DEFAULT_LOCK_TIMEOUT), Some("app]db"));
     assert!(
-        sql.starts_with("IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION; "),
+        sql.starts_with(
+            "IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION; \
+             BEGIN TRY REVERT; REVERT; REVERT; REVERT; END TRY BEGIN CATCH END CATCH; \
+             USE [app]]db]; "
+        ),
         "{sql}"
     );
-    assert!(sql.ends_with("SELECT 1 AS ok"), "{sql}");
+    assert!(sql.ends_with(IDENTITY), "{sql}");
     for part in [
+        "SET DEADLOCK_PRIORITY NORMAL;",
+        "SET CONTEXT_INFO 0x;",
         "SET IMPLICIT_TRANSACTIONS OFF;",
         "SET TRANSACTION ISOLATION LEVEL READ COMMITTED;",
         "SET XACT_ABORT OFF;",
@@ -428,9 +434,13 @@ fn check_out_resets_the_session() {
     ] {
         assert!(sql.contains(part), "{part} in {sql}");
     }
-    assert_eq!(sql.matches("SET ").count(), 4 + SESSION_OPTIONS.len());
-    assert!(check_out(None).contains("SET LOCK_TIMEOUT -1;"));
-    assert!(check_out(Some(Duration::from_millis(1500))).contains("SET LOCK_TIMEOUT 1500;"));
+    assert_eq!(sql.matches("SET ").count(), 6 + SESSION_OPTIONS.len());
+    // Restored before anything else runs: impersonation, then the database.
+    assert!(sql.find("REVERT").unwrap() < sql.find("USE ").unwrap());
+    assert!(sql.find("USE ").unwrap() < sql.find("SET ").unwrap());
+    assert!(!check_out(None, None).contains("USE "));
+    assert!(check_out(None, None).contains("SET LOCK_TIMEOUT -1;"));
+    assert!(check_out(Some(Duration::from_millis(1500)), None).contains("SET LOCK_TIMEOUT 1500;"));
 }
 
 /// The `CREATE INDEX` line of the test outbox's index `obx_t_<suffix>` in `ddl`.

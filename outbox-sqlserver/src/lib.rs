@@ -20,6 +20,10 @@ mod store;
 #[cfg(test)]
 mod hint_tests;
 #[cfg(test)]
+mod legality;
+#[cfg(test)]
+mod registry_tests;
+#[cfg(test)]
 mod statement_tests;
 
 pub use config::{MssqlDedupConfig, MssqlEntityConfig, MssqlOutboxConfig, MAX_PARTITION_KEY_LEN};
@@ -31,6 +35,7 @@ pub use lock::MssqlDistributedLock;
 pub use schema::SCHEMA_VERSION;
 pub use session::{
     MssqlClient, MssqlManager, MssqlPool, MssqlSession, MssqlTransaction, DEFAULT_LOCK_TIMEOUT,
+    DEFAULT_STATEMENT_TIMEOUT,
 };
 pub use store::MssqlOutbox;
 

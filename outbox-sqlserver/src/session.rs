@@ -15,6 +15,19 @@
 //!
 //! A transaction begun with a bare `BEGIN TRANSACTION` on a pooled connection is not
 //! seen by the pool: it is rolled back at the connection's next check-out only.
+//!
+//! # What a check-out puts back, and what it checks
+//!
+//! tiberius cannot send `sp_reset_connection`, so the check-out batch ([`check_out`])
+//! undoes by statement what a caller may leave on a shared session: an open
+//! transaction, impersonation (`EXECUTE AS` without `REVERT`), the database (`USE`),
+//! `DEADLOCK_PRIORITY`, `CONTEXT_INFO`, the isolation level, `XACT_ABORT`,
+//! `LOCK_TIMEOUT` and the options the crate's statements need. It ends by reading the
+//! session's database, login and user, and a session that does not match what it was
+//! when it connected (an `EXECUTE AS ... WITH NO REVERT`, a database that could not be
+//! restored) is closed instead of handed out. Not reset: keys set with
+//! `sp_set_session_context` (read-only ones cannot be), temporary tables and open
+//! cursors, `SET LANGUAGE`; a caller who uses those on pooled sessions must undo them.
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
@@ -38,6 +51,28 @@ pub type MssqlPool = bb8::Pool<MssqlManager>;
 /// lease would return rows the relay has no time left to publish.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long one of the crate's own statements on a pooled session may run before the
+/// call fails with [`ErrorKind::Timeout`](outbox_core::ErrorKind::Timeout) and the
+/// session is closed, unless
+/// [`MssqlConnection::with_statement_timeout`](crate::MssqlConnection::with_statement_timeout)
+/// says otherwise: thirty seconds. A claim's bound is the shorter of this and its
+/// lease. `LOCK_TIMEOUT` bounds lock waits only; this bounds everything else (memory
+/// grants, log writes, a half-open connection after a failover).
+pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Who and where a session was when it connected: the database every check-out puts
+/// back with `USE`, and the login and user it must still be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Identity {
+    pub(crate) database: String,
+    pub(crate) login: String,
+    pub(crate) user: String,
+}
+
+/// Reads a session's [`Identity`] (the check-out ends with it too).
+pub(crate) const IDENTITY: &str =
+    "SELECT DB_NAME() AS db, SUSER_SNAME() AS login, USER_NAME() AS usr";
+
 /// One pooled session on the server: a tiberius client (it derefs to [`MssqlClient`]),
 /// and whether the pool must close it instead of handing it out again.
 ///
@@ -48,14 +83,29 @@ pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct MssqlSession {
     client: MssqlClient,
     broken: bool,
+    identity: Option<Identity>,
+    statement_timeout: Option<Duration>,
 }
 
 impl MssqlSession {
-    fn new(client: MssqlClient) -> Self {
+    fn new(client: MssqlClient, statement_timeout: Option<Duration>) -> Self {
         MssqlSession {
             client,
             broken: false,
+            identity: None,
+            statement_timeout,
         }
+    }
+
+    /// The client and the broken flag, apart: a statement runs on the one while a
+    /// [`BreakOnDrop`] guards the other.
+    pub(crate) fn parts(&mut self) -> (&mut MssqlClient, &mut bool) {
+        (&mut self.client, &mut self.broken)
+    }
+
+    /// How long the crate's statements on this session may run.
+    pub(crate) fn statement_timeout(&self) -> Option<Duration> {
+        self.statement_timeout
     }
 
     /// Begin a transaction (`BEGIN TRANSACTION`) and return the guard that ends it.
@@ -63,7 +113,7 @@ impl MssqlSession {
     /// # Errors
     /// Mapped driver errors; the session is then marked broken.
     pub async fn begin(&mut self) -> Result<MssqlTransaction<'_>> {
-        let MssqlSession { client, broken } = self;
+        let MssqlSession { client, broken, .. } = self;
         // Armed before the request is sent: a future dropped while `BEGIN` is in
         // flight may leave a transaction open too.
         let open = BreakOnDrop::new(broken);
@@ -202,17 +252,34 @@ impl Drop for BreakOnDrop<'_> {
 }
 
 /// Run a batch without parameters (so `BEGIN`/`COMMIT` change the session's
-/// transaction count, which `sp_executesql` would refuse with error 266), reading every
-/// result.
-async fn run_batch(client: &mut MssqlClient, sql: &str, what: &str) -> Result<()> {
-    client
+/// transaction count, which `sp_executesql` would refuse with error 266, and `SET`s
+/// outlast the request), reading every result; returns the rows of the last result.
+async fn batch_rows(client: &mut MssqlClient, sql: &str, what: &str) -> Result<Vec<tiberius::Row>> {
+    let mut sets = client
         .simple_query(sql)
         .await
         .map_err(|e| from_tiberius(what, e))?
         .into_results()
         .await
         .map_err(|e| from_tiberius(what, e))?;
-    Ok(())
+    Ok(sets.pop().unwrap_or_default())
+}
+
+async fn run_batch(client: &mut MssqlClient, sql: &str, what: &str) -> Result<()> {
+    batch_rows(client, sql, what).await.map(drop)
+}
+
+/// The [`Identity`] in the last row of `rows` (from [`IDENTITY`]).
+fn identity_of(rows: &[tiberius::Row]) -> Result<Identity> {
+    let row = rows
+        .last()
+        .ok_or_else(|| crate::error::decode_error("the session's identity returned no row"))?;
+    let text = |column: &str| crate::exec::row_str(row, column);
+    Ok(Identity {
+        database: text("db")?,
+        login: text("login")?,
+        user: text("usr")?,
+    })
 }
 
 /// Begins the crate's own transactions.
@@ -245,24 +312,36 @@ pub(crate) const SESSION_OPTIONS: &[(&str, &str)] = &[
 /// put back the session settings the crate's statements rely on. The pool is shared
 /// with callers' own transactions, and tiberius has no `sp_reset_connection`:
 ///
+/// - `REVERT` (up to four nested `EXECUTE AS`; an error there, as with nothing to
+///   revert to, is caught), then `USE` of `database`, the session's database when it
+///   connected;
+/// - `DEADLOCK_PRIORITY NORMAL` and an empty `CONTEXT_INFO`;
 /// - `IMPLICIT_TRANSACTIONS OFF` (or a claim would keep its locks in a transaction
 ///   nobody commits), READ COMMITTED (a caller's SERIALIZABLE would take key-range
 ///   locks; SNAPSHOT makes `READPAST` fail with error 650), `XACT_ABORT OFF`;
 /// - `LOCK_TIMEOUT` in milliseconds (`-1`, wait for ever, when `lock_timeout` is
 ///   `None`), so a blocked statement fails with error 1222 instead of waiting without
 ///   end;
-/// - [`SESSION_OPTIONS`], so a caller's `SET` cannot make an outbox write fail.
-pub(crate) fn check_out(lock_timeout: Option<Duration>) -> String {
-    let mut sql = format!(
-        "IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION; SET IMPLICIT_TRANSACTIONS OFF; \
+/// - [`SESSION_OPTIONS`], so a caller's `SET` cannot make an outbox write fail;
+/// - and last [`IDENTITY`], which the manager compares with the session's.
+pub(crate) fn check_out(lock_timeout: Option<Duration>, database: Option<&str>) -> String {
+    let mut sql = String::from(
+        "IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION; \
+         BEGIN TRY REVERT; REVERT; REVERT; REVERT; END TRY BEGIN CATCH END CATCH; ",
+    );
+    if let Some(database) = database {
+        sql.push_str(&format!("USE {}; ", crate::ident::quote(database)));
+    }
+    sql.push_str(&format!(
+        "SET DEADLOCK_PRIORITY NORMAL; SET CONTEXT_INFO 0x; SET IMPLICIT_TRANSACTIONS OFF; \
          SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET XACT_ABORT OFF; \
          SET LOCK_TIMEOUT {}; ",
         lock_timeout_ms(lock_timeout)
-    );
+    ));
     for (option, value) in SESSION_OPTIONS {
         sql.push_str(&format!("SET {option} {value}; "));
     }
-    sql.push_str("SELECT 1 AS ok");
+    sql.push_str(IDENTITY);
     sql
 }
 
@@ -290,17 +369,37 @@ pub(crate) fn lock_timeout_ms(lock_timeout: Option<Duration>) -> i64 {
 pub struct MssqlManager {
     inner: bb8_tiberius::ConnectionManager,
     platform: Platform,
-    check_out: String,
+    lock_timeout: Option<Duration>,
+    statement_timeout: Option<Duration>,
+}
+
+/// TCP keepalive on every connection: probes after a minute idle, every ten seconds,
+/// so a connection a failover left half-open fails in about two minutes instead of
+/// the operating system's default (hours idle, or about fifteen minutes of
+/// retransmissions).
+pub(crate) const KEEPALIVE: (Duration, Duration) =
+    (Duration::from_secs(60), Duration::from_secs(10));
+
+fn configure_tcp(tcp: &tokio::net::TcpStream) -> std::io::Result<()> {
+    tcp.set_nodelay(true)?;
+    let (idle, interval) = KEEPALIVE;
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(idle)
+        .with_interval(interval);
+    socket2::SockRef::from(tcp).set_tcp_keepalive(&keepalive)
 }
 
 impl MssqlManager {
-    /// A manager connecting with `config`, with [`DEFAULT_LOCK_TIMEOUT`].
+    /// A manager connecting with `config`, with [`DEFAULT_LOCK_TIMEOUT`],
+    /// [`DEFAULT_STATEMENT_TIMEOUT`] and TCP keepalive.
     pub fn new(config: tiberius::Config) -> Self {
         let platform = Platform::of_config(&config);
         MssqlManager {
-            inner: bb8_tiberius::ConnectionManager::new(config),
+            inner: bb8_tiberius::ConnectionManager::new(config)
+                .with_modify_tcp_stream(configure_tcp),
             platform,
-            check_out: check_out(Some(DEFAULT_LOCK_TIMEOUT)),
+            lock_timeout: Some(DEFAULT_LOCK_TIMEOUT),
+            statement_timeout: Some(DEFAULT_STATEMENT_TIMEOUT),
         }
     }
 
@@ -308,7 +407,15 @@ impl MssqlManager {
     /// statements wait for locks without end).
     #[must_use]
     pub fn with_lock_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.check_out = check_out(timeout);
+        self.lock_timeout = timeout;
+        self
+    }
+
+    /// The same manager bounding the crate's own statements on its sessions by
+    /// `timeout` (`None`: no bound); see [`DEFAULT_STATEMENT_TIMEOUT`].
+    #[must_use]
+    pub fn with_statement_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.statement_timeout = timeout;
         self
     }
 }
@@ -326,19 +433,50 @@ impl bb8::ManageConnection for MssqlManager {
     type Error = Error;
 
     async fn connect(&self) -> std::result::Result<MssqlSession, Error> {
-        self.inner
+        let client = self
+            .inner
             .connect()
             .await
-            .map(MssqlSession::new)
-            .map_err(|e| from_connect("connect to SQL Server", e, self.platform))
+            .map_err(|e| from_connect("connect to SQL Server", e, self.platform))?;
+        let mut session = MssqlSession::new(client, self.statement_timeout);
+        let rows = batch_rows(
+            &mut session.client,
+            IDENTITY,
+            "read a new session's identity",
+        )
+        .await?;
+        session.identity = Some(identity_of(&rows)?);
+        Ok(session)
     }
 
     async fn is_valid(&self, conn: &mut MssqlSession) -> std::result::Result<(), Error> {
-        run_batch(&mut conn.client, &self.check_out, "reset a pooled session").await
+        let database = conn.identity.as_ref().map(|i| i.database.as_str());
+        let sql = check_out(self.lock_timeout, database);
+        let rows = batch_rows(&mut conn.client, &sql, "reset a pooled session").await?;
+        same_identity(conn.identity.as_ref(), &identity_of(&rows)?)
     }
 
     fn has_broken(&self, conn: &mut MssqlSession) -> bool {
         conn.broken
+    }
+}
+
+/// Whether a reset session is still who and where it was when it connected (`None`:
+/// nothing was recorded, nothing to compare).
+fn same_identity(expected: Option<&Identity>, now: &Identity) -> Result<()> {
+    match expected {
+        Some(expected) if expected != now => {
+            tracing::warn!(
+                ?expected,
+                ?now,
+                "a pooled session kept another database or identity after its reset; it is closed"
+            );
+            Err(Error::new(
+                outbox_core::ErrorKind::Storage,
+                "a pooled session could not be put back to its database and login",
+            ))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -40,22 +40,33 @@ pub(crate) const MAX_PARAMS: usize = 2100;
 pub(crate) const PARAM_BUDGET: usize = 2000;
 /// SQL Server's limit on rows in one `VALUES` table value constructor.
 pub(crate) const MAX_VALUES_ROWS: usize = 1000;
-/// Rows one purge, requeue or discard statement touches at most: well under the 5,000
-/// locks at which SQL Server escalates a statement's row locks to a table lock (each
-/// row also takes key locks in the table's nonclustered indexes).
+/// Rows one purge, requeue or discard statement touches at most on a table whose
+/// `LOCK_ESCALATION` is `DISABLE` (as the installer creates it): the lock memory such a
+/// statement holds stays bounded. It is not below the escalation threshold: a purged
+/// row takes three key locks (the clustered key, `<table>_pk`, `<table>_dispatched`), a
+/// claimed or settled row up to five, so 2,000 rows are 6,000 to 10,000 locks.
 pub(crate) const DELETE_BATCH: usize = 2000;
-/// Rows one claim statement takes at most, for the same reason as [`DELETE_BATCH`]
-/// (and so the table's `LOCK_ESCALATION = DISABLE` costs bounded lock memory): a larger
-/// claim is sent as several statements sharing one token.
+/// Rows one claim statement takes at most, for the same reason as [`DELETE_BATCH`]: a
+/// larger claim is sent as several statements sharing one token.
 pub(crate) const CLAIM_BATCH: usize = DELETE_BATCH;
+/// Key locks one claimed, settled or purged row takes at most.
+pub(crate) const LOCKS_PER_ROW: usize = 5;
+/// The locks one statement holds on one table before SQL Server escalates them to a
+/// table lock (unless `LOCK_ESCALATION = DISABLE`).
+pub(crate) const ESCALATION_THRESHOLD: usize = 5000;
+/// Rows per claim, purge or change statement on a table whose `LOCK_ESCALATION` is not
+/// `DISABLE` (a DBA's choice, or a table created by other tooling): at
+/// [`LOCKS_PER_ROW`] each, below [`ESCALATION_THRESHOLD`].
+pub(crate) const ESCALATING_BATCH: usize = 900;
 /// The longest age a filter or purge compares with: a thousand years, past which a
 /// cutoff would leave `datetime2`'s range. Longer ages are clamped to it, which
 /// selects the same rows (none is that old).
 pub(crate) const MAX_AGE: Duration = Duration::from_secs(1000 * 365 * 24 * 60 * 60);
 
 // The budgets hold by construction: a statement binds fewer parameters than SQL Server
-// takes, and a bounded delete takes fewer row locks than escalate (5,000).
-const _: () = assert!(PARAM_BUDGET < MAX_PARAMS && DELETE_BATCH < 5000 && CLAIM_BATCH < 5000);
+// takes, and where escalation is on a statement takes fewer locks than escalate.
+const _: () =
+    assert!(PARAM_BUDGET < MAX_PARAMS && ESCALATING_BATCH * LOCKS_PER_ROW < ESCALATION_THRESHOLD);
 
 /// A bound value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,9 +188,20 @@ pub(crate) fn by_key(t: &QualifiedName) -> String {
 }
 
 /// The hints of bounded purges: a seek on `suffix`'s index of `t` (the time the purge
-/// bounds), row locks, skipping locked rows.
+/// bounds), row locks, skipping locked rows, and a locking read whatever
+/// `READ_COMMITTED_SNAPSHOT` says (the form in which SQL Server takes `READPAST`
+/// under it). Index hints are refused on a statement's target, so a purge names its
+/// target by the alias of a `FROM` occurrence that carries them ([`bounded_delete`]).
 pub(crate) fn purge_hints(t: &QualifiedName, suffix: &str) -> String {
-    pinned(t, suffix, "ROWLOCK, READPAST")
+    pinned(t, suffix, "ROWLOCK, READPAST, READCOMMITTEDLOCK")
+}
+
+/// `DELETE TOP (<top>) x FROM <t> AS x <hints> WHERE <predicate>;`: a bounded delete
+/// whose target is the alias `x` of a `FROM` occurrence, the only place SQL Server
+/// takes index hints (on the target itself it refuses them with error 1069).
+/// `predicate` names columns through `x`.
+pub(crate) fn bounded_delete(t: &QualifiedName, top: &str, hints: &str, predicate: &str) -> String {
+    format!("DELETE TOP ({top}) x FROM {t} AS x {hints} WHERE {predicate};")
 }
 
 /// A message to enqueue, as bound.

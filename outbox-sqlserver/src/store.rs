@@ -21,7 +21,7 @@ use outbox_core::{
 use crate::claim;
 use crate::config::MssqlOutboxConfig;
 use crate::error::{from_pool, from_tiberius};
-use crate::exec::{execute, query_rows, row_id};
+use crate::exec::{execute, query_rows, row_id, session_rows};
 use crate::ident::QualifiedName;
 use crate::row::decode_claimed;
 use crate::schema;
@@ -326,12 +326,21 @@ impl MssqlOutbox {
         self.pool.get().await.map_err(|e| from_pool(what, e))
     }
 
-    /// Run one statement on a pooled connection and return its rows.
+    /// Run one statement on a pooled connection and return its rows, bounded by the
+    /// session's statement time-out.
     pub(crate) async fn rows(&self, what: &str, stmt: Stmt) -> Result<Vec<Row>> {
-        let mut client = self.client(what).await?;
-        query_rows(&mut client, stmt)
-            .await
-            .map_err(|e| from_tiberius(what, e))
+        self.rows_within(what, stmt, None).await
+    }
+
+    /// [`rows`](Self::rows), bounded by `limit` too when it is shorter.
+    async fn rows_within(
+        &self,
+        what: &str,
+        stmt: Stmt,
+        limit: Option<Duration>,
+    ) -> Result<Vec<Row>> {
+        let mut session = self.client(what).await?;
+        session_rows(&mut session, what, stmt, limit).await
     }
 
     /// Claim up to `limit` due rows (only `ids` when given), in statements of at most
@@ -371,7 +380,9 @@ impl MssqlOutbox {
         }
         let mut remaining = limit;
         while let Some((asked, stmt)) = stmts.pop() {
-            let got = match self.rows("claim", stmt).await {
+            // A claim that returns after its lease ran out hands the relay rows others
+            // may already have claimed: its statements are bounded by the lease too.
+            let got = match self.rows_within("claim", stmt, Some(lease)).await {
                 Ok(got) => got,
                 Err(err) => {
                     // Earlier statements of this claim committed: give their rows back.
@@ -400,12 +411,9 @@ impl MssqlOutbox {
         requested: impl Iterator<Item = MessageId>,
     ) -> Result<Settled> {
         let mut applied = Vec::new();
-        let mut client = self.client(what).await?;
+        let mut session = self.client(what).await?;
         for stmt in stmts {
-            for row in query_rows(&mut client, stmt)
-                .await
-                .map_err(|e| from_tiberius(what, e))?
-            {
+            for row in session_rows(&mut session, what, stmt, None).await? {
                 applied.push(MessageId::from_uuid(Uuid::from_bytes(row_id(&row, "id")?)));
             }
         }
