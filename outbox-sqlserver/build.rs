@@ -1,7 +1,7 @@
 //! Build script: when OUTBOX_TEST_MSSQL_URL is not set, the suites and tests that need
 //! SQL Server are built as ignored (cfg `outbox_service_unset`), so cargo's summary
-//! shows what did not run instead of counting it as passed. No SQL Server can run on
-//! the project's machines, so this backend is exempt from `OUTBOX_REQUIRE_INTEGRATION`.
+//! shows what did not run instead of counting it as passed. CI does not run a SQL
+//! Server, so this backend is exempt from `OUTBOX_REQUIRE_INTEGRATION`.
 
 fn main() {
     const URL: &str = "OUTBOX_TEST_MSSQL_URL";

@@ -32,16 +32,22 @@ pub(crate) fn ado_string(url: &str) -> Result<String, Failure> {
     }
     let user = decode(parsed.username());
     let password = parsed.password().map(decode).unwrap_or_default();
+    // Windows and Kerberos authentication are not compiled into the SQL Server driver
+    // here: without a user it would try a SQL login with an empty name, and the server's
+    // "login failed" would hide the cause.
+    if user.is_empty() {
+        return Err(usage(
+            "the SQL Server URL names no user: this build signs in with SQL Server \
+             authentication only (integrated security is not compiled in)"
+                .to_owned(),
+        ));
+    }
     let mut pairs = vec![
         ("Server", format!("tcp:{host},{port}")),
         ("Database", decode(database)),
+        ("User Id", user),
+        ("Password", password),
     ];
-    if user.is_empty() {
-        pairs.push(("Integrated Security", "true".to_owned()));
-    } else {
-        pairs.push(("User Id", user));
-        pairs.push(("Password", password));
-    }
     for (key, value) in parsed.query_pairs() {
         let key = key.to_ascii_lowercase();
         let value = value.to_ascii_lowercase();
@@ -104,9 +110,17 @@ mod tests {
             "Server=tcp:127.0.0.1,14330;Database=orders;User Id=app;Password=\"p@ss;w=rd\";\
              Encrypt=false;TrustServerCertificate=true"
         );
-        assert_eq!(
-            ado_string("sqlserver://db/orders").unwrap(),
-            "Server=tcp:db,1433;Database=orders;Integrated Security=true"
+    }
+
+    #[test]
+    fn a_url_without_a_user_is_refused_with_the_reason() {
+        let refused = ado_string("sqlserver://db/orders").unwrap_err();
+        assert_eq!(refused.exit, Exit::Usage);
+        let text = format!("{refused:?}");
+        assert!(text.contains("names no user"), "{text}");
+        assert!(
+            text.contains("integrated security is not compiled in"),
+            "{text}"
         );
     }
 

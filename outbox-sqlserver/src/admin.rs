@@ -2,9 +2,9 @@
 //!
 //! Changes by filter and purges run in statements of at most
 //! [`DELETE_BATCH`](crate::sql::DELETE_BATCH) rows (`TOP (n)` with `READPAST`, so rows
-//! others hold are skipped), repeated until the caller's limit is reached or a
-//! statement finds fewer rows: no statement takes enough row locks to escalate to a
-//! table lock.
+//! others hold are skipped; [`ESCALATING_BATCH`](crate::sql::ESCALATING_BATCH) where
+//! the table's lock escalation is on), repeated until the caller's limit is reached or
+//! a statement finds fewer rows.
 
 use std::time::Duration;
 
@@ -17,7 +17,8 @@ use outbox_core::{
 };
 
 use crate::claim::UPDATE_LOCKS;
-use crate::exec::{row_count, row_opt_i64, session_execute};
+use crate::error::has_number;
+use crate::exec::{guarded, query_rows, row_count, row_opt_i64, session_execute};
 use crate::ident::QualifiedName;
 use crate::row::decode_dead_letter;
 use crate::schema::{index, index_hint};
@@ -207,6 +208,42 @@ pub(crate) fn stats(t: &QualifiedName) -> Stmt {
     ))
 }
 
+/// The numbers of permission errors (`VIEW DATABASE STATE` or `VIEW DATABASE
+/// PERFORMANCE STATE` missing): 297 (no permission for the action), 300 (a permission
+/// denied on an object), 229 (a permission denied on an object, older wording).
+pub(crate) const PERMISSION_DENIED: [u32; 3] = [297, 300, 229];
+
+/// `stats` without counting the kept history: dead letters and dispatched rows are
+/// the row counts of the filtered indexes `<table>_dead` and `<table>_dispatched` in
+/// `sys.dm_db_partition_stats` (no row read, no lock taken; they include rows of
+/// transactions not yet committed); the undelivered counts read `<table>_due` as
+/// [`stats`] does. Needs `VIEW DATABASE STATE` (`VIEW DATABASE PERFORMANCE STATE` on
+/// SQL Server 2022 and Azure SQL).
+pub(crate) fn stats_by_index_size(t: &QualifiedName) -> Stmt {
+    let mut b = Binder::default();
+    let table = b.bind(Param::Text(Some(t.to_string())));
+    let mut size = |suffix: &str| {
+        let index = b.bind(Param::Text(Some(t.derived(suffix))));
+        format!(
+            "ISNULL((SELECT SUM(ps.row_count) FROM sys.dm_db_partition_stats AS ps \
+             INNER JOIN sys.indexes AS i ON i.object_id = ps.object_id AND i.index_id = ps.index_id \
+             WHERE ps.object_id = OBJECT_ID({table}) AND i.name = {index}), 0)"
+        )
+    };
+    let dead = size(index::DEAD);
+    let dispatched = size(index::DISPATCHED);
+    b.finish(format!(
+        "SELECT \
+         COUNT_BIG(CASE WHEN lease_token IS NULL OR available_at <= {NOW} THEN 1 END) AS pending, \
+         COUNT_BIG(CASE WHEN lease_token IS NOT NULL AND available_at > {NOW} THEN 1 END) \
+         AS in_flight, \
+         DATEDIFF_BIG(MICROSECOND, MIN(created_at), {NOW}) AS oldest_us, \
+         {dead} AS dead, {dispatched} AS dispatched \
+         FROM {t} {due} WHERE {UNDELIVERED};",
+        due = stats_hints(t, index::DUE),
+    ))
+}
+
 // ---- The trait ------------------------------------------------------------------
 
 impl MssqlOutbox {
@@ -223,12 +260,13 @@ impl MssqlOutbox {
         let name = self.qualified_name();
         let mut client = self.client(what).await?;
         let mut changed = 0;
+        let batch = self.statement_rows();
         match target {
             DeadTarget::Ids(ids) => {
                 // In id order (as `dead_target` gives them), like the settles, so
                 // overlapping calls lock rows in one order.
                 let ids: Vec<[u8; 16]> = ids.iter().map(|id| *id.as_uuid().as_bytes()).collect();
-                for chunk in ids.chunks(chunk_rows(1, 0).min(DELETE_BATCH)) {
+                for chunk in ids.chunks(chunk_rows(1, 0).min(batch)) {
                     changed +=
                         session_execute(&mut client, what, change_dead_ids(name, change, chunk))
                             .await?;
@@ -237,9 +275,7 @@ impl MssqlOutbox {
             DeadTarget::Matching { filter, limit } => {
                 let limit = u64::try_from(limit).unwrap_or(u64::MAX);
                 while changed < limit {
-                    let step = usize::try_from(limit - changed)
-                        .unwrap_or(DELETE_BATCH)
-                        .min(DELETE_BATCH);
+                    let step = usize::try_from(limit - changed).unwrap_or(batch).min(batch);
                     let done = session_execute(
                         &mut client,
                         what,
@@ -259,10 +295,43 @@ impl MssqlOutbox {
 
 #[async_trait]
 impl OutboxAdmin for MssqlOutbox {
-    /// As the trait says, read without waiting: rows other transactions hold at that
-    /// moment (uncommitted enqueues, rows being claimed or settled) are not counted.
+    /// As the trait says, read without waiting: undelivered rows other transactions
+    /// hold at that moment (uncommitted enqueues, rows being claimed or settled) are not
+    /// counted. Dead letters and dispatched rows are the sizes of their indexes where
+    /// the login may read `sys.dm_db_partition_stats` ([`stats_by_index_size`]: kept
+    /// history is not read every call); without that permission (logged once) they are
+    /// counted, at a cost that grows with the kept history.
     async fn stats(&self) -> Result<OutboxStats> {
-        let rows = self.rows("stats", stats(self.qualified_name())).await?;
+        let what = "stats";
+        let mut rows = None;
+        if !self.stats_by_scan() {
+            let mut session = self.client(what).await?;
+            let limit = session.statement_timeout();
+            let stmt = stats_by_index_size(self.qualified_name());
+            rows = guarded(&mut session, what, limit, |c| {
+                Box::pin(async move {
+                    match query_rows(c, stmt).await {
+                        Ok(rows) => Ok(Some(rows)),
+                        Err(e) if has_number(&e, &PERMISSION_DENIED) => Ok(None),
+                        Err(e) => Err(e),
+                    }
+                })
+            })
+            .await?;
+            if rows.is_none() {
+                tracing::warn!(
+                    table = %self.qualified_name(),
+                    "stats cannot read sys.dm_db_partition_stats (grant VIEW DATABASE STATE, \
+                     or VIEW DATABASE PERFORMANCE STATE on SQL Server 2022): dead letters and \
+                     dispatched rows are counted instead, reading all kept history"
+                );
+                self.count_stats_by_scan();
+            }
+        }
+        let rows = match rows {
+            Some(rows) => rows,
+            None => self.rows(what, stats(self.qualified_name())).await?,
+        };
         let row = rows
             .first()
             .ok_or_else(|| crate::error::decode_error("stats returned no row"))?;
@@ -310,8 +379,8 @@ impl OutboxAdmin for MssqlOutbox {
 
     /// As the trait says; a `limit` above
     /// [`MAX_ADMIN_BATCH`](outbox_core::admin::MAX_ADMIN_BATCH) is taken as that
-    /// ([`purge_limit`]), and rows are deleted in statements of at most 2,000 rows
-    /// (below lock escalation).
+    /// ([`purge_limit`]), and rows are deleted in statements of at most 2,000 rows (900
+    /// where the table's lock escalation is on).
     async fn purge_dispatched(&self, older_than: Duration, limit: usize) -> Result<u64> {
         let Some(limit) = purge_limit(limit, self.config().retention()) else {
             return Ok(0);
@@ -321,10 +390,9 @@ impl OutboxAdmin for MssqlOutbox {
         let age = age_micros(older_than);
         let mut client = self.client(what).await?;
         let mut purged = 0;
+        let batch = self.statement_rows();
         while purged < limit {
-            let step = usize::try_from(limit - purged)
-                .unwrap_or(DELETE_BATCH)
-                .min(DELETE_BATCH);
+            let step = usize::try_from(limit - purged).unwrap_or(batch).min(batch);
             let done = session_execute(
                 &mut client,
                 what,

@@ -130,15 +130,18 @@ pub(crate) fn purge(t: &QualifiedName, retention_us: i64, limit: usize) -> Stmt 
 /// Processed message ids per consumer in a SQL Server table; strongly consistent.
 ///
 /// ```no_run
-/// # async fn demo(inbox: outbox_sqlserver::MssqlDedupStore, client: &mut outbox_sqlserver::MssqlClient, id: outbox_core::MessageId) -> outbox_core::Result<()> {
+/// # async fn demo(inbox: outbox_sqlserver::MssqlDedupStore, pool: outbox_sqlserver::MssqlPool, id: outbox_core::MessageId) -> outbox_core::Result<()> {
 /// use outbox_core::{ConsumerName, Dedup};
 ///
 /// let billing = ConsumerName::new("billing")?;
-/// client.simple_query("BEGIN TRANSACTION").await.expect("begin");
-/// if inbox.record_in(client, &billing, id).await? == Dedup::New {
-///     // ... apply the message's effects on `client` ...
+/// let mut session = pool.get().await.expect("a pooled session");
+/// // Dropped before commit or rollback, the guard has the pool close the session,
+/// // which ends the transaction and its locks on the server at once.
+/// let mut tx = session.begin().await?;
+/// if inbox.record_in(&mut *tx, &billing, id).await? == Dedup::New {
+///     // ... apply the message's effects on `tx` ...
 /// }
-/// client.simple_query("COMMIT TRANSACTION").await.expect("commit");
+/// tx.commit().await?;
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
@@ -184,7 +187,9 @@ impl MssqlDedupStore {
     /// another layout version; mapped driver errors otherwise.
     pub async fn install(&self) -> Result<()> {
         let mut client = dedicated(&self.pool, "schema install").await?;
-        install(&mut client, &self.name, &inbox_layout(&self.name)).await
+        install(&mut client, &self.name, &inbox_layout(&self.name))
+            .await
+            .map(drop)
     }
 
     /// Record `id` for `consumer` on `client`, normally inside the transaction that

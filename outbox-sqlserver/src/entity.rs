@@ -102,7 +102,9 @@ impl MssqlEntityStore {
     /// driver errors otherwise.
     pub async fn install(&self) -> Result<()> {
         let mut client = dedicated(&self.pool, "schema install").await?;
-        install(&mut client, &self.name, &entity_layout(&self.name)).await
+        install(&mut client, &self.name, &entity_layout(&self.name))
+            .await
+            .map(drop)
     }
 }
 

@@ -2,20 +2,27 @@
 //!
 //! # Protocol
 //!
-//! 1. On a dedicated connection, `SET XACT_ABORT ON; BEGIN TRANSACTION` (any error
-//!    aborts the whole install).
+//! 1. On a dedicated connection, `SET XACT_ABORT ON; SET LOCK_TIMEOUT 5000; BEGIN
+//!    TRANSACTION` (any error aborts the whole install; no lock is waited on for more
+//!    than five seconds).
 //! 2. Take the per-schema install lock (`sp_getapplock`, transaction-owned, waiting up
 //!    to a minute), so concurrent installs run one after another.
 //! 3. Create the schema and the version table `[<schema>].[outbox_schema_versions]` if
 //!    missing, and read the table's recorded layout version.
-//! 4. - Not recorded: create the table's objects, apply its settings, record its
-//!      layout version.
-//!    - Recorded at the crate's version: apply the settings that are not set yet (a
-//!      server upgraded to one that has `OPTIMIZE_FOR_SEQUENTIAL_KEY`, a table created
-//!      from an older DDL text).
+//! 4. - Not recorded: create the table's objects, record its layout version.
+//!    - Recorded at the crate's version: nothing to create.
 //!    - Recorded at another version: [`ErrorKind::Schema`], nothing changed. An outbox
 //!      table at layout 1 is refused with the way to upgrade it.
 //! 5. Commit.
+//! 6. Outside the transaction, with `XACT_ABORT OFF` and the same lock time-out, apply
+//!    the settings that are not set yet (`OPTIMIZE_FOR_SEQUENTIAL_KEY` on a server that
+//!    has it, a table created from an older DDL text). They are `ALTER INDEX`es, which
+//!    need a schema-modification lock: on a live table that lock queues behind every
+//!    open transaction touching it, and every new enqueue queues behind the request.
+//!    So a setting refused within the lock time-out (or for want of permission) is
+//!    logged as not applied, and the install succeeds; the next install tries again.
+//! 7. Read the table's `LOCK_ESCALATION` back ([`lock_escalation`]), for the caller
+//!    to size its statements by.
 
 use outbox_core::{Error, ErrorKind, Result};
 
@@ -26,8 +33,33 @@ use crate::schema::{prelude, Layout, SCHEMA_VERSION, SET_OPTIONS, VERSION_TABLE}
 use crate::session::{rollback_quietly, MssqlClient, COMMIT};
 use crate::sql::{Binder, Param, Stmt};
 
-/// Begins the installer's transaction: any error aborts it whole.
-pub(crate) const INSTALL_BEGIN: &str = "SET XACT_ABORT ON; BEGIN TRANSACTION;";
+/// Begins the installer's transaction: any error aborts it whole; a lock is waited on
+/// for at most five seconds (the install lock itself, a minute).
+pub(crate) const INSTALL_BEGIN: &str =
+    "SET XACT_ABORT ON; SET LOCK_TIMEOUT 5000; BEGIN TRANSACTION;";
+
+/// Ends the transaction's `XACT_ABORT` before the settings: a refused `ALTER` must not
+/// end the session's batch.
+pub(crate) const SETTINGS_BEGIN: &str = "SET XACT_ABORT OFF; SET LOCK_TIMEOUT 5000; ";
+
+/// The table's `LOCK_ESCALATION` setting (`TABLE`, `AUTO` or `DISABLE`).
+pub(crate) fn lock_escalation(name: &QualifiedName) -> Stmt {
+    let mut b = Binder::default();
+    let table = b.bind(Param::Text(Some(name.to_string())));
+    b.finish(format!(
+        "SELECT lock_escalation_desc AS escalation FROM sys.tables \
+         WHERE object_id = OBJECT_ID({table});"
+    ))
+}
+
+/// What an install found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Installed {
+    /// The table's `LOCK_ESCALATION` (`DISABLE` as created).
+    pub(crate) lock_escalation: Option<String>,
+    /// Whether every setting was applied (false: one was refused, and logged).
+    pub(crate) settings_applied: bool,
+}
 
 /// Take the per-schema install lock for the current transaction, waiting up to a
 /// minute.
@@ -93,12 +125,41 @@ pub(crate) async fn install(
     client: &mut MssqlClient,
     name: &QualifiedName,
     layout: &Layout,
-) -> Result<()> {
+) -> Result<Installed> {
     let result = install_in_transaction(client, name, layout).await;
     if result.is_err() {
         rollback_quietly(client).await;
     }
-    result
+    result?;
+    let settings_applied = layout.settings.is_empty()
+        || match batch(
+            client,
+            format!("{SETTINGS_BEGIN}{SET_OPTIONS}{}", layout.settings),
+        )
+        .await
+        {
+            Ok(()) => true,
+            Err(err) => {
+                tracing::warn!(
+                    table = %name,
+                    error = %err.report(),
+                    "a table setting was not applied (a lock not granted within 5 s, or a \
+                     permission missing); the next install tries again"
+                );
+                false
+            }
+        };
+    let rows = query_rows(client, lock_escalation(name))
+        .await
+        .map_err(|e| from_tiberius("schema install", e))?;
+    let lock_escalation = rows
+        .first()
+        .map(|row| row_str(row, "escalation"))
+        .transpose()?;
+    Ok(Installed {
+        lock_escalation,
+        settings_applied,
+    })
 }
 
 /// Run `sql` as a plain batch, reading every result.
@@ -143,18 +204,10 @@ async fn install_in_transaction(
         .map(|row| row_i32(row, "version"))
         .transpose()?
     {
-        Some(version) if version == layout.version => {
-            if !layout.settings.is_empty() {
-                batch(client, format!("{SET_OPTIONS}{}", layout.settings)).await?;
-            }
-        }
+        Some(version) if version == layout.version => {}
         Some(other) => return Err(version_mismatch(name, other, layout.version)),
         None => {
-            batch(
-                client,
-                format!("{SET_OPTIONS}{}{}", layout.objects, layout.settings),
-            )
-            .await?;
+            batch(client, format!("{SET_OPTIONS}{}", layout.objects)).await?;
             query_rows(client, record_version(name, layout.version))
                 .await
                 .map_err(err)?;
@@ -166,6 +219,26 @@ async fn install_in_transaction(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn installs_wait_for_no_lock_longer_than_five_seconds() {
+        // Without it a dedicated connection waits without end (LOCK_TIMEOUT -1): an
+        // ALTER queued behind an open enqueue would queue every later enqueue too.
+        for begin in [INSTALL_BEGIN, SETTINGS_BEGIN] {
+            assert!(begin.contains("SET LOCK_TIMEOUT 5000;"), "{begin}");
+        }
+        assert!(INSTALL_BEGIN.starts_with("SET XACT_ABORT ON;"));
+        assert!(INSTALL_BEGIN.ends_with("BEGIN TRANSACTION;"));
+        // The settings run outside the transaction, where a refused ALTER is reported
+        // and the batch does not abort the session.
+        assert!(SETTINGS_BEGIN.starts_with("SET XACT_ABORT OFF;"));
+        assert!(!SETTINGS_BEGIN.contains("TRANSACTION"));
+        // LOCK_ESCALATION is applied with the objects (at creation), not as a setting.
+        let name = QualifiedName::new("s", "t").unwrap();
+        let layout = crate::schema::outbox_layout(&name);
+        assert!(layout.objects.contains("LOCK_ESCALATION = DISABLE"));
+        assert!(!layout.settings.contains("LOCK_ESCALATION"));
+    }
 
     #[test]
     fn a_layout_1_outbox_is_refused_with_the_way_to_upgrade() {

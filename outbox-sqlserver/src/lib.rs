@@ -14,6 +14,7 @@ mod lock;
 mod row;
 mod schema;
 mod session;
+mod showplan;
 mod sql;
 mod store;
 
@@ -38,6 +39,9 @@ pub use session::{
     DEFAULT_STATEMENT_TIMEOUT,
 };
 pub use store::MssqlOutbox;
+
+#[doc(hidden)]
+pub use showplan::{accesses as showplan_accesses, Explained, PlanAccess};
 
 /// The tiberius this crate was built with: run your transactions on its `Client`.
 pub use tiberius;

@@ -38,6 +38,8 @@ const BUILDERS: &[(&str, &str)] = &[
     ("purge dispatched", "admin::purge_dispatched"),
     ("count dispatched", "admin::count_dispatched"),
     ("stats", "admin::stats"),
+    ("stats by index size", "admin::stats_by_index_size"),
+    ("lock escalation", "install::lock_escalation"),
     ("install lock", "install::install_lock"),
     ("installed version", "install::installed_version"),
     ("record version", "install::record_version"),
@@ -52,10 +54,12 @@ const BUILDERS: &[(&str, &str)] = &[
     ("pool check-out", "session::check_out"),
     ("pool check-out, no time-out", "session::check_out"),
     ("session identity", "session::IDENTITY"),
+    ("showplan on", "showplan::SHOWPLAN_ON"),
     ("begin", "session::BEGIN"),
     ("commit", "session::COMMIT"),
     ("rollback if open", "session::ROLLBACK_IF_OPEN"),
     ("install begin", "install::INSTALL_BEGIN"),
+    ("settings begin", "install::SETTINGS_BEGIN"),
     ("outbox ddl", "schema::outbox_ddl"),
     ("inbox ddl", "schema::inbox_ddl"),
     ("entity ddl", "schema::entity_ddl"),
@@ -70,9 +74,14 @@ const RAW_SENDS: &[(&str, usize, &str)] = &[
         "run_batch: BEGIN, COMMIT, ROLLBACK_IF_OPEN, check_out",
     ),
     (
+        "showplan.rs",
+        1,
+        "SHOWPLAN_ON, then the relay's own Stmts (through exec.rs), for the plan tests",
+    ),
+    (
         "install.rs",
         1,
-        "batch: INSTALL_BEGIN, the DDL (prelude, objects, settings), COMMIT",
+        "batch: INSTALL_BEGIN, the DDL (prelude, objects), COMMIT, SETTINGS_BEGIN + settings",
     ),
 ];
 

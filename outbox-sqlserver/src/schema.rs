@@ -47,7 +47,7 @@
 //!   row level. The installer reads the setting back, and a store whose table escalates
 //!   sends statements of at most 900 rows instead (see `sql::ESCALATING_BATCH`).
 //!
-//! Layout 1 (this crate before issue 24) lacked the includes of `<table>_due` and
+//! Layout 1 (the first layout this crate shipped) lacked the includes of `<table>_due` and
 //! `<table>_dead`; the installer refuses it with the way to upgrade (see the crate
 //! README).
 //!

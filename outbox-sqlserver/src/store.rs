@@ -2,6 +2,7 @@
 //! relays claim from.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +27,9 @@ use crate::ident::QualifiedName;
 use crate::row::decode_claimed;
 use crate::schema;
 use crate::session::{dedicated, MssqlManager, MssqlPool};
-use crate::sql::{self, chunk_rows, micros, FailRow, NewRow, Settle, Stmt, CLAIM_BATCH};
+use crate::sql::{
+    self, chunk_rows, micros, FailRow, NewRow, Settle, Stmt, CLAIM_BATCH, ESCALATING_BATCH,
+};
 
 /// A SQL Server outbox: enqueue with [`enqueue`](Self::enqueue) inside your
 /// transaction, hand the store to a [`Relay`](outbox_core::Relay) to publish, and to
@@ -78,12 +81,16 @@ use crate::sql::{self, chunk_rows, micros, FailRow, NewRow, Settle, Stmt, CLAIM_
 ///   such as Hangfire's and NServiceBus's SQL transports, run on Azure SQL Database,
 ///   where the option is on by default.)
 /// - A per-key claim's first pass and its head probe read with `READCOMMITTEDLOCK`: the
-///   probe sees (and waits for) an uncommitted earlier row of a candidate's key, so a
-///   later row of that key never goes out first, with the option on as with it off.
-///   The wait is bounded by the pool's `LOCK_TIMEOUT` (error 1222, retryable).
+///   probe sees (and waits for) an uncommitted earlier row of a candidate's key once its
+///   `<table>_key` entry exists, so a later row of that key does not go out first, with
+///   the option on as with it off. The wait is bounded by the pool's `LOCK_TIMEOUT`
+///   (error 1222, retryable). Two transactions enqueueing one key concurrently are the
+///   exception: a row's `seq` is assigned before its `<table>_key` entry is written, so
+///   a later row can commit while the earlier one is not yet in that index (see the
+///   limitations).
 /// - Settles and admin statements find rows by primary key or take update locks, so
 ///   they read current data in both modes; `stats` reads with `READCOMMITTEDLOCK,
-///   READPAST`.
+///   READPAST, ROWLOCK`.
 /// - Enqueue checks for stored ids inside the caller's transaction: with the option on,
 ///   an id that another open transaction inserts is not seen by the check and the
 ///   insert then waits on that transaction's key lock; if it commits, the insert fails
@@ -91,9 +98,13 @@ use crate::sql::{self, chunk_rows, micros, FailRow, NewRow, Settle, Stmt, CLAIM_
 ///
 /// ## Limitations
 ///
-/// - **Not verified against a live server in this repository** (no SQL Server runs on
-///   its machines): the statements are parsed and checked offline, and the conformance
-///   suites run when `OUTBOX_TEST_MSSQL_URL` is set. See the crate docs.
+/// - **Not run against a live server by this repository's CI** (CI does not run a SQL
+///   Server): every statement passes the offline legality check, and the conformance
+///   and plan suites run when `OUTBOX_TEST_MSSQL_URL` is set (the crate README's
+///   workflow and script). See the crate docs.
+/// - Per-key order holds for producers that commit a key's messages one transaction at
+///   a time; two open transactions enqueueing the same key may see the later one's
+///   message published first.
 /// - Enqueue order is `seq` order (the identity follows the insert's `ORDER BY`); two
 ///   transactions enqueueing one key concurrently may commit in the other order.
 /// - A per-key claim waits for a transaction that holds an uncommitted row of a
@@ -120,6 +131,21 @@ pub struct MssqlOutbox {
 struct Inner {
     config: MssqlOutboxConfig,
     name: QualifiedName,
+    /// Whether the last install found the table's `LOCK_ESCALATION` other than
+    /// `DISABLE` (false until an install says so: the DDL creates it disabled).
+    escalates: AtomicBool,
+    /// Whether `stats` counts dead and dispatched rows because the login may not read
+    /// index sizes.
+    stats_by_scan: AtomicBool,
+}
+
+/// Rows per claim, purge or change statement on a table that `escalates` or not.
+fn statement_rows(escalates: bool) -> usize {
+    if escalates {
+        ESCALATING_BATCH
+    } else {
+        CLAIM_BATCH
+    }
 }
 
 impl fmt::Debug for MssqlOutbox {
@@ -142,7 +168,12 @@ impl MssqlOutbox {
         let name = config.qualified_name()?;
         Ok(MssqlOutbox {
             pool,
-            inner: Arc::new(Inner { config, name }),
+            inner: Arc::new(Inner {
+                config,
+                name,
+                escalates: AtomicBool::new(false),
+                stats_by_scan: AtomicBool::new(false),
+            }),
         })
     }
 
@@ -169,7 +200,15 @@ impl MssqlOutbox {
     }
 
     /// Create the schema, table and indexes if missing, and record the layout version,
-    /// on a dedicated connection. Safe to call from every process at start-up.
+    /// on a dedicated connection. Safe to call from every process at start-up: no lock
+    /// is waited on for more than five seconds, and the table settings it applies to an
+    /// existing table (`OPTIMIZE_FOR_SEQUENTIAL_KEY`) are skipped with a warning when
+    /// their schema lock is not granted in that time, so a live table's enqueues never
+    /// queue behind an install for long. `LOCK_ESCALATION = DISABLE` is set when the
+    /// table is created, never again (a DBA's later choice stands); the install reads
+    /// it back, and where the table escalates this store sends claim, purge and change
+    /// statements of at most 900 rows, below SQL Server's 5,000-lock threshold, and
+    /// logs a warning.
     ///
     /// # Errors
     /// [`ErrorKind::Schema`](outbox_core::ErrorKind::Schema) when the table exists at
@@ -177,11 +216,41 @@ impl MssqlOutbox {
     pub async fn install(&self) -> Result<()> {
         let mut client = dedicated(&self.pool, "schema install").await?;
         let name = &self.inner.name;
-        crate::install::install(&mut client, name, &schema::outbox_layout(name)).await
+        let installed =
+            crate::install::install(&mut client, name, &schema::outbox_layout(name)).await?;
+        let disabled = installed.lock_escalation.as_deref() == Some("DISABLE");
+        if !disabled {
+            tracing::warn!(
+                table = %name,
+                lock_escalation = ?installed.lock_escalation,
+                "the outbox table's LOCK_ESCALATION is not DISABLE: claims, purges and \
+                 changes run in statements of at most 900 rows so that none escalates to a \
+                 table lock; ALTER TABLE ... SET (LOCK_ESCALATION = DISABLE) restores 2,000"
+            );
+        }
+        self.inner.escalates.store(!disabled, Ordering::Relaxed);
+        Ok(())
     }
 
-    /// Enqueue `messages` on `client`, inside the transaction you began on it (`BEGIN
-    /// TRANSACTION`). Never commits or rolls back.
+    /// Whether `stats` counts dead and dispatched rows (index sizes were refused).
+    pub(crate) fn stats_by_scan(&self) -> bool {
+        self.inner.stats_by_scan.load(Ordering::Relaxed)
+    }
+
+    /// From now on, `stats` counts dead and dispatched rows.
+    pub(crate) fn count_stats_by_scan(&self) {
+        self.inner.stats_by_scan.store(true, Ordering::Relaxed);
+    }
+
+    /// Rows per claim, purge or change statement: [`CLAIM_BATCH`], or
+    /// [`ESCALATING_BATCH`] where the last install found the table escalating.
+    pub(crate) fn statement_rows(&self) -> usize {
+        statement_rows(self.inner.escalates.load(Ordering::Relaxed))
+    }
+
+    /// Enqueue `messages` on `client`, inside the transaction you began on it
+    /// ([`MssqlSession::begin`](crate::MssqlSession::begin)). Never commits or rolls
+    /// back.
     ///
     /// - Every message is checked against the config's
     ///   [`MessageLimits`](outbox_core::MessageLimits) first; one bad message, or an id
@@ -202,14 +271,16 @@ impl MssqlOutbox {
     ///   is due `delay` after it.
     ///
     /// ```no_run
-    /// # async fn demo(outbox: outbox_sqlserver::MssqlOutbox, client: &mut outbox_sqlserver::MssqlClient) -> outbox_core::Result<()> {
+    /// # async fn demo(outbox: outbox_sqlserver::MssqlOutbox) -> outbox_core::Result<()> {
     /// use outbox_core::NewMessage;
     ///
-    /// client.simple_query("BEGIN TRANSACTION").await.expect("begin");
-    /// // ... business writes on `client` ...
+    /// let mut session = outbox.pool().get().await.expect("a pooled session");
+    /// // A transaction the pool can see: dropped unfinished, its session is closed.
+    /// let mut tx = session.begin().await?;
+    /// // ... business writes on `tx` ...
     /// let msg = NewMessage::builder("orders.created").payload(b"{}".to_vec()).build()?;
-    /// outbox.enqueue(client, &[msg]).await?;
-    /// client.simple_query("COMMIT TRANSACTION").await.expect("commit");
+    /// outbox.enqueue(&mut *tx, &[msg]).await?;
+    /// tx.commit().await?;
     /// # Ok(()) }
     /// ```
     ///
@@ -366,15 +437,16 @@ impl MssqlOutbox {
             )
         };
         let mut stmts: Vec<(usize, Stmt)> = Vec::new();
+        let batch = self.statement_rows();
         match ids {
             Some(ids) => {
                 // One JSON parameter per statement, whatever the number of ids.
-                for chunk in ids.chunks(CLAIM_BATCH) {
+                for chunk in ids.chunks(batch) {
                     stmts.push((chunk.len(), ask(chunk.len(), Some(chunk))));
                 }
             }
             None => {
-                let step = limit.min(CLAIM_BATCH);
+                let step = limit.min(batch);
                 stmts.push((step, ask(step, None)));
             }
         }
@@ -396,7 +468,7 @@ impl MssqlOutbox {
             remaining = remaining.saturating_sub(got.len());
             rows.extend(got);
             if ids.is_none() && full && remaining > 0 {
-                let step = remaining.min(CLAIM_BATCH);
+                let step = remaining.min(batch);
                 stmts.push((step, ask(step, None)));
             }
         }
@@ -548,5 +620,17 @@ impl CommittedClaim for MssqlOutbox {
             }
         }
         failed.map_or(Ok(()), Err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_shrink_where_the_table_escalates() {
+        assert_eq!(statement_rows(false), CLAIM_BATCH);
+        assert_eq!(statement_rows(true), ESCALATING_BATCH);
+        const { assert!(ESCALATING_BATCH < CLAIM_BATCH) };
     }
 }

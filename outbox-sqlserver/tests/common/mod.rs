@@ -3,15 +3,20 @@
 //! These tests need a SQL Server: set `OUTBOX_TEST_MSSQL_URL` to an ADO.NET connection
 //! string (the crate README has the compose file and the one command). Without it,
 //! every test prints a `SKIPPED` line and passes. This backend is exempt from
-//! `OUTBOX_REQUIRE_INTEGRATION`: no SQL Server can run on the project's machines.
+//! `OUTBOX_REQUIRE_INTEGRATION`: CI does not run a SQL Server.
 
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
 use std::time::Duration;
 
-use outbox_core::Error;
-use outbox_sqlserver::{MssqlConnection, MssqlPool};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use outbox_core::{Error, MessageId, NewMessage, OutboxAdmin, OutboxStore, Result};
+use outbox_sqlserver::tiberius::Query;
+use outbox_sqlserver::{MssqlConnection, MssqlManager, MssqlOutbox, MssqlPool};
 use outbox_testkit::isolation;
+use outbox_testkit::{Fixture, RowLock};
 use tokio::sync::OnceCell;
 
 /// The variable naming the test server.
@@ -136,4 +141,88 @@ pub async fn dedup_store(
     let store = outbox_sqlserver::MssqlDedupStore::new(pool.clone(), config)?;
     store.install().await?;
     Ok(store)
+}
+
+/// A conformance fixture on an installed outbox: enqueue in a transaction, mark
+/// dispatched and lock rows with the test's own statements.
+#[derive(Debug)]
+pub struct MssqlFixture {
+    pub outbox: MssqlOutbox,
+}
+
+impl MssqlFixture {
+    /// Enqueue in a transaction and end it with `end` (`COMMIT` or `ROLLBACK`).
+    async fn enqueue_then(&self, messages: Vec<NewMessage>, end: &str) -> Result<()> {
+        let mut client = self.outbox.pool().get().await.map_err(storage)?;
+        run(&mut client, "BEGIN TRANSACTION").await?;
+        match self.outbox.enqueue(&mut *client, &messages).await {
+            Ok(()) => run(&mut client, end).await,
+            Err(err) => {
+                run(&mut client, "IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION").await?;
+                Err(err)
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Fixture for MssqlFixture {
+    fn store(&self) -> Arc<dyn OutboxStore> {
+        Arc::new(self.outbox.clone())
+    }
+
+    fn admin(&self) -> Arc<dyn OutboxAdmin> {
+        Arc::new(self.outbox.clone())
+    }
+
+    async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<()> {
+        self.enqueue_then(messages, "COMMIT TRANSACTION").await
+    }
+
+    async fn enqueue_rolled_back(&self, messages: Vec<NewMessage>) -> Result<()> {
+        self.enqueue_then(messages, "ROLLBACK TRANSACTION").await
+    }
+
+    async fn mark_dispatched(&self, id: MessageId) -> Result<()> {
+        let mut client = self.outbox.pool().get().await.map_err(storage)?;
+        let mut query = Query::new(format!(
+            "UPDATE {} SET dispatched_at = SYSUTCDATETIME() WHERE id = @P1",
+            self.outbox.qualified_name()
+        ));
+        query.bind(id.as_uuid().as_bytes().to_vec());
+        query.execute(&mut *client).await.map_err(storage)?;
+        Ok(())
+    }
+
+    /// An exclusive row lock held by an open transaction, as a concurrent writer's
+    /// `UPDATE` would hold it.
+    async fn lock_row(&self, id: MessageId) -> Result<Box<dyn RowLock>> {
+        let mut client = self.outbox.pool().get_owned().await.map_err(storage)?;
+        run(&mut client, "BEGIN TRANSACTION").await?;
+        let mut query = Query::new(format!(
+            "UPDATE {} WITH (ROWLOCK) SET last_error = last_error WHERE id = @P1",
+            self.outbox.qualified_name()
+        ));
+        query.bind(id.as_uuid().as_bytes().to_vec());
+        query.execute(&mut *client).await.map_err(storage)?;
+        Ok(Box::new(MssqlRowLock { client }))
+    }
+}
+
+/// A transaction holding a row lock until released.
+struct MssqlRowLock {
+    client: bb8::PooledConnection<'static, MssqlManager>,
+}
+
+impl std::fmt::Debug for MssqlRowLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MssqlRowLock").finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl RowLock for MssqlRowLock {
+    async fn release(mut self: Box<Self>) -> Result<()> {
+        run(&mut self.client, "ROLLBACK TRANSACTION").await
+    }
 }
