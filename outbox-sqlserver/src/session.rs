@@ -536,6 +536,37 @@ mod tests {
     }
 
     #[test]
+    fn a_session_that_kept_another_database_or_login_is_refused() {
+        let connected = Identity {
+            database: "app".into(),
+            login: "svc".into(),
+            user: "dbo".into(),
+        };
+        assert!(same_identity(Some(&connected), &connected.clone()).is_ok());
+        for changed in [
+            Identity {
+                database: "master".into(),
+                ..connected.clone()
+            },
+            Identity {
+                login: "sa".into(),
+                ..connected.clone()
+            },
+            Identity {
+                user: "guest".into(),
+                ..connected.clone()
+            },
+        ] {
+            assert!(
+                same_identity(Some(&connected), &changed).is_err(),
+                "{changed:?}"
+            );
+        }
+        // Nothing recorded (the identity read failed at connect): nothing to compare.
+        assert!(same_identity(None, &connected).is_ok());
+    }
+
+    #[test]
     fn lock_timeouts_become_milliseconds() {
         assert_eq!(lock_timeout_ms(None), -1);
         assert_eq!(lock_timeout_ms(Some(Duration::ZERO)), 0);
