@@ -188,8 +188,8 @@
 //! `outbox_service_unset` when its service URL is missing at build time; every case
 //! the suite macros expand then shows as `ignored`, with the reason, in cargo's own
 //! summary, instead of passing after a `SKIPPED` line. Under
-//! `OUTBOX_REQUIRE_INTEGRATION=1` the script fails the build instead (unless the
-//! service cannot run on the project's machines, as SQL Server's cannot). The
+//! `OUTBOX_REQUIRE_INTEGRATION=1` the script fails the build instead (unless CI does
+//! not run the service, as it does not run SQL Server). The
 //! workspace declares the cfg (`unexpected_cfgs` in the root `Cargo.toml`). This is
 //! PostgreSQL's `build.rs`:
 //!
