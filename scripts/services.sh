@@ -227,9 +227,9 @@ ensure_dynamodb
 log "DynamoDB Local ready at $dynamodb_host:$dynamodb_port"
 ensure_mysql
 log "MariaDB ready at $mysql_host:$mysql_port/$mysql_db"
-# SQL Server (MSSQL) cannot run on these machines: outbox-sqlserver's suites run when
+# CI runs no SQL Server (MSSQL): outbox-sqlserver's suites run when
 # OUTBOX_TEST_MSSQL_URL names a server (outbox-sqlserver/compose.yaml starts one with Docker).
-[ -n "${OUTBOX_TEST_MSSQL_URL:-}" ] || log "SQL Server: not started here; outbox-sqlserver's suites skip unless OUTBOX_TEST_MSSQL_URL is set"
+[ -n "${OUTBOX_TEST_MSSQL_URL:-}" ] || log "SQL Server: not started by this script; outbox-sqlserver's suites skip unless OUTBOX_TEST_MSSQL_URL is set"
 echo "export OUTBOX_PG_URL=postgres://$pg_user@$pg_host:$pg_port/$pg_db"
 echo "export OUTBOX_NATS_URL=nats://$nats_host:$nats_port"
 echo "export OUTBOX_AMQP_URL=amqp://guest:guest@$amqp_host:$amqp_port/%2f"

@@ -36,9 +36,10 @@
 //!
 //! A backend crate provides:
 //!
-//! - an `enqueue` function taking the driver's transaction, validating every message
-//!   with [`MessageLimits::check`] before writing, and writing all of a batch or none;
-//!   an id already stored is an [`ErrorKind::Conflict`] naming the ids;
+//! - an `enqueue` function taking the driver's transaction, checking the batch with
+//!   [`backend::check_enqueue`] before writing (every message against the
+//!   [`MessageLimits`], no id twice), and writing all of a batch or none; an id already
+//!   stored is an [`ErrorKind::Conflict`] naming the ids;
 //! - a type implementing [`OutboxStore`] (what a relay needs) and [`OutboxAdmin`] (what
 //!   an operator needs) that honours every point of their `# Contract`s;
 //! - optionally [`DedupStore`] and [`DistributedLock`] implementations;
@@ -50,8 +51,9 @@
 //! engine-neutral SQL, and names the helpers here to call instead of copying: validated
 //! names ([`ConsumerName`], [`LockName`], [`backend::validate_identifier`]), headers as
 //! JSON ([`Headers::to_json`]), [`backend::MessageParts`], [`Message::check_stored`],
-//! [`Failure::new`], [`backend::in_id_order`]. Everything a backend author needs and a
-//! user does not lives in [`backend`].
+//! [`Failure::new`], [`backend::in_id_order`]. Most of what a backend author needs and
+//! a user does not lives in [`backend`]; the rest are constructors and helpers on the
+//! contract's own types (such as [`Settled::reconcile`]).
 //!
 //! ## Guarantees and limits
 //!

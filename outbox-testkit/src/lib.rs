@@ -34,7 +34,8 @@
 //! the relay changes. The steps, with the SQLite crate (`outbox-sqlite`) as the worked
 //! example, since it is the smallest complete backend:
 //!
-//! 1. **Depend on `outbox-core` and the driver, nothing else.** Name the crate
+//! 1. **Depend on `outbox-core` and the driver** (and `outbox-sqlx` when the driver
+//!    is sqlx: it holds what the sqlx backends share), nothing else. Name the crate
 //!    `outbox-<engine>` and use the same file names as the other backends: `config.rs`
 //!    (settings with `with_*` setters and a `validate`), `ident.rs` (table names,
 //!    checked with [`validate_identifier`](outbox_core::backend::validate_identifier)
@@ -58,7 +59,7 @@
 //! 3. **Offer `enqueue` on the driver's own transaction** (`&mut SqliteConnection`
 //!    there, `&mut PgConnection` for PostgreSQL): enqueueing is not part of the traits
 //!    because it must share the caller's transaction. Check the batch with
-//!    [`store::check_enqueue`](outbox_core::backend::check_enqueue) first, and report
+//!    [`backend::check_enqueue`](outbox_core::backend::check_enqueue) first, and report
 //!    stored ids with [`Error::already_stored`](outbox_core::Error::already_stored); a
 //!    refused batch writes nothing and, where the engine allows, leaves the caller's
 //!    transaction usable (SQLite uses a savepoint).
@@ -187,8 +188,8 @@
 //! `outbox_service_unset` when its service URL is missing at build time; every case
 //! the suite macros expand then shows as `ignored`, with the reason, in cargo's own
 //! summary, instead of passing after a `SKIPPED` line. Under
-//! `OUTBOX_REQUIRE_INTEGRATION=1` the script fails the build instead (unless the
-//! service cannot run on the project's machines, as SQL Server's cannot). The
+//! `OUTBOX_REQUIRE_INTEGRATION=1` the script fails the build instead (unless CI does
+//! not run the service, as it does not run SQL Server). The
 //! workspace declares the cfg (`unexpected_cfgs` in the root `Cargo.toml`). This is
 //! PostgreSQL's `build.rs`:
 //!

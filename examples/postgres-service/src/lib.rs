@@ -13,8 +13,9 @@
 //! - shutdown drains HTTP first (requests in flight finish their dispatch), then stops
 //!   the relay, which releases the leases it holds.
 //!
-//! The "broker" is [`InProcessBroker`], which logs and keeps what it was given; real
-//! broker publishers come in a later issue, and any [`outbox_core::Publisher`] fits.
+//! The "broker" is [`InProcessBroker`], which logs and keeps what it was given; any
+//! [`outbox_core::Publisher`] fits in its place, such as `outbox_nats::NatsPublisher`
+//! or `outbox_rabbitmq::RabbitPublisher`.
 //!
 //! The binary (`src/main.rs`) is a thin wrapper: it connects to `OUTBOX_PG_URL`, calls
 //! [`install`], [`metrics_recorder`] and [`build`], and serves until Ctrl-C. Run it from

@@ -2,8 +2,9 @@
 //! `orders.created` message in one transaction and dispatches the message right after
 //! commit, a background relay sweeps the rest, `GET /metrics` shows the relay's and the
 //! outbox's metrics as Prometheus text, and Ctrl-C (or SIGTERM) drains HTTP, then stops
-//! the relay. The broker is an in-process stand-in that logs what it is given; real
-//! brokers come in a later issue. The library (`src/lib.rs`) documents the pieces.
+//! the relay. The broker is an in-process stand-in that logs what it is given; the
+//! publishers of `outbox-nats` and `outbox-rabbitmq` fit in its place. The library
+//! (`src/lib.rs`) documents the pieces.
 //!
 //! Run it from the repository root against any PostgreSQL you may create schemas in
 //! (`OUTBOX_PG_URL` is required; `LISTEN_ADDR` defaults to `127.0.0.1:3000`, `RUST_LOG`

@@ -35,7 +35,7 @@ fn no_url_and_bad_urls_are_usage_errors() {
     assert!(help.stdout.contains("dead"), "{}", help.stdout);
 }
 
-/// No SQL Server runs here: what the binary can do without one. `schema print` needs
+/// CI runs no SQL Server: what the binary can do without one. `schema print` needs
 /// no connection and prints the library's own DDL.
 #[test]
 fn sql_server_schema_print_needs_no_server() {

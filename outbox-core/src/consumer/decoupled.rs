@@ -31,8 +31,9 @@ pub enum Handled {
         dispatched: usize,
     },
     /// The handler had run before but its messages were not known to be dispatched
-    /// (a crash, a failed publish): they were published again with the same ids and
-    /// the handler did not run.
+    /// (a crash, a failed publish, or another copy of the message being processed at
+    /// the same time): they were published again with the same ids and the handler did
+    /// not run.
     Redispatched {
         /// Outgoing messages published.
         dispatched: usize,

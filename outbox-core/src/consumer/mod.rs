@@ -56,7 +56,8 @@
 //!   serve a stale read of a key after it was written (S3 once served a read of a key
 //!   read before it was written from before that write) or a read replica breaks step 2.
 //! - **Outgoing messages are published at least once**: a crash between steps 4 and 5
-//!   publishes them again, with the same ids, on the next delivery. Brokers with a dedup
+//!   publishes them again, with the same ids, on the next delivery, and two copies of
+//!   one message processed at once can both publish them. Brokers with a dedup
 //!   id (NATS `Nats-Msg-Id`) and downstream consumers drop the repeat.
 //! - **The handler may run more than once** when its result was never stored: a
 //!   conflict or a crash before step 3's persist. Only the stored run counts, so a

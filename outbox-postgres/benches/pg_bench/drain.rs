@@ -309,7 +309,7 @@ enum RelayPath {
 }
 
 /// A [`PgOutbox`] without its `settle_and_claim`: the relay then completes and claims
-/// in two statements, as before issue 13.
+/// in two statements, as it did before `settle_and_claim` existed.
 #[derive(Debug)]
 struct OldPath(PgOutbox);
 

@@ -139,7 +139,7 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
     }
     table.print();
     println!(
-        "target (issue 13): library enqueue >= 0.95 of pgbench running the same statement; \
+        "target: library enqueue >= 0.95 of pgbench running the same statement; \
          the unordered layout (the default) against 4 indexes is what dropping _key saves. \
          Throughput on a shared machine drifts by more than most indexes cost: the server \
          work below does not"

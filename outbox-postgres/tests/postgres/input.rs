@@ -98,7 +98,7 @@ async fn business_table(outbox: &PgOutbox) -> String {
     orders
 }
 
-/// Issue 7.8: an id already stored by a committed transaction is reported as a
+/// An id already stored by a committed transaction is reported as a
 /// conflict naming it, nothing of the batch is written, and the caller's transaction
 /// stays usable: the business write after it commits.
 #[tokio::test]

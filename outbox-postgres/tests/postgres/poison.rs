@@ -1,6 +1,6 @@
-//! Issue 7: no row stops delivery. Rows planted with SQL (as another tool would write
-//! them) that do not make a deliverable message are dead-lettered by the claim that
-//! meets them, with the reason, and the rest of the batch is delivered.
+//! No row stops delivery (guarantee 12). Rows planted with SQL (as another tool would
+//! write them) that do not make a deliverable message are dead-lettered by the claim
+//! that meets them, with the reason, and the rest of the batch is delivered.
 
 use std::time::Duration;
 
@@ -99,7 +99,7 @@ async fn check(outbox: &PgOutbox, poisons: &[Poison]) {
     }
 }
 
-/// Issue 7.1: timestamps PostgreSQL accepts but chrono cannot hold used to panic the
+/// Timestamps PostgreSQL accepts but chrono cannot hold used to panic the
 /// relay while it decoded the claim.
 #[tokio::test]
 async fn out_of_range_timestamps_are_dead_lettered() {
@@ -147,7 +147,7 @@ async fn out_of_range_timestamps_are_dead_lettered() {
     .await;
 }
 
-/// Issue 7.2: a claim incrementing `attempts` past `i32::MAX` failed with a numeric
+/// A claim incrementing `attempts` past `i32::MAX` failed with a numeric
 /// overflow, for every claim that met the row.
 #[tokio::test]
 async fn attempts_at_the_limit_are_dead_lettered() {
@@ -176,7 +176,7 @@ async fn attempts_at_the_limit_are_dead_lettered() {
     .await;
 }
 
-/// Issue 7.3: rows that `enqueue` would refuse.
+/// Rows that `enqueue` would refuse.
 #[tokio::test]
 async fn rows_enqueue_would_refuse_are_dead_lettered() {
     let Some(url) = common::url("rows enqueue would refuse") else {
