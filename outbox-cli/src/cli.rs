@@ -8,8 +8,8 @@ use outbox_core::MessageId;
 
 use crate::output::parse_duration;
 
-/// Inspect and repair a transactional outbox on PostgreSQL, SQLite, SQL Server or
-/// DynamoDB: stats, dead letters, purges, schema.
+/// Inspect and repair a transactional outbox on PostgreSQL, SQLite, MySQL/MariaDB, SQL
+/// Server or DynamoDB: stats, dead letters, purges, schema.
 ///
 /// Exit codes: 0 done, 1 failed (nothing was changed unless the message says so),
 /// 2 bad usage.

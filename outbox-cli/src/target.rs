@@ -34,8 +34,11 @@ impl Target {
         let url = url.trim();
         let Some((scheme, rest)) = url.split_once(':') else {
             return Err(
-                Failure::usage(format!("`{}` is not a database URL", secrets.redact(url)))
-                    .hint("use postgres://user:password@host:port/db, sqlite://path/to/file.db or dynamodb://host:port"),
+                Failure::usage(format!("`{}` is not a database URL", secrets.redact(url))).hint(
+                    "use postgres://user:password@host:port/db, sqlite://path/to/file.db, \
+                         mysql://user:password@host:port/db, \
+                         sqlserver://user:password@host:port/db or dynamodb://host:port",
+                ),
             );
         };
         match scheme.to_ascii_lowercase().as_str() {
