@@ -253,3 +253,81 @@ fn dynamic_sql_is_checked_too() {
     );
     assert_eq!(rules_broken("SELECT 'unclosed;"), [Rule::Malformed]);
 }
+
+/// Forms that look like a broken rule to a careless reading and are legal: each keeps
+/// a rule from firing where the server accepts the statement.
+#[test]
+fn legal_look_alikes_pass() {
+    let locked = "SELECT id FROM [s].[t] WITH (READPAST, UPDLOCK) WHERE id = @P1;";
+    for sql in [
+        // A SET of a variable, and a column named `level`, set no isolation level.
+        format!("DECLARE @x int; SET @x = 1; {locked}"),
+        format!("SELECT 1 AS level; {locked}"),
+        format!("SELECT x.isolation level FROM [s].[t] AS x; {locked}"),
+        // GROUP BY is not ORDER BY, in a DML statement or in a subquery.
+        "UPDATE m SET seq = 1 FROM [s].[t] AS m INNER JOIN (SELECT id FROM [s].[t] \
+         GROUP BY id) AS g ON g.id = m.id;"
+            .to_owned(),
+        "SELECT * FROM (SELECT id FROM [s].[t] GROUP BY id) AS g;".to_owned(),
+        // A window's ORDER BY is not a query's.
+        "SELECT ROW_NUMBER() OVER (ORDER BY id) AS n FROM [s].[t];".to_owned(),
+        // TOP after DISTINCT or ALL.
+        "SELECT * FROM (SELECT DISTINCT TOP (5) id FROM [s].[t] ORDER BY id) AS d;".to_owned(),
+        "SELECT * FROM (SELECT ALL TOP (5) id FROM [s].[t] ORDER BY id) AS d;".to_owned(),
+        // No OUTPUT clause on a table with a trigger.
+        "UPDATE m SET id = 1 FROM [s].[audited] AS m WHERE m.id = @P1;".to_owned(),
+    ] {
+        assert_eq!(rules_broken(&sql), [], "{sql}");
+    }
+    // A batch that sets READ COMMITTED makes READPAST legal whatever the session had.
+    assert_eq!(
+        rules_at(
+            &format!("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; {locked}"),
+            "SERIALIZABLE"
+        ),
+        []
+    );
+    // The level is read wherever the SET stands in its statement.
+    assert_eq!(
+        rules_broken(&format!(
+            "IF 1 = 1 SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; {locked}"
+        )),
+        [Rule::ReadPastIsolation]
+    );
+}
+
+#[test]
+fn forceseek_needs_a_comparison_not_a_mention() {
+    // The leading key in the select list is no seek predicate.
+    assert_eq!(
+        rules_broken(
+            "SELECT x.available_at, x.id FROM [s].[t] AS x WITH (INDEX([t_due]), FORCESEEK) \
+             WHERE x.dispatched_at IS NULL AND x.dead_at IS NULL AND x.seq = @P1;"
+        ),
+        [Rule::NoSeekPredicate]
+    );
+}
+
+#[test]
+fn violations_name_the_rule_and_the_statement() {
+    let catalog = Catalog::from_ddl(DDL).unwrap();
+    let found = check(
+        "SELECT id FROM [s].[t] (NOLOCK) WHERE id = @P1;",
+        1,
+        "READ COMMITTED",
+        &catalog,
+    );
+    assert_eq!(found.len(), 1);
+    assert_eq!(
+        found[0].to_string(),
+        "HintWithoutWith: SELECT ID FROM s . t ( NOLOCK ) WHERE ID = @P1"
+    );
+    // A long statement is cut, and says so.
+    let long = format!(
+        "SELECT id FROM [s].[t] (NOLOCK) WHERE id IN ({});",
+        vec!["@P1"; 100].join(", ")
+    );
+    let detail = &check(&long, 1, "READ COMMITTED", &catalog)[0].detail;
+    assert!(detail.ends_with("..."), "{detail}");
+    assert_eq!(detail.chars().count(), 163);
+}
