@@ -219,7 +219,7 @@ impl fmt::Debug for MssqlTransaction<'_> {
 }
 
 /// Sets its session's `broken` flag when dropped, unless [`disarm`](Self::disarm)ed
-/// first: the transaction it stands for ended cleanly.
+/// first: the transaction or statement it stands for ended cleanly.
 #[derive(Debug)]
 pub(crate) struct BreakOnDrop<'a> {
     broken: &'a mut bool,
@@ -245,7 +245,8 @@ impl Drop for BreakOnDrop<'_> {
         if self.armed {
             *self.broken = true;
             tracing::debug!(
-                "a transaction was dropped before it ended; its session will be closed"
+                "a transaction or statement was dropped before it ended; its session will \
+                 be closed"
             );
         }
     }
