@@ -168,14 +168,16 @@ pub async fn plain_store_calls_succeed(h: &dyn Harness) {
         "claim returned {} of 2 due messages",
         got.len()
     );
-    store
-        .complete(&[got[0].lease.clone()])
+    let completed = store
+        .complete(&[got[0].lease])
         .await
         .unwrap_or_else(|e| panic!("complete failed: {}", e.report()));
-    store
-        .release(&[got[1].lease.clone()])
+    assert_eq!(completed.applied, 1, "complete applied nothing: {completed:?}");
+    let released = store
+        .release(&[got[1].lease])
         .await
         .unwrap_or_else(|e| panic!("release failed: {}", e.report()));
+    assert_eq!(released.applied, 1, "release applied nothing: {released:?}");
     f.admin()
         .stats()
         .await
@@ -190,7 +192,7 @@ pub async fn release_gives_the_attempt_back(h: &dyn Harness) {
     f.enqueue(msgs(1)).await.unwrap();
     let first = claim(&*store, 1, LONG_LEASE).await;
     assert_eq!(first[0].message.attempts, 1);
-    let settled = store.release(&[first[0].lease.clone()]).await.unwrap();
+    let settled = store.release(&[first[0].lease]).await.unwrap();
     assert!(settled.lost.is_empty(), "{settled:?}");
     let again = claim(&*store, 1, LONG_LEASE).await;
     assert_eq!(again.len(), 1, "a released message is claimable at once");
