@@ -298,7 +298,7 @@ impl OutboxAdmin for MssqlOutbox {
     /// As the trait says, read without waiting: undelivered rows other transactions
     /// hold at that moment (uncommitted enqueues, rows being claimed or settled) are not
     /// counted. Dead letters and dispatched rows are the sizes of their indexes where
-    /// the login may read `sys.dm_db_partition_stats` ([`stats_by_index_size`]: kept
+    /// the login may read `sys.dm_db_partition_stats` (kept
     /// history is not read every call); without that permission (logged once) they are
     /// counted, at a cost that grows with the kept history.
     async fn stats(&self) -> Result<OutboxStats> {

@@ -172,7 +172,10 @@ pub async fn plain_store_calls_succeed(h: &dyn Harness) {
         .complete(&[got[0].lease])
         .await
         .unwrap_or_else(|e| panic!("complete failed: {}", e.report()));
-    assert_eq!(completed.applied, 1, "complete applied nothing: {completed:?}");
+    assert_eq!(
+        completed.applied, 1,
+        "complete applied nothing: {completed:?}"
+    );
     let released = store
         .release(&[got[1].lease])
         .await
