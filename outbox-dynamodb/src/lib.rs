@@ -187,7 +187,11 @@
 //! in [`Settled::lost`](outbox_core::Settled::lost). Under `Retention::Delete` without
 //! per-key order, completes travel 25 to a request as PartiQL `BatchExecuteStatement`
 //! deletes of state items with the same condition: each statement is its own
-//! conditional write, so a lost lease fails alone.
+//! conditional write, so a lost lease fails alone. A PartiQL `DELETE` of a key that no
+//! longer exists succeeds with nothing deleted (only an existing item failing the
+//! condition is refused), so each statement returns the item it deleted
+//! (`RETURNING ALL OLD *`) and one that deleted nothing is reported lost: the message
+//! was completed under a later lease.
 //!
 //! ## Relays divide the shards (shard leases)
 //!

@@ -212,10 +212,17 @@ impl DynamoOutbox {
     /// fence as [`complete_one`](Self::complete_one), one write unit each, not a
     /// transaction), so a lost lease fails alone. Statements failing for another reason
     /// (throttling) are retried one by one. Returns the ids applied.
+    ///
+    /// A PartiQL `DELETE` whose key matches no item succeeds with nothing deleted; only
+    /// an item that exists and fails the `WHERE` gives `ConditionalCheckFailed`. So each
+    /// statement returns the item it deleted (`RETURNING ALL OLD *`, which costs no
+    /// extra capacity), and a statement that succeeded without one found its message
+    /// gone: another claimer took the lapsed lease over and completed it. That lease is
+    /// lost, as the fence says, not applied.
     pub(crate) async fn delete_batch(&self, leases: &[Lease]) -> Result<Vec<MessageId>> {
         let statement = format!(
             "DELETE FROM \"{}\" WHERE \"{PK}\" = ? AND \"{SK}\" = ? AND \"{TOKEN}\" = ? \
-             AND \"{DUE}\" IS NOT MISSING",
+             AND \"{DUE}\" IS NOT MISSING RETURNING ALL OLD *",
             self.table()
         );
         let mut requests = Vec::with_capacity(leases.len());
@@ -247,6 +254,11 @@ impl DynamoOutbox {
         let mut applied = Vec::with_capacity(leases.len());
         for (lease, response) in leases.iter().zip(out.responses()) {
             match response.error().and_then(|e| e.code()) {
+                None if response.item().is_none() => {
+                    // Nothing was deleted: the message is gone, settled under another
+                    // lease. In effect a refused write, and counted as one.
+                    self.inner.metrics.refused.fetch_add(1, Ordering::Relaxed);
+                }
                 None => {
                     if !reported {
                         // DynamoDB Local returns no consumed capacity for PartiQL

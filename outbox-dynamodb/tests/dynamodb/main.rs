@@ -12,6 +12,7 @@ mod dedup;
 mod limits;
 mod markers;
 mod relay;
+mod settle;
 mod shards;
 mod store;
 mod sweep;
