@@ -292,6 +292,16 @@
 //! install is not detected. DynamoDB Local cannot create replicas, so the refusal is
 //! tested on described tables, not end to end. Keep these tables in one region.
 //!
+//! ## Testing against AWS's failures
+//!
+//! DynamoDB Local never throttles, never cancels a transaction for a conflict and never
+//! fails one statement of a batch. With the non-default feature `fault-injection`,
+//! `outbox_dynamodb::faults::FaultInjector` is an interceptor for the client's
+//! configuration that injects those faults (seeded, per operation, per item, before or
+//! after the request is applied) into the real requests, so the SDK's own error
+//! handling and retries run as they would on AWS. The crate's tests run the store
+//! under it; it is not meant for production clients.
+//!
 //! ## Limitations
 //!
 //! - **No storage clock.** Availability, leases and enqueue order use the clock of the
@@ -326,6 +336,8 @@ mod config;
 mod dedup;
 mod entity;
 mod error;
+#[cfg(feature = "fault-injection")]
+pub mod faults;
 mod item;
 mod lock;
 mod markers;

@@ -9,6 +9,7 @@ mod common;
 
 mod bodies;
 mod dedup;
+mod faults;
 mod limits;
 mod markers;
 mod relay;
