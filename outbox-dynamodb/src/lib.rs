@@ -181,6 +181,12 @@
 //!    the shard is read again, and for the next second this store's claims draw each
 //!    batch at random from the oldest four times as many candidates as wanted (the
 //!    batch is still returned in due order).
+//! 6. A request that fails for another reason (throttled past the SDK's retries, timed
+//!    out) fails only its message: the claim finishes its round and returns what it
+//!    took, and returns the error only when it took nothing. A message whose claim
+//!    write failed is left to the lease that write may have set (after a timeout it may
+//!    have landed); one whose body read failed after its write is released at once.
+//!    Both are counted in [`OutboxMetrics::claim_errors`].
 //!
 //! Complete, fail and release are conditional writes on the state item,
 //! `token = :token AND attribute_exists(due)`; a refused one is a lost lease, reported
@@ -191,7 +197,10 @@
 //! longer exists succeeds with nothing deleted (only an existing item failing the
 //! condition is refused), so each statement returns the item it deleted
 //! (`RETURNING ALL OLD *`) and one that deleted nothing is reported lost: the message
-//! was completed under a later lease.
+//! was completed under a later lease. A settle that fails for another reason stops
+//! none of the others of its call: every lease is attempted, then the call returns the
+//! error (counted in [`OutboxMetrics::settle_errors`]) so the relay retries it, and the
+//! retry reports the leases the first try applied as lost.
 //!
 //! ## Relays divide the shards (shard leases)
 //!

@@ -24,6 +24,8 @@ pub(crate) struct Metrics {
     pub(crate) bodies_renewed: AtomicU64,
     pub(crate) renewal_units: AtomicU64,
     pub(crate) sweep_errors: AtomicU64,
+    pub(crate) claim_errors: AtomicU64,
+    pub(crate) settle_errors: AtomicU64,
     /// Gauges of the sweeps: how long the oldest due message had waited, plus one
     /// (microseconds, 0 for none), and when the stalest shard's last completed pass
     /// began (0 for never).
@@ -70,6 +72,8 @@ impl Metrics {
             bodies_renewed: self.bodies_renewed.load(Ordering::Relaxed),
             body_renewal_units: units(&self.renewal_units),
             body_sweep_errors: self.sweep_errors.load(Ordering::Relaxed),
+            claim_errors: self.claim_errors.load(Ordering::Relaxed),
+            settle_errors: self.settle_errors.load(Ordering::Relaxed),
             oldest_due_age: match self.oldest_due_age_us.load(Ordering::Relaxed) {
                 0 => None,
                 age => Some(Duration::from_micros(age - 1)),
@@ -125,6 +129,18 @@ pub struct OutboxMetrics {
     /// logged at `warn`. Rising while [`last_body_sweep`](Self::last_body_sweep) stops
     /// moving means bodies are not being renewed.
     pub body_sweep_errors: u64,
+    /// Messages a claim could not take for a reason other than the claim write's
+    /// condition: the write failed (a throttle past the SDK's retries, a timeout), or
+    /// the body read after it did. Each is logged at `warn`; the claim returned the
+    /// messages it did take. A message whose write may have landed is left to its
+    /// lease (claimable again when it lapses, its attempt counted); one whose body read
+    /// failed is released at once when that write succeeds.
+    pub claim_errors: u64,
+    /// Settles (complete, fail, release) whose request failed for a reason other than
+    /// the fence. The call attempts every lease of the batch and then returns the
+    /// error, so the relay retries it; a lease the first try applied is reported lost
+    /// by the retry.
+    pub settle_errors: u64,
     /// Gauge, as of each shard's last sweep pass (refreshed once per
     /// [`body_sweep_every`](crate::DynamoOutboxConfig::with_body_sweep_every) per
     /// shard, not live): how long the oldest due (claimable, unclaimed) message of the

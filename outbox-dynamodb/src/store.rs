@@ -33,9 +33,13 @@ use crate::settle::MAX_BATCH_STATEMENTS;
 /// Requests in flight at once for the per-item writes of one batch.
 pub(crate) const CONCURRENCY: usize = 16;
 
-/// Run `futures` at most [`CONCURRENCY`] at a time, results in input order. The
-/// futures are made up front: a lazily mapped stream trips the compiler's
-/// higher-ranked lifetime inference inside `async_trait` methods.
+/// Run `futures` at most [`CONCURRENCY`] at a time, results in input order, stopping
+/// at the first error. The futures are made up front: a lazily mapped stream trips the
+/// compiler's higher-ranked lifetime inference inside `async_trait` methods.
+///
+/// Only for reads and for writes whose partial application needs no accounting: the
+/// futures still in flight at an error are dropped, after their requests may have
+/// landed. Per-message writes go through [`bounded_all`].
 pub(crate) async fn bounded<T, F>(futures: Vec<F>) -> Result<Vec<T>>
 where
     F: std::future::Future<Output = Result<T>>,
@@ -44,6 +48,28 @@ where
         .buffered(CONCURRENCY)
         .try_collect()
         .await
+}
+
+/// Run every one of `futures` to its end, at most [`CONCURRENCY`] at a time, results in
+/// input order: one failed write neither stops the others nor drops them in flight.
+pub(crate) async fn bounded_all<T, F>(futures: Vec<F>) -> Vec<T>
+where
+    F: std::future::Future<Output = T>,
+{
+    stream::iter(futures).buffered(CONCURRENCY).collect().await
+}
+
+/// The settles' `results` when every one succeeded; otherwise, after counting the
+/// failures in `settle_errors`, the first failure (every settle was attempted: a retry
+/// of the call finds the ones applied reported lost, as after any ambiguous settle).
+pub(crate) fn all_settled<T>(metrics: &Metrics, results: Vec<Result<T>>) -> Result<Vec<T>> {
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    if failed > 0 {
+        metrics
+            .settle_errors
+            .fetch_add(u64::try_from(failed).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+    results.into_iter().collect()
 }
 
 /// A transactional outbox in a DynamoDB table; see the crate docs for the layout and
@@ -493,7 +519,13 @@ impl OutboxStore for DynamoOutbox {
             .chunks(MAX_BATCH_STATEMENTS)
             .map(|chunk| self.delete_batch(chunk))
             .collect();
-        let applied: Vec<MessageId> = bounded(chunks).await?.into_iter().flatten().collect();
+        let applied: Vec<MessageId> = bounded_all(chunks)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .flatten()
+            .collect();
         Ok(Settled::reconcile(leases.iter().map(|l| l.id), applied))
     }
 

@@ -1,6 +1,7 @@
 //! What AWS does and DynamoDB Local does not, injected into the SDK's real requests
-//! (`outbox_dynamodb::faults`): the injector itself, then the store under throttles,
-//! cancelled transactions and failed batch statements.
+//! (`outbox_dynamodb::faults`): the injector itself, then the store under throttled
+//! claim writes, body reads and settles, cancelled transactions and failed batch
+//! statements.
 //!
 //! Unless a test says otherwise, the SDK's retries are off, so an injected fault
 //! reaches the store as it would after AWS kept throttling past every retry.
@@ -13,10 +14,12 @@ use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, BatchStatementErrorCodeEnum};
 use aws_sdk_dynamodb::Client;
 use outbox_core::{
-    ClaimRequest, ClaimedMessage, ErrorKind, MessageId, NewMessage, OutboxAdmin, OutboxStore,
+    ClaimRequest, ClaimedMessage, Disposition, ErrorKind, Failure, MessageId, NewMessage,
+    OutboxAdmin, OutboxStore,
 };
 use outbox_dynamodb::faults::{CancelReason, Fault, FaultInjector, Rule};
 use outbox_dynamodb::{DynamoOutbox, DynamoOutboxConfig};
+use outbox_testkit::poll_for;
 
 use crate::common;
 
@@ -168,16 +171,119 @@ async fn the_sdks_retries_absorb_throttles() {
     let got = claim(&outbox, 3).await;
     assert_eq!(ids(&got), sent.iter().copied().collect(), "{faults}");
     assert_eq!(faults.count("UpdateItem"), 2, "{faults}");
+    assert_eq!(outbox.metrics().claim_errors, 0);
 }
 
 /// One claim write throttled past the SDK's retries: the claim returns the other
 /// messages instead of failing, counts the error, and the throttled message (its
+/// write never applied) is claimed by the next claim, its attempt counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_claim_write_does_not_abort_the_claim() {
+    let Some(client) = common::client("outbox-dynamodb faults: claim write").await else {
+        return;
+    };
+    let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
+    let outbox = outbox_with(&client, &faults).await;
+    let sent = enqueue(&outbox, 5).await;
+    faults.add(
+        Rule::throttle("UpdateItem", Fault::ProvisionedThroughputExceeded)
+            .matching(text(sent[2]))
+            .times(1),
+    );
+    let first = outbox
+        .claim(ClaimRequest::new(5, LEASE).unwrap())
+        .await
+        .unwrap_or_else(|e| panic!("{faults}: the claim failed whole: {}", e.report()));
+    let first = first.into_messages();
+    let mut want: HashSet<MessageId> = sent.iter().copied().collect();
+    want.remove(&sent[2]);
+    assert_eq!(ids(&first), want, "{faults}");
+    assert_eq!(outbox.metrics().claim_errors, 1);
+
+    let later = poll_for("the throttled message to be claimed", || {
+        let outbox = outbox.clone();
+        async move { claim(&outbox, 5).await.pop() }
+    })
+    .await;
+    assert_eq!(later.message.id, sent[2]);
+    assert_eq!(
+        later.message.attempts, 1,
+        "the throttled write applied nothing"
+    );
+    assert_eq!(faults.total(), 1, "{faults}");
+}
+
 /// A body read throttled after a successful claim write: the claim returns the other
 /// messages, and releases that one at once (attempt given back) instead of stranding
+/// it under a lease nobody will settle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_body_read_releases_its_message() {
+    let Some(client) = common::client("outbox-dynamodb faults: body read").await else {
+        return;
+    };
+    let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
+    let outbox = outbox_with(&client, &faults).await;
+    let sent = enqueue(&outbox, 4).await;
+    // The body query is the one Query naming the message's partition, `m#<id>`.
+    faults.add(
+        Rule::throttle("Query", Fault::Throttling)
+            .matching(format!("m#{}", text(sent[0])))
+            .times(1),
+    );
+    let first = claim(&outbox, 4).await;
+    assert_eq!(ids(&first), sent[1..].iter().copied().collect(), "{faults}");
+    assert_eq!(outbox.metrics().claim_errors, 1);
+
+    let again = claim(&outbox, 4).await;
+    assert_eq!(ids(&again), HashSet::from([sent[0]]), "released at once");
+    assert_eq!(
+        again[0].message.attempts, 1,
+        "the failed claim's attempt was given back"
+    );
+    assert_eq!(faults.total(), 1, "{faults}");
+}
+
 /// One settle of a batch throttled past the SDK's retries: every other lease of the
 /// batch is still applied (the batch is wider than the store's concurrency, so a
 /// settle that stopped at the first error would leave some unstarted), the call
 /// reports the error for the relay to retry, and the retry applies the throttled one
+/// and reports the others lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_settle_does_not_stop_the_others() {
+    let Some(client) = common::client("outbox-dynamodb faults: settles").await else {
+        return;
+    };
+    let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
+    let outbox = outbox_with(&client, &faults).await;
+    let sent = enqueue(&outbox, 24).await;
+    let got = claim(&outbox, 24).await;
+    assert_eq!(got.len(), 24);
+    let failures: Vec<Failure> = got
+        .iter()
+        .map(|c| Failure::new(c.lease, "broker down", Disposition::Retry { after: LEASE }))
+        .collect();
+    // Settles run in id order: the first one fails.
+    let first = *sent.iter().min().unwrap();
+    faults.add(
+        Rule::throttle("UpdateItem", Fault::Throttling)
+            .matching(text(first))
+            .times(1),
+    );
+    let err = outbox.fail(&failures).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Contention, "{}", err.report());
+    assert!(err.is_retryable());
+    assert_eq!(outbox.metrics().settle_errors, 1);
+
+    let retry = outbox.fail(&failures).await.unwrap();
+    assert_eq!(
+        (retry.applied, retry.lost.len()),
+        (1, 23),
+        "{faults}: every other failure was applied by the first call"
+    );
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.in_flight), (24, 0));
+}
+
 /// A transaction cancelled for a conflict on one of its actions (as when another
 /// request writes that item): the enqueue is a retryable contention error and writes
 /// nothing; sent again, it commits.
