@@ -20,7 +20,9 @@
 //!    its answer is replaced: an ambiguous outcome, as when a response is lost. A write
 //!    "failed" this way has been written.
 //!
-//! Every fault injected is counted per operation ([`FaultInjector::injected`]).
+//! Every fault injected is counted per operation ([`FaultInjector::injected`]). A
+//! [`DynamoOutbox`](crate::DynamoOutbox) built on the client counts injected throttles
+//! as it counts real ones ([`OutboxMetrics::throttled`](crate::OutboxMetrics::throttled)).
 //!
 //! ## Retries
 //!
@@ -64,9 +66,11 @@ use aws_sdk_dynamodb::types::{
     BatchStatementError, BatchStatementErrorCodeEnum, BatchStatementResponse,
 };
 use aws_sdk_dynamodb::Client;
-use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_types::config_bag::{Storable, StoreReplace};
 use serde_json::{json, Value};
+
+/// The interceptor hooks' error type.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The `X-Amz-Target` prefix of every DynamoDB operation.
 const TARGET_PREFIX: &str = "DynamoDB_20120810.";

@@ -275,6 +275,14 @@
 //! 1,000 and double it. 4 to 16 shards suit most services; the default is 16. The count
 //! is fixed for the life of the table: changing it strands stored messages.
 //!
+//! Too few shards show as throttles: [`OutboxMetrics::throttled`] counts every throttled
+//! attempt of the store's requests (those the SDK's retries absorbed included),
+//! [`OutboxMetrics::enqueue_throttled`] the throttled enqueues (alert on it: they hold
+//! back the caller's business write), and [`DynamoOutbox::throttled`] breaks them down
+//! by operation, index and DynamoDB's throttling reason. Throttles on the `due` index
+//! (its queries, or table writes held back by it with an `IndexWrite...` reason) call
+//! for more shards.
+//!
 //! ## Migrating from layout 1
 //!
 //! [`Schema::layout_version`](outbox_core::Schema::layout_version) is 2. Layout 1 kept a
@@ -356,6 +364,7 @@ mod settle;
 mod shards;
 mod store;
 mod sweep;
+mod throttles;
 
 pub use config::{
     validate_table_name, DynamoDedupConfig, DynamoEntityConfig, DynamoLockConfig,
@@ -368,6 +377,7 @@ pub use item::{MAX_ITEM_BYTES, MAX_TRANSACTION_ACTIONS, MAX_TRANSACTION_BYTES};
 pub use lock::{DynamoDistributedLock, DynamoLockGuard};
 pub use metrics::OutboxMetrics;
 pub use store::{check_transaction, DynamoOutbox};
+pub use throttles::Throttled;
 
 /// The AWS SDK this crate was built with: build your `Client` and transaction items
 /// with it, so both sides use one SDK version.

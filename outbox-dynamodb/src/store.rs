@@ -180,17 +180,24 @@ fn write_size(w: &TransactWriteItem) -> usize {
 }
 
 impl DynamoOutbox {
-    /// A store over `client` with `config`. Sends nothing.
+    /// A store over `client` with `config`. Sends nothing. The store keeps its own copy
+    /// of the client (same configuration, connections and credentials) with an
+    /// interceptor that counts throttled requests (see [`throttled`](Self::throttled));
+    /// [`client`](Self::client) returns that copy.
     ///
     /// # Errors
     /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) when `config` does not
     /// validate.
     pub fn new(client: Client, config: DynamoOutboxConfig) -> Result<Self> {
         config.validate()?;
+        let metrics = Metrics::default();
+        // The same client, with the throttle counter registered on it.
+        let counter = crate::throttles::ThrottleCounter(Arc::clone(&metrics.throttles));
+        let client = Client::from_conf(client.config().to_builder().interceptor(counter).build());
         Ok(DynamoOutbox {
             inner: Arc::new(Inner {
                 client,
-                metrics: Metrics::default(),
+                metrics,
                 contended_until: AtomicU64::new(0),
                 recent: std::sync::Mutex::new(HashMap::new()),
                 leases: config.shard_lease().map(crate::shards::ShardLeases::new),
@@ -214,6 +221,14 @@ impl DynamoOutbox {
     /// clones (every request asks for `ReturnConsumedCapacity = TOTAL`).
     pub fn metrics(&self) -> OutboxMetrics {
         self.inner.metrics.snapshot()
+    }
+
+    /// This store's throttled requests so far (clones share them), by operation, index,
+    /// code and reason, the ones the SDK retried successfully included; their total is
+    /// [`OutboxMetrics::throttled`]. Throttles of the `due` index (`Query` on it, or a
+    /// write held back by it, reason `IndexWrite...`) mean too few shards for the rate.
+    pub fn throttled(&self) -> Vec<crate::Throttled> {
+        self.inner.metrics.throttles.snapshot()
     }
 
     /// Create the table if it is missing (on-demand billing, the three global secondary

@@ -349,3 +349,73 @@ async fn a_failed_batch_statement_fails_alone() {
     let settled = outbox.complete(&[lease_of(sent[2])]).await.unwrap();
     assert_eq!(settled.applied, 1);
 }
+
+/// Throttles are counted per operation, index and reason, the ones the SDK's retries
+/// absorbed included: an enqueue throttled once and a claim's `due` index query
+/// throttled twice both succeed, and the counts say what was throttled and where.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttles_are_counted_by_operation_index_and_reason() {
+    let Some(client) = common::client("outbox-dynamodb faults: throttle counts").await else {
+        return;
+    };
+    let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
+    let plain = common::outbox(&client, DynamoOutboxConfig::default())
+        .await
+        .unwrap();
+    let retrying = faulty(
+        &client,
+        &faults,
+        RetryConfig::standard()
+            .with_max_attempts(3)
+            .with_initial_backoff(Duration::from_millis(1)),
+    );
+    let outbox = DynamoOutbox::new(retrying, plain.config().clone()).unwrap();
+    faults.add(Rule::throttle("TransactWriteItems", Fault::ProvisionedThroughputExceeded).times(1));
+    // The claim's index query names the index; the body reads do not.
+    faults.add(
+        Rule::throttle("Query", Fault::Throttling)
+            .matching("\"IndexName\":\"due\"")
+            .times(2),
+    );
+    let sent = enqueue(&outbox, 2).await;
+    let got = claim(&outbox, 2).await;
+    assert_eq!(ids(&got), sent.iter().copied().collect(), "{faults}");
+    assert_eq!(faults.total(), 3, "{faults}");
+
+    let m = outbox.metrics();
+    assert_eq!((m.throttled, m.enqueue_throttled), (3, 1), "{faults}");
+    let kinds = outbox.throttled();
+    let enqueue = kinds
+        .iter()
+        .find(|k| k.operation == "TransactWriteItems")
+        .unwrap();
+    assert_eq!(
+        (
+            enqueue.code.as_str(),
+            enqueue.reason.as_deref(),
+            enqueue.index.as_deref(),
+            enqueue.count
+        ),
+        (
+            "ProvisionedThroughputExceededException",
+            Some("TableWriteProvisionedThroughputExceeded"),
+            None,
+            1
+        )
+    );
+    let due = kinds.iter().find(|k| k.operation == "Query").unwrap();
+    assert_eq!(
+        (
+            due.code.as_str(),
+            due.reason.as_deref(),
+            due.index.as_deref(),
+            due.count
+        ),
+        (
+            "ThrottlingException",
+            Some("IndexReadAccountLimitExceeded"),
+            Some("due"),
+            2
+        )
+    );
+}
