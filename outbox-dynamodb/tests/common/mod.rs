@@ -290,19 +290,25 @@ impl Fixture for DynamoFixture {
     fn admin(&self) -> Arc<dyn OutboxAdmin> {
         Arc::new(self.0.clone())
     }
-    /// Under faults, a retryable failure (an injected conflict) is sent again, as a
-    /// caller retries a retryable enqueue; the conflicts are injected before the
-    /// transaction is applied, so a retry never finds the messages stored.
+    /// As [`enqueue_all`]; under faults, a transaction that failed retryably (an
+    /// injected conflict) is sent again, as a caller retries a retryable enqueue. Only
+    /// that transaction: the ones before it committed. The conflicts are injected
+    /// before the transaction is applied, so a retry never finds its messages stored.
     async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<()> {
-        let mut tries = 0;
-        loop {
-            match enqueue_all(&self.0, &messages).await {
-                Err(e) if self.1.is_some() && e.is_retryable() && tries < ENQUEUE_TRIES => {
-                    tries += 1;
+        if self.1.is_none() {
+            return enqueue_all(&self.0, &messages).await;
+        }
+        self.0.enqueue_writes(&messages)?;
+        for chunk in messages.chunks(CHUNK) {
+            let mut tries = 0;
+            loop {
+                match self.0.enqueue(Vec::new(), chunk).await {
+                    Err(e) if e.is_retryable() && tries < ENQUEUE_TRIES => tries += 1,
+                    done => break done?,
                 }
-                done => return done,
             }
         }
+        Ok(())
     }
     /// A real cancelled transaction: the messages ride with a write of the caller's
     /// whose condition fails, so DynamoDB writes none of it.
