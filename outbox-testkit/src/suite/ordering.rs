@@ -97,7 +97,8 @@ pub async fn per_key_order_holds_with_racing_relays(h: &dyn Harness) {
             relay(Arc::clone(&store), Arc::new(publisher.clone()), config).spawn()
         })
         .collect();
-    publisher.wait_for_unique(240, DEADLINE * 2).await.unwrap();
+    // A bound against a hang, not a speed check.
+    publisher.wait_for_unique(240, DEADLINE * 5).await.unwrap();
     for r in relays {
         r.shutdown().await.unwrap();
     }
