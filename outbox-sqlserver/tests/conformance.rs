@@ -9,7 +9,7 @@ mod common;
 
 use async_trait::async_trait;
 use outbox_core::{Result, StoreCapabilities};
-use outbox_sqlserver::{MssqlOutbox, MssqlOutboxConfig, MssqlPool};
+use outbox_sqlserver::MssqlPool;
 use outbox_testkit::{Features, Fixture, Harness};
 
 /// Makes one schema per case on a shared database.
@@ -24,13 +24,9 @@ impl Harness for MssqlHarness {
     }
 
     async fn fixture(&self, capabilities: StoreCapabilities) -> Result<Box<dyn Fixture>> {
-        let config = MssqlOutboxConfig::default()
-            .with_schema(common::schema_name())
-            .with_ordering(capabilities.ordering)
-            .with_retention(capabilities.retention);
-        let outbox = MssqlOutbox::new(self.pool.clone(), config)?;
-        outbox.install().await?;
-        Ok(Box::new(common::MssqlFixture { outbox }))
+        Ok(Box::new(
+            common::MssqlFixture::installed(&self.pool, capabilities).await?,
+        ))
     }
 }
 

@@ -10,7 +10,7 @@ mod common;
 
 use async_trait::async_trait;
 use outbox_core::{MessageId, Result, StoreCapabilities};
-use outbox_sqlserver::{MssqlOutbox, MssqlOutboxConfig, MssqlPool, PlanAccess};
+use outbox_sqlserver::{MssqlPool, PlanAccess};
 use outbox_testkit::{
     Access, Fixture, History, PlanFixture, PlanHarness, PlannedStatement, RelayOp,
 };
@@ -23,13 +23,9 @@ struct MssqlPlanHarness {
 #[async_trait]
 impl PlanHarness for MssqlPlanHarness {
     async fn fixture(&self, capabilities: StoreCapabilities) -> Result<Box<dyn PlanFixture>> {
-        let config = MssqlOutboxConfig::default()
-            .with_schema(common::schema_name())
-            .with_ordering(capabilities.ordering)
-            .with_retention(capabilities.retention);
-        let outbox = MssqlOutbox::new(self.pool.clone(), config)?;
-        outbox.install().await?;
-        Ok(Box::new(common::MssqlFixture { outbox }))
+        Ok(Box::new(
+            common::MssqlFixture::installed(&self.pool, capabilities).await?,
+        ))
     }
 }
 

@@ -151,6 +151,20 @@ pub struct MssqlFixture {
 }
 
 impl MssqlFixture {
+    /// An outbox with `capabilities`, installed in a fresh schema of its own.
+    pub async fn installed(
+        pool: &MssqlPool,
+        capabilities: outbox_core::StoreCapabilities,
+    ) -> Result<Self> {
+        let config = outbox_sqlserver::MssqlOutboxConfig::default()
+            .with_schema(schema_name())
+            .with_ordering(capabilities.ordering)
+            .with_retention(capabilities.retention);
+        let outbox = MssqlOutbox::new(pool.clone(), config)?;
+        outbox.install().await?;
+        Ok(MssqlFixture { outbox })
+    }
+
     /// Enqueue in a transaction and end it with `end` (`COMMIT` or `ROLLBACK`).
     async fn enqueue_then(&self, messages: Vec<NewMessage>, end: &str) -> Result<()> {
         let mut client = self.outbox.pool().get().await.map_err(storage)?;
