@@ -13,7 +13,7 @@ use aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder;
 use aws_sdk_dynamodb::types::{ReturnConsumedCapacity, ReturnValue};
 use outbox_core::store::MAX_ATTEMPTS;
 use outbox_core::{
-    ClaimIds, ClaimRequest, Claimed, ClaimedMessage, Lease, LeaseToken, MessageId, Result,
+    ClaimIds, ClaimRequest, Claimed, ClaimedMessage, Error, Lease, LeaseToken, MessageId, Result,
 };
 
 use crate::error::{from_sdk, is_condition_failed};
@@ -22,7 +22,7 @@ use crate::item::{
     now_us, s, shard_of, Candidate, Item, AVAILABLE, DUE, DUE_INDEX, DUE_SCALE, MARKED_ID, PK,
     SHARD, SK,
 };
-use crate::store::{bounded, DynamoOutbox};
+use crate::store::{bounded, bounded_all, DynamoOutbox};
 
 /// Most stale order markers one head check removes before giving up on the key for
 /// this claim.
@@ -52,6 +52,9 @@ enum Taken {
     /// Claimed, but not a valid message: dead-lettered (`true`) or, when that write
     /// failed, left to its lease (`false`).
     Poison(bool),
+    /// The claim write or the body read after it failed for another reason than the
+    /// write's condition (see [`DynamoOutbox::failed_take`]).
+    Failed(Error),
 }
 
 /// How many times the oldest candidates a spreading claim draws from.
@@ -76,6 +79,11 @@ impl DynamoOutbox {
     /// [`SPREAD_FOR`]: each batch is drawn at random from the oldest
     /// [`SPREAD_WINDOW`] × wanted candidates, so racing relays take different messages
     /// instead of queueing behind each other's refused writes.
+    ///
+    /// A failed request (a throttled write, query or body read) ends the claim after
+    /// its round, and the claim returns what it took; only a claim that took nothing
+    /// returns the error. Each message it could not take is left to its lease or
+    /// released (see [`failed_take`](Self::failed_take)).
     pub(crate) async fn claim_due(&self, request: ClaimRequest) -> Result<Claimed> {
         let shards = self.claim_shards().await?;
         if shards.is_empty() {
@@ -99,14 +107,18 @@ impl DynamoOutbox {
         let mut heads: HashMap<String, Option<MessageId>> = HashMap::new();
         let mut claimed = Vec::new();
         let mut dead_lettered = 0;
-        loop {
+        let mut failure: Option<Error> = None;
+        'rounds: loop {
             let want = request.limit() - claimed.len();
             let spread = self.inner.contended_until.load(Ordering::Relaxed) > now_us();
             let window = if spread { want * SPREAD_WINDOW } else { want };
             let page = window.div_ceil(cursors.len().max(1)) + PAGE_SLACK;
             let mut batch = Vec::new();
             while batch.len() < window {
-                self.refill(&mut cursors, now, page).await?;
+                if let Err(e) = self.refill(&mut cursors, now, page).await {
+                    failure = Some(e);
+                    break 'rounds;
+                }
                 let Some(next) = cursors
                     .iter_mut()
                     .filter(|c| !c.buffered.is_empty())
@@ -120,8 +132,13 @@ impl DynamoOutbox {
                 if self.recently_taken(&c) {
                     continue;
                 }
-                if self.is_head(&c, &mut heads).await? {
-                    batch.push(c);
+                match self.is_head(&c, &mut heads).await {
+                    Ok(true) => batch.push(c),
+                    Ok(false) => {}
+                    Err(e) => {
+                        failure = Some(e);
+                        break 'rounds;
+                    }
                 }
             }
             if batch.is_empty() {
@@ -139,11 +156,14 @@ impl DynamoOutbox {
                 .collect();
             self.remember_taken(&batch);
             let taken: Vec<Taken> =
-                bounded(batch.into_iter().map(|c| self.take(c, lease)).collect()).await?;
+                bounded_all(batch.into_iter().map(|c| self.take(c, lease)).collect()).await;
             for (outcome, (shard, due)) in taken.into_iter().zip(placed) {
                 match outcome {
                     Taken::Claimed(m) => claimed.push((due, *m)),
                     Taken::Poison(written) => dead_lettered += usize::from(written),
+                    Taken::Failed(e) => {
+                        failure.get_or_insert(e);
+                    }
                     Taken::Refused => {
                         self.inner
                             .contended_until
@@ -157,9 +177,21 @@ impl DynamoOutbox {
                     }
                 }
             }
-            if claimed.len() >= request.limit() {
+            // After a failure, more rounds would only meet more of it (a throttled
+            // table or index): return what was taken.
+            if claimed.len() >= request.limit() || failure.is_some() {
                 break;
             }
+        }
+        if let Some(e) = failure {
+            if claimed.is_empty() && dead_lettered == 0 {
+                return Err(e);
+            }
+            tracing::warn!(
+                claimed = claimed.len(),
+                error = %e.report(),
+                "claim cut short by a failed request; returning what it took"
+            );
         }
         claimed.sort_by_key(|(due, _)| *due);
         let messages = claimed.into_iter().map(|(_, m)| m).collect();
@@ -361,10 +393,11 @@ impl DynamoOutbox {
     }
 
     /// The conditional write that claims `c`: due (undelivered, available) at the time
-    /// of the write, attempts counted up to [`MAX_ATTEMPTS`]. `None` when another claimer
-    /// won or the message changed since it was read; rows that do not make a valid
-    /// message are dead-lettered under the new lease and left out.
-    async fn take(&self, c: Candidate, lease: std::time::Duration) -> Result<Taken> {
+    /// of the write, attempts counted up to [`MAX_ATTEMPTS`]. `Refused` when another
+    /// claimer won or the message changed since it was read; rows that do not make a
+    /// valid message are dead-lettered under the new lease and left out; a failed
+    /// request is `Failed` (see [`failed_take`](Self::failed_take)).
+    async fn take(&self, c: Candidate, lease: std::time::Duration) -> Taken {
         let now = now_us();
         let expires = now.saturating_add(item::duration_us(lease));
         let token = LeaseToken::new();
@@ -413,16 +446,19 @@ impl DynamoOutbox {
             }
             Err(e) if is_condition_failed(&e) => {
                 self.inner.metrics.refused.fetch_add(1, Ordering::Relaxed);
-                return Ok(Taken::Refused);
+                return Taken::Refused;
             }
-            Err(e) => return Err(from_sdk("claim", e)),
+            Err(e) => return self.failed_take(c.id, from_sdk("claim", e), None).await,
         };
         let lease = Lease {
             id: c.id,
             token,
             expires_at: item::from_micros(expires),
         };
-        let body = self.read_body(c.id, &item).await?;
+        let body = match self.read_body(c.id, &item).await {
+            Ok(body) => body,
+            Err(e) => return self.failed_take(c.id, e, Some(&lease)).await,
+        };
         let checked = decode_message(&item, &body)
             .and_then(|m| m.check_stored(self.inner.config.limits()).map(|()| m));
         if checked.is_ok() {
@@ -433,7 +469,7 @@ impl DynamoOutbox {
         match checked {
             Ok(message) => {
                 self.inner.metrics.claimed.fetch_add(1, Ordering::Relaxed);
-                Ok(Taken::Claimed(Box::new(ClaimedMessage { message, lease })))
+                Taken::Claimed(Box::new(ClaimedMessage { message, lease }))
             }
             Err(reason) => {
                 let reason = outbox_core::backend::bounded_error(format!(
@@ -446,9 +482,44 @@ impl DynamoOutbox {
                         false
                     }
                 };
-                Ok(Taken::Poison(written))
+                Taken::Poison(written)
             }
         }
+    }
+
+    /// Account for message `id`, which a claim could not take because of `error`: the
+    /// claim write failed (`lease` is `None`; the write may have landed, as after a
+    /// timeout, and then the message is left to that lease), or the body read after a
+    /// successful write did (the message is released under `lease`, attempt given
+    /// back, or left to it when the release fails too). Counted in `claim_errors`, and
+    /// no longer hidden from this store's next claims.
+    async fn failed_take(&self, id: MessageId, error: Error, lease: Option<&Lease>) -> Taken {
+        self.inner
+            .metrics
+            .claim_errors
+            .fetch_add(1, Ordering::Relaxed);
+        let released = match lease {
+            None => false,
+            Some(lease) => match self.release_one(lease).await {
+                Ok(released) => released,
+                Err(e) => {
+                    tracing::warn!(%id, error = %e.report(), "release after a failed body read failed");
+                    false
+                }
+            },
+        };
+        tracing::warn!(
+            %id,
+            error = %error.report(),
+            released,
+            "message not claimed: a request failed; it is left to its lease unless released"
+        );
+        self.inner
+            .recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&id);
+        Taken::Failed(error)
     }
 
     /// Claim exactly the listed ids that are due: read each (strongly consistent), order
@@ -481,15 +552,22 @@ impl DynamoOutbox {
         }
         let lease = request.lease();
         let taken: Vec<Taken> =
-            bounded(batch.into_iter().map(|c| self.take(c, lease)).collect()).await?;
+            bounded_all(batch.into_iter().map(|c| self.take(c, lease)).collect()).await;
         let mut claimed = Claimed::default();
+        let mut failure = None;
         for t in taken {
             match t {
                 Taken::Claimed(m) => claimed.messages.push(*m),
                 Taken::Poison(written) => claimed.dead_lettered += usize::from(written),
                 Taken::Refused => {}
+                Taken::Failed(e) => {
+                    failure.get_or_insert(e);
+                }
             }
         }
-        Ok(claimed)
+        match failure {
+            Some(e) if claimed.messages.is_empty() && claimed.dead_lettered == 0 => Err(e),
+            _ => Ok(claimed),
+        }
     }
 }

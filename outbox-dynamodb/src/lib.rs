@@ -181,13 +181,26 @@
 //!    the shard is read again, and for the next second this store's claims draw each
 //!    batch at random from the oldest four times as many candidates as wanted (the
 //!    batch is still returned in due order).
+//! 6. A request that fails for another reason (throttled past the SDK's retries, timed
+//!    out) fails only its message: the claim finishes its round and returns what it
+//!    took, and returns the error only when it took nothing. A message whose claim
+//!    write failed is left to the lease that write may have set (after a timeout it may
+//!    have landed); one whose body read failed after its write is released at once.
+//!    Both are counted in [`OutboxMetrics::claim_errors`].
 //!
 //! Complete, fail and release are conditional writes on the state item,
 //! `token = :token AND attribute_exists(due)`; a refused one is a lost lease, reported
 //! in [`Settled::lost`](outbox_core::Settled::lost). Under `Retention::Delete` without
 //! per-key order, completes travel 25 to a request as PartiQL `BatchExecuteStatement`
 //! deletes of state items with the same condition: each statement is its own
-//! conditional write, so a lost lease fails alone.
+//! conditional write, so a lost lease fails alone. A PartiQL `DELETE` of a key that no
+//! longer exists succeeds with nothing deleted (only an existing item failing the
+//! condition is refused), so each statement returns the item it deleted
+//! (`RETURNING ALL OLD *`) and one that deleted nothing is reported lost: the message
+//! was completed under a later lease. A settle that fails for another reason stops
+//! none of the others of its call: every lease is attempted, then the call returns the
+//! error (counted in [`OutboxMetrics::settle_errors`]) so the relay retries it, and the
+//! retry reports the leases the first try applied as lost.
 //!
 //! ## Relays divide the shards (shard leases)
 //!
@@ -262,6 +275,14 @@
 //! 1,000 and double it. 4 to 16 shards suit most services; the default is 16. The count
 //! is fixed for the life of the table: changing it strands stored messages.
 //!
+//! Too few shards show as throttles: [`OutboxMetrics::throttled`] counts every throttled
+//! attempt of the store's requests (those the SDK's retries absorbed included),
+//! [`OutboxMetrics::enqueue_throttled`] the throttled enqueues (alert on it: they hold
+//! back the caller's business write), and [`DynamoOutbox::throttled`] breaks them down
+//! by operation, index and DynamoDB's throttling reason. Throttles on the `due` index
+//! (its queries, or table writes held back by it with an `IndexWrite...` reason) call
+//! for more shards.
+//!
 //! ## Migrating from layout 1
 //!
 //! [`Schema::layout_version`](outbox_core::Schema::layout_version) is 2. Layout 1 kept a
@@ -287,6 +308,16 @@
 //! [`ErrorKind::Config`](outbox_core::ErrorKind::Config); a table made global after the
 //! install is not detected. DynamoDB Local cannot create replicas, so the refusal is
 //! tested on described tables, not end to end. Keep these tables in one region.
+//!
+//! ## Testing against AWS's failures
+//!
+//! DynamoDB Local never throttles, never cancels a transaction for a conflict and never
+//! fails one statement of a batch. With the non-default feature `fault-injection`,
+//! `outbox_dynamodb::faults::FaultInjector` is an interceptor for the client's
+//! configuration that injects those faults (seeded, per operation, per item, before or
+//! after the request is applied) into the real requests, so the SDK's own error
+//! handling and retries run as they would on AWS. The crate's tests run the store
+//! under it; it is not meant for production clients.
 //!
 //! ## Limitations
 //!
@@ -322,6 +353,8 @@ mod config;
 mod dedup;
 mod entity;
 mod error;
+#[cfg(feature = "fault-injection")]
+pub mod faults;
 mod item;
 mod lock;
 mod markers;
@@ -331,6 +364,7 @@ mod settle;
 mod shards;
 mod store;
 mod sweep;
+mod throttles;
 
 pub use config::{
     validate_table_name, DynamoDedupConfig, DynamoEntityConfig, DynamoLockConfig,
@@ -343,6 +377,7 @@ pub use item::{MAX_ITEM_BYTES, MAX_TRANSACTION_ACTIONS, MAX_TRANSACTION_BYTES};
 pub use lock::{DynamoDistributedLock, DynamoLockGuard};
 pub use metrics::OutboxMetrics;
 pub use store::{check_transaction, DynamoOutbox};
+pub use throttles::Throttled;
 
 /// The AWS SDK this crate was built with: build your `Client` and transaction items
 /// with it, so both sides use one SDK version.

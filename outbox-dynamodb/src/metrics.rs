@@ -1,6 +1,7 @@
 //! Consumed capacity and refused conditional writes, as DynamoDB reports them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::types::ConsumedCapacity;
@@ -24,6 +25,10 @@ pub(crate) struct Metrics {
     pub(crate) bodies_renewed: AtomicU64,
     pub(crate) renewal_units: AtomicU64,
     pub(crate) sweep_errors: AtomicU64,
+    pub(crate) claim_errors: AtomicU64,
+    pub(crate) settle_errors: AtomicU64,
+    /// Shared with the store client's throttle counter.
+    pub(crate) throttles: Arc<crate::throttles::Throttles>,
     /// Gauges of the sweeps: how long the oldest due message had waited, plus one
     /// (microseconds, 0 for none), and when the stalest shard's last completed pass
     /// began (0 for never).
@@ -70,6 +75,10 @@ impl Metrics {
             bodies_renewed: self.bodies_renewed.load(Ordering::Relaxed),
             body_renewal_units: units(&self.renewal_units),
             body_sweep_errors: self.sweep_errors.load(Ordering::Relaxed),
+            claim_errors: self.claim_errors.load(Ordering::Relaxed),
+            settle_errors: self.settle_errors.load(Ordering::Relaxed),
+            throttled: self.throttles.total.load(Ordering::Relaxed),
+            enqueue_throttled: self.throttles.transactions.load(Ordering::Relaxed),
             oldest_due_age: match self.oldest_due_age_us.load(Ordering::Relaxed) {
                 0 => None,
                 age => Some(Duration::from_micros(age - 1)),
@@ -125,6 +134,31 @@ pub struct OutboxMetrics {
     /// logged at `warn`. Rising while [`last_body_sweep`](Self::last_body_sweep) stops
     /// moving means bodies are not being renewed.
     pub body_sweep_errors: u64,
+    /// Messages a claim could not take for a reason other than the claim write's
+    /// condition: the write failed (a throttle past the SDK's retries, a timeout), or
+    /// the body read after it did. Each is logged at `warn`; the claim returned the
+    /// messages it did take. A message whose write may have landed is left to its
+    /// lease (claimable again when it lapses, its attempt counted); one whose body read
+    /// failed is released at once when that write succeeds.
+    pub claim_errors: u64,
+    /// Settles (complete, fail, release) whose request failed for a reason other than
+    /// the fence. The call attempts every lease of the batch and then returns the
+    /// error, so the relay retries it; a lease the first try applied is reported lost
+    /// by the retry.
+    pub settle_errors: u64,
+    /// Attempts of this store's requests that DynamoDB throttled, the ones the SDK
+    /// retried successfully included (see
+    /// [`DynamoOutbox::throttled`](crate::DynamoOutbox::throttled) for them by
+    /// operation, index and reason). Any steady rate means a table or index is short of
+    /// capacity (a hot `due` shard: raise the shard count) and claims and enqueues are
+    /// slowed by the SDK's backoff.
+    pub throttled: u64,
+    /// Of [`throttled`](Self::throttled), the `TransactWriteItems` attempts: enqueues
+    /// sent through [`DynamoOutbox::enqueue`](crate::DynamoOutbox::enqueue) (and the
+    /// store's rare order-marker transactions). Alert on it: a throttled enqueue is
+    /// your business write held back or, past the SDK's retries, failed. Enqueues you
+    /// send with your own client are not seen here.
+    pub enqueue_throttled: u64,
     /// Gauge, as of each shard's last sweep pass (refreshed once per
     /// [`body_sweep_every`](crate::DynamoOutboxConfig::with_body_sweep_every) per
     /// shard, not live): how long the oldest due (claimable, unclaimed) message of the

@@ -14,7 +14,7 @@ use crate::item::{
     self, body_key, get_n, get_s, id_text, n, now_us, s, Item, ATTEMPTS, AVAILABLE, DEAD_AT,
     DEAD_ID, DONE_AT, DUE, DUE_SCALE, LAST_ERROR, PARTITION_KEY, PARTS, PK, SEQ, SK, TOKEN, TTL,
 };
-use crate::store::{bounded, DynamoOutbox};
+use crate::store::{all_settled, bounded, bounded_all, DynamoOutbox};
 
 /// What [`DynamoOutbox::set_body_ttl`] writes on each body item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,8 +143,10 @@ impl DynamoOutbox {
         Ok(written.into_iter().filter(|w| *w).count())
     }
 
-    /// Run `settle` for every lease in id order, at most [`CONCURRENCY`] at once, and
-    /// reconcile the ids it applied.
+    /// Run `settle` for every lease in id order, at most
+    /// [`CONCURRENCY`](crate::store::CONCURRENCY) at once, and reconcile the ids it
+    /// applied. One failed settle stops none of the others; the call then returns the
+    /// first failure (see [`all_settled`]).
     pub(crate) async fn settle_all<'a, T, F, Fut>(
         &'a self,
         items: &'a [T],
@@ -164,7 +166,11 @@ impl DynamoOutbox {
                 async move { fut.await.map(|ok| ok.then_some(i)) }
             })
             .collect();
-        let applied: Vec<MessageId> = bounded(futures).await?.into_iter().flatten().collect();
+        let results = bounded_all(futures).await;
+        let applied: Vec<MessageId> = all_settled(&self.inner.metrics, results)?
+            .into_iter()
+            .flatten()
+            .collect();
         Ok(Settled::reconcile(items.iter().map(id), applied))
     }
 
@@ -211,11 +217,19 @@ impl DynamoOutbox {
     /// `BatchExecuteStatement`: each statement is its own conditional delete (the same
     /// fence as [`complete_one`](Self::complete_one), one write unit each, not a
     /// transaction), so a lost lease fails alone. Statements failing for another reason
-    /// (throttling) are retried one by one. Returns the ids applied.
+    /// (throttling) are retried one by one, all of them even when one of those fails.
+    /// Returns the ids applied, or the first failure.
+    ///
+    /// A PartiQL `DELETE` whose key matches no item succeeds with nothing deleted; only
+    /// an item that exists and fails the `WHERE` gives `ConditionalCheckFailed`. So each
+    /// statement returns the item it deleted (`RETURNING ALL OLD *`, which costs no
+    /// extra capacity), and a statement that succeeded without one found its message
+    /// gone: another claimer took the lapsed lease over and completed it. That lease is
+    /// lost, as the fence says, not applied.
     pub(crate) async fn delete_batch(&self, leases: &[Lease]) -> Result<Vec<MessageId>> {
         let statement = format!(
             "DELETE FROM \"{}\" WHERE \"{PK}\" = ? AND \"{SK}\" = ? AND \"{TOKEN}\" = ? \
-             AND \"{DUE}\" IS NOT MISSING",
+             AND \"{DUE}\" IS NOT MISSING RETURNING ALL OLD *",
             self.table()
         );
         let mut requests = Vec::with_capacity(leases.len());
@@ -239,14 +253,27 @@ impl DynamoOutbox {
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await
-            .map_err(|e| from_sdk("complete", e))?;
+            .map_err(|e| {
+                let count = u64::try_from(leases.len()).unwrap_or(u64::MAX);
+                self.inner
+                    .metrics
+                    .settle_errors
+                    .fetch_add(count, Ordering::Relaxed);
+                from_sdk("complete", e)
+            })?;
         let reported = !out.consumed_capacity().is_empty();
         for c in out.consumed_capacity() {
             self.record_capacity(&self.inner.metrics.settle_units, Some(c));
         }
         let mut applied = Vec::with_capacity(leases.len());
+        let mut retried = Vec::new();
         for (lease, response) in leases.iter().zip(out.responses()) {
             match response.error().and_then(|e| e.code()) {
+                None if response.item().is_none() => {
+                    // Nothing was deleted: the message is gone, settled under another
+                    // lease. In effect a refused write, and counted as one.
+                    self.inner.metrics.refused.fetch_add(1, Ordering::Relaxed);
+                }
                 None => {
                     if !reported {
                         // DynamoDB Local returns no consumed capacity for PartiQL
@@ -262,11 +289,16 @@ impl DynamoOutbox {
                 Some(BatchStatementErrorCodeEnum::ConditionalCheckFailed) => {
                     self.inner.metrics.refused.fetch_add(1, Ordering::Relaxed);
                 }
-                Some(_) => {
-                    if self.complete_one(lease).await? {
-                        applied.push(lease.id);
-                    }
-                }
+                Some(_) => retried.push(lease),
+            }
+        }
+        let results = bounded_all(retried.iter().map(|l| self.complete_one(l)).collect()).await;
+        for (lease, done) in retried
+            .iter()
+            .zip(all_settled(&self.inner.metrics, results)?)
+        {
+            if done {
+                applied.push(lease.id);
             }
         }
         Ok(applied)

@@ -33,9 +33,13 @@ use crate::settle::MAX_BATCH_STATEMENTS;
 /// Requests in flight at once for the per-item writes of one batch.
 pub(crate) const CONCURRENCY: usize = 16;
 
-/// Run `futures` at most [`CONCURRENCY`] at a time, results in input order. The
-/// futures are made up front: a lazily mapped stream trips the compiler's
-/// higher-ranked lifetime inference inside `async_trait` methods.
+/// Run `futures` at most [`CONCURRENCY`] at a time, results in input order, stopping
+/// at the first error. The futures are made up front: a lazily mapped stream trips the
+/// compiler's higher-ranked lifetime inference inside `async_trait` methods.
+///
+/// Only for reads and for writes whose partial application needs no accounting: the
+/// futures still in flight at an error are dropped, after their requests may have
+/// landed. Per-message writes go through [`bounded_all`].
 pub(crate) async fn bounded<T, F>(futures: Vec<F>) -> Result<Vec<T>>
 where
     F: std::future::Future<Output = Result<T>>,
@@ -44,6 +48,28 @@ where
         .buffered(CONCURRENCY)
         .try_collect()
         .await
+}
+
+/// Run every one of `futures` to its end, at most [`CONCURRENCY`] at a time, results in
+/// input order: one failed write neither stops the others nor drops them in flight.
+pub(crate) async fn bounded_all<T, F>(futures: Vec<F>) -> Vec<T>
+where
+    F: std::future::Future<Output = T>,
+{
+    stream::iter(futures).buffered(CONCURRENCY).collect().await
+}
+
+/// The settles' `results` when every one succeeded; otherwise, after counting the
+/// failures in `settle_errors`, the first failure (every settle was attempted: a retry
+/// of the call finds the ones applied reported lost, as after any ambiguous settle).
+pub(crate) fn all_settled<T>(metrics: &Metrics, results: Vec<Result<T>>) -> Result<Vec<T>> {
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    if failed > 0 {
+        metrics
+            .settle_errors
+            .fetch_add(u64::try_from(failed).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+    results.into_iter().collect()
 }
 
 /// A transactional outbox in a DynamoDB table; see the crate docs for the layout and
@@ -154,17 +180,24 @@ fn write_size(w: &TransactWriteItem) -> usize {
 }
 
 impl DynamoOutbox {
-    /// A store over `client` with `config`. Sends nothing.
+    /// A store over `client` with `config`. Sends nothing. The store keeps its own copy
+    /// of the client (same configuration, connections and credentials) with an
+    /// interceptor that counts throttled requests (see [`throttled`](Self::throttled));
+    /// [`client`](Self::client) returns that copy.
     ///
     /// # Errors
     /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) when `config` does not
     /// validate.
     pub fn new(client: Client, config: DynamoOutboxConfig) -> Result<Self> {
         config.validate()?;
+        let metrics = Metrics::default();
+        // The same client, with the throttle counter registered on it.
+        let counter = crate::throttles::ThrottleCounter(Arc::clone(&metrics.throttles));
+        let client = Client::from_conf(client.config().to_builder().interceptor(counter).build());
         Ok(DynamoOutbox {
             inner: Arc::new(Inner {
                 client,
-                metrics: Metrics::default(),
+                metrics,
                 contended_until: AtomicU64::new(0),
                 recent: std::sync::Mutex::new(HashMap::new()),
                 leases: config.shard_lease().map(crate::shards::ShardLeases::new),
@@ -188,6 +221,14 @@ impl DynamoOutbox {
     /// clones (every request asks for `ReturnConsumedCapacity = TOTAL`).
     pub fn metrics(&self) -> OutboxMetrics {
         self.inner.metrics.snapshot()
+    }
+
+    /// This store's throttled requests so far (clones share them), by operation, index,
+    /// code and reason, the ones the SDK retried successfully included; their total is
+    /// [`OutboxMetrics::throttled`]. Throttles of the `due` index (`Query` on it, or a
+    /// write held back by it, reason `IndexWrite...`) mean too few shards for the rate.
+    pub fn throttled(&self) -> Vec<crate::Throttled> {
+        self.inner.metrics.throttles.snapshot()
     }
 
     /// Create the table if it is missing (on-demand billing, the three global secondary
@@ -493,7 +534,13 @@ impl OutboxStore for DynamoOutbox {
             .chunks(MAX_BATCH_STATEMENTS)
             .map(|chunk| self.delete_batch(chunk))
             .collect();
-        let applied: Vec<MessageId> = bounded(chunks).await?.into_iter().flatten().collect();
+        let applied: Vec<MessageId> = bounded_all(chunks)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .flatten()
+            .collect();
         Ok(Settled::reconcile(leases.iter().map(|l| l.id), applied))
     }
 

@@ -7,7 +7,7 @@ mod common;
 
 async fn harness() -> Option<common::DynamoHarness> {
     let client = common::client("outbox-dynamodb conformance").await?;
-    Some(common::DynamoHarness { client })
+    Some(common::DynamoHarness::plain(client))
 }
 
 outbox_testkit::conformance_suite!(harness; lacks(row_locks, lease_renewal));

@@ -6,10 +6,12 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
-use aws_sdk_dynamodb::types::{ConditionCheck, TransactWriteItem};
+use aws_sdk_dynamodb::types::{BatchStatementErrorCodeEnum, ConditionCheck, TransactWriteItem};
 use aws_sdk_dynamodb::Client;
 use outbox_core::{ErrorKind, NewMessage, OutboxAdmin, OutboxStore, Result, StoreCapabilities};
+use outbox_dynamodb::faults::{CancelReason, Fault, FaultInjector, Rule};
 use outbox_dynamodb::{
     DynamoDedupConfig, DynamoDedupStore, DynamoEntityConfig, DynamoEntityStore, DynamoOutbox,
     DynamoOutboxConfig,
@@ -142,10 +144,106 @@ pub fn failing_write(outbox: &DynamoOutbox) -> TransactWriteItem {
     TransactWriteItem::builder().condition_check(check).build()
 }
 
-/// Runs the outbox conformance suite on a table per case.
+/// Share of the attempts of each data-plane operation throttled under the fault mix,
+/// half with `ThrottlingException`, half with `ProvisionedThroughputExceededException`.
+pub const THROTTLE_RATE: f64 = 0.05;
+/// Share of `BatchExecuteStatement` requests (the batched completes) with one statement
+/// failing with `ThrottlingError` under the fault mix.
+pub const STATEMENT_RATE: f64 = 0.05;
+/// Share of enqueue transactions cancelled for a `TransactionConflict` under the fault
+/// mix.
+pub const CONFLICT_RATE: f64 = 0.01;
+/// The operations the stores send on their data path.
+const DATA_OPERATIONS: [&str; 7] = [
+    "GetItem",
+    "PutItem",
+    "UpdateItem",
+    "DeleteItem",
+    "Query",
+    "TransactWriteItems",
+    "BatchExecuteStatement",
+];
+
+/// The seeded mix of AWS's faults the suites run under a second time, all injected
+/// before the request is applied (as AWS refuses a throttled request): throttles of
+/// every data-plane attempt at [`THROTTLE_RATE`], one failed statement of a batched
+/// complete at [`STATEMENT_RATE`], and enqueue transactions cancelled for a conflict at
+/// [`CONFLICT_RATE`]. Seeded from `OUTBOX_FAULT_SEED` when set (to replay a run),
+/// otherwise at random; the seed is printed.
+pub fn fault_mix(what: &str) -> FaultInjector {
+    let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
+    for operation in DATA_OPERATIONS {
+        faults.add(Rule::throttle(operation, Fault::Throttling).rate(THROTTLE_RATE / 2.0));
+        faults.add(
+            Rule::throttle(operation, Fault::ProvisionedThroughputExceeded)
+                .rate(THROTTLE_RATE / 2.0),
+        );
+    }
+    faults.add(
+        Rule::fail_statement(BatchStatementErrorCodeEnum::ThrottlingError).rate(STATEMENT_RATE),
+    );
+    // Enqueue transactions are the ones that carry body items (`payload`).
+    faults.add(
+        Rule::cancel_transaction(CancelReason::TransactionConflict)
+            .matching("\"payload\"")
+            .rate(CONFLICT_RATE),
+    );
+    eprintln!(
+        "{what}: fault injection seed {} (replay with OUTBOX_FAULT_SEED={})",
+        faults.seed(),
+        faults.seed()
+    );
+    faults
+}
+
+/// The SDK's retries under the fault mix: standard mode, 10 attempts, backoff from
+/// 5 ms to 200 ms. They absorb nearly every throttle, as a client configured for
+/// DynamoDB should; what is not retried (a cancelled transaction, a failed batch
+/// statement) reaches the store.
+pub fn fault_retries() -> RetryConfig {
+    RetryConfig::standard()
+        .with_max_attempts(10)
+        .with_initial_backoff(Duration::from_millis(5))
+        .with_max_backoff(Duration::from_millis(200))
+}
+
+/// `client` with `faults` registered and the retries of [`fault_retries`].
+pub fn faulty_client(client: &Client, faults: &FaultInjector) -> Client {
+    let client = faults.client(client);
+    Client::from_conf(
+        client
+            .config()
+            .to_builder()
+            .retry_config(fault_retries())
+            .build(),
+    )
+}
+
+/// Runs the outbox conformance suite on a table per case, plainly or under faults.
 #[derive(Debug)]
 pub struct DynamoHarness {
     pub client: Client,
+    /// Under the fault mix: the injector registered on `client`.
+    pub faults: Option<FaultInjector>,
+}
+
+impl DynamoHarness {
+    /// The suite on `client` as it is.
+    pub fn plain(client: Client) -> Self {
+        DynamoHarness {
+            client,
+            faults: None,
+        }
+    }
+
+    /// The suite on `client` under a fresh [`fault_mix`].
+    pub fn under_faults(client: &Client, what: &str) -> Self {
+        let faults = fault_mix(what);
+        DynamoHarness {
+            client: faulty_client(client, &faults),
+            faults: Some(faults),
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -161,13 +259,28 @@ impl Harness for DynamoHarness {
         let config = DynamoOutboxConfig::default()
             .with_ordering(caps.ordering)
             .with_retention(caps.retention);
-        Ok(Box::new(DynamoFixture(outbox(&self.client, config).await?)))
+        Ok(Box::new(DynamoFixture(
+            outbox(&self.client, config).await?,
+            self.faults.clone(),
+        )))
     }
 }
 
-/// One case's outbox.
+/// One case's outbox, and the injector when it runs under faults.
 #[derive(Debug)]
-pub struct DynamoFixture(pub DynamoOutbox);
+pub struct DynamoFixture(pub DynamoOutbox, pub Option<FaultInjector>);
+
+/// Most times the fixture sends an enqueue that failed with a retryable error.
+const ENQUEUE_TRIES: usize = 10;
+
+impl Drop for DynamoFixture {
+    /// Under faults, print what was injected into the case (shown when it fails).
+    fn drop(&mut self) {
+        if let Some(faults) = &self.1 {
+            eprintln!("{faults}");
+        }
+    }
+}
 
 #[async_trait::async_trait]
 impl Fixture for DynamoFixture {
@@ -177,17 +290,42 @@ impl Fixture for DynamoFixture {
     fn admin(&self) -> Arc<dyn OutboxAdmin> {
         Arc::new(self.0.clone())
     }
+    /// As [`enqueue_all`]; under faults, a transaction that failed retryably (an
+    /// injected conflict) is sent again, as a caller retries a retryable enqueue. Only
+    /// that transaction: the ones before it committed. The conflicts are injected
+    /// before the transaction is applied, so a retry never finds its messages stored.
     async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<()> {
-        enqueue_all(&self.0, &messages).await
+        if self.1.is_none() {
+            return enqueue_all(&self.0, &messages).await;
+        }
+        self.0.enqueue_writes(&messages)?;
+        for chunk in messages.chunks(CHUNK) {
+            let mut tries = 0;
+            loop {
+                match self.0.enqueue(Vec::new(), chunk).await {
+                    Err(e) if e.is_retryable() && tries < ENQUEUE_TRIES => tries += 1,
+                    done => break done?,
+                }
+            }
+        }
+        Ok(())
     }
     /// A real cancelled transaction: the messages ride with a write of the caller's
     /// whose condition fails, so DynamoDB writes none of it.
     async fn enqueue_rolled_back(&self, messages: Vec<NewMessage>) -> Result<()> {
-        let err = self
-            .0
-            .enqueue(vec![failing_write(&self.0)], &messages)
-            .await
-            .expect_err("the transaction must be cancelled");
+        let mut tries = 0;
+        let err = loop {
+            let err = self
+                .0
+                .enqueue(vec![failing_write(&self.0)], &messages)
+                .await
+                .expect_err("the transaction must be cancelled");
+            if self.1.is_some() && err.is_retryable() && tries < ENQUEUE_TRIES {
+                tries += 1;
+                continue;
+            }
+            break err;
+        };
         assert_eq!(err.kind(), ErrorKind::Conflict, "{}", err.report());
         Ok(())
     }

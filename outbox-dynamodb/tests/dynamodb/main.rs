@@ -9,9 +9,11 @@ mod common;
 
 mod bodies;
 mod dedup;
+mod faults;
 mod limits;
 mod markers;
 mod relay;
+mod settle;
 mod shards;
 mod store;
 mod sweep;

@@ -1,0 +1,421 @@
+//! What AWS does and DynamoDB Local does not, injected into the SDK's real requests
+//! (`outbox_dynamodb::faults`): the injector itself, then the store under throttled
+//! claim writes, body reads and settles, cancelled transactions and failed batch
+//! statements.
+//!
+//! Unless a test says otherwise, the SDK's retries are off, so an injected fault
+//! reaches the store as it would after AWS kept throttling past every retry.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::config::retry::RetryConfig;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::types::{AttributeValue, BatchStatementErrorCodeEnum};
+use aws_sdk_dynamodb::Client;
+use outbox_core::{
+    ClaimRequest, ClaimedMessage, Disposition, ErrorKind, Failure, MessageId, NewMessage,
+    OutboxAdmin, OutboxStore,
+};
+use outbox_dynamodb::faults::{CancelReason, Fault, FaultInjector, Rule};
+use outbox_dynamodb::{DynamoOutbox, DynamoOutboxConfig};
+use outbox_testkit::poll_for;
+
+use crate::common;
+
+const LEASE: Duration = Duration::from_secs(30);
+
+/// `client` with `faults` registered and the SDK's retries set to `retry`.
+fn faulty(client: &Client, faults: &FaultInjector, retry: RetryConfig) -> Client {
+    let client = faults.client(client);
+    Client::from_conf(client.config().to_builder().retry_config(retry).build())
+}
+
+/// An installed outbox (installed without faults) whose requests go through `faults`,
+/// with the SDK's retries off.
+async fn outbox_with(client: &Client, faults: &FaultInjector) -> DynamoOutbox {
+    let plain = common::outbox(client, DynamoOutboxConfig::default())
+        .await
+        .unwrap();
+    DynamoOutbox::new(
+        faulty(client, faults, RetryConfig::disabled()),
+        plain.config().clone(),
+    )
+    .unwrap()
+}
+
+async fn enqueue(outbox: &DynamoOutbox, n: usize) -> Vec<MessageId> {
+    let messages: Vec<NewMessage> = (0..n)
+        .map(|_| NewMessage::builder("faults").build().unwrap())
+        .collect();
+    common::enqueue_all(outbox, &messages).await.unwrap();
+    messages.iter().map(NewMessage::id).collect()
+}
+
+async fn claim(outbox: &DynamoOutbox, n: usize) -> Vec<ClaimedMessage> {
+    outbox
+        .claim(ClaimRequest::new(n, LEASE).unwrap())
+        .await
+        .unwrap()
+        .into_messages()
+}
+
+fn ids(claimed: &[ClaimedMessage]) -> HashSet<MessageId> {
+    claimed.iter().map(|c| c.message.id).collect()
+}
+
+fn text(id: MessageId) -> String {
+    id.as_uuid().hyphenated().to_string()
+}
+
+/// A throttle before send answers with the typed exception and its throttling reason,
+/// and writes nothing; one after send answers the same, but the write landed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttles_replace_the_answer_before_or_after_the_write() {
+    let Some(client) = common::client("outbox-dynamodb faults: throttles").await else {
+        return;
+    };
+    let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
+    let outbox = outbox_with(&client, &faults).await;
+    let table = outbox.config().table().to_owned();
+    let faulty = outbox.client().clone();
+    faults.add(
+        Rule::throttle("PutItem", Fault::ProvisionedThroughputExceeded).matching("probe-before"),
+    );
+    faults.add(
+        Rule::throttle("PutItem", Fault::Throttling)
+            .matching("probe-after")
+            .after_send(),
+    );
+    let put = |pk: &'static str| {
+        faulty
+            .put_item()
+            .table_name(&table)
+            .item("pk", AttributeValue::S(pk.into()))
+            .item("sk", AttributeValue::S("-".into()))
+            .send()
+    };
+    let exists = |pk: &'static str| {
+        let (client, table) = (client.clone(), table.clone());
+        async move {
+            client
+                .get_item()
+                .table_name(table)
+                .key("pk", AttributeValue::S(pk.into()))
+                .key("sk", AttributeValue::S("-".into()))
+                .consistent_read(true)
+                .send()
+                .await
+                .unwrap()
+                .item
+                .is_some()
+        }
+    };
+
+    let err = put("probe-before").await.unwrap_err();
+    match err.as_service_error() {
+        Some(PutItemError::ProvisionedThroughputExceededException(e)) => {
+            let reason = &e.throttling_reasons()[0];
+            assert_eq!(
+                reason.reason(),
+                Some("TableWriteProvisionedThroughputExceeded")
+            );
+            assert!(reason.resource().unwrap().ends_with(&table));
+        }
+        other => panic!("{faults}: expected a throughput exception, got {other:?}"),
+    }
+    assert!(
+        !exists("probe-before").await,
+        "throttled before send: not written"
+    );
+
+    let err = put("probe-after").await.unwrap_err();
+    assert!(
+        matches!(
+            err.as_service_error(),
+            Some(PutItemError::ThrottlingException(e)) if !e.throttling_reasons().is_empty()
+        ),
+        "{faults}: {err:?}"
+    );
+    assert!(exists("probe-after").await, "throttled after send: written");
+
+    put("probe-untouched").await.unwrap();
+    assert_eq!(faults.count("PutItem"), 2, "{faults}");
+}
+
+/// The SDK's standard retries absorb throttles: two throttled claim writes in a row
+/// and the claim still takes every message, with no claim error counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdks_retries_absorb_throttles() {
+    let Some(client) = common::client("outbox-dynamodb faults: SDK retries").await else {
+        return;
+    };
+    let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
+    let plain = common::outbox(&client, DynamoOutboxConfig::default())
+        .await
+        .unwrap();
+    let retrying = faulty(
+        &client,
+        &faults,
+        RetryConfig::standard()
+            .with_max_attempts(3)
+            .with_initial_backoff(Duration::from_millis(1)),
+    );
+    let outbox = DynamoOutbox::new(retrying, plain.config().clone()).unwrap();
+    let sent = enqueue(&outbox, 3).await;
+    faults.add(
+        Rule::throttle("UpdateItem", Fault::Throttling)
+            .matching(text(sent[1]))
+            .times(2),
+    );
+    let got = claim(&outbox, 3).await;
+    assert_eq!(ids(&got), sent.iter().copied().collect(), "{faults}");
+    assert_eq!(faults.count("UpdateItem"), 2, "{faults}");
+    assert_eq!(outbox.metrics().claim_errors, 0);
+}
+
+/// One claim write throttled past the SDK's retries: the claim returns the other
+/// messages instead of failing, counts the error, and the throttled message (its
+/// write never applied) is claimed by the next claim, its attempt counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_claim_write_does_not_abort_the_claim() {
+    let Some(client) = common::client("outbox-dynamodb faults: claim write").await else {
+        return;
+    };
+    let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
+    let outbox = outbox_with(&client, &faults).await;
+    let sent = enqueue(&outbox, 5).await;
+    faults.add(
+        Rule::throttle("UpdateItem", Fault::ProvisionedThroughputExceeded)
+            .matching(text(sent[2]))
+            .times(1),
+    );
+    let first = outbox
+        .claim(ClaimRequest::new(5, LEASE).unwrap())
+        .await
+        .unwrap_or_else(|e| panic!("{faults}: the claim failed whole: {}", e.report()));
+    let first = first.into_messages();
+    let mut want: HashSet<MessageId> = sent.iter().copied().collect();
+    want.remove(&sent[2]);
+    assert_eq!(ids(&first), want, "{faults}");
+    assert_eq!(outbox.metrics().claim_errors, 1);
+
+    let later = poll_for("the throttled message to be claimed", || {
+        let outbox = outbox.clone();
+        async move { claim(&outbox, 5).await.pop() }
+    })
+    .await;
+    assert_eq!(later.message.id, sent[2]);
+    assert_eq!(
+        later.message.attempts, 1,
+        "the throttled write applied nothing"
+    );
+    assert_eq!(faults.total(), 1, "{faults}");
+}
+
+/// A body read throttled after a successful claim write: the claim returns the other
+/// messages, and releases that one at once (attempt given back) instead of stranding
+/// it under a lease nobody will settle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_body_read_releases_its_message() {
+    let Some(client) = common::client("outbox-dynamodb faults: body read").await else {
+        return;
+    };
+    let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
+    let outbox = outbox_with(&client, &faults).await;
+    let sent = enqueue(&outbox, 4).await;
+    // The body query is the one Query naming the message's partition, `m#<id>`.
+    faults.add(
+        Rule::throttle("Query", Fault::Throttling)
+            .matching(format!("m#{}", text(sent[0])))
+            .times(1),
+    );
+    let first = claim(&outbox, 4).await;
+    assert_eq!(ids(&first), sent[1..].iter().copied().collect(), "{faults}");
+    assert_eq!(outbox.metrics().claim_errors, 1);
+
+    let again = claim(&outbox, 4).await;
+    assert_eq!(ids(&again), HashSet::from([sent[0]]), "released at once");
+    assert_eq!(
+        again[0].message.attempts, 1,
+        "the failed claim's attempt was given back"
+    );
+    assert_eq!(faults.total(), 1, "{faults}");
+}
+
+/// One settle of a batch throttled past the SDK's retries: every other lease of the
+/// batch is still applied (the batch is wider than the store's concurrency, so a
+/// settle that stopped at the first error would leave some unstarted), the call
+/// reports the error for the relay to retry, and the retry applies the throttled one
+/// and reports the others lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_settle_does_not_stop_the_others() {
+    let Some(client) = common::client("outbox-dynamodb faults: settles").await else {
+        return;
+    };
+    let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
+    let outbox = outbox_with(&client, &faults).await;
+    let sent = enqueue(&outbox, 24).await;
+    let got = claim(&outbox, 24).await;
+    assert_eq!(got.len(), 24);
+    let failures: Vec<Failure> = got
+        .iter()
+        .map(|c| Failure::new(c.lease, "broker down", Disposition::Retry { after: LEASE }))
+        .collect();
+    // Settles run in id order: the first one fails.
+    let first = *sent.iter().min().unwrap();
+    faults.add(
+        Rule::throttle("UpdateItem", Fault::Throttling)
+            .matching(text(first))
+            .times(1),
+    );
+    let err = outbox.fail(&failures).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Contention, "{}", err.report());
+    assert!(err.is_retryable());
+    assert_eq!(outbox.metrics().settle_errors, 1);
+
+    let retry = outbox.fail(&failures).await.unwrap();
+    assert_eq!(
+        (retry.applied, retry.lost.len()),
+        (1, 23),
+        "{faults}: every other failure was applied by the first call"
+    );
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.in_flight), (24, 0));
+}
+
+/// A transaction cancelled for a conflict on one of its actions (as when another
+/// request writes that item): the enqueue is a retryable contention error and writes
+/// nothing; sent again, it commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_enqueue_writes_nothing() {
+    let Some(client) = common::client("outbox-dynamodb faults: cancelled").await else {
+        return;
+    };
+    let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
+    let outbox = outbox_with(&client, &faults).await;
+    faults.add(Rule::cancel_transaction(CancelReason::TransactionConflict).times(1));
+    let messages: Vec<NewMessage> = (0..2)
+        .map(|_| NewMessage::builder("cancelled").build().unwrap())
+        .collect();
+    let err = outbox.enqueue(Vec::new(), &messages).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Contention, "{}", err.report());
+    assert!(err.is_retryable());
+    assert_eq!(outbox.stats().await.unwrap().pending, 0, "nothing written");
+    outbox.enqueue(Vec::new(), &messages).await.unwrap();
+    assert_eq!(outbox.stats().await.unwrap().pending, 2);
+    assert_eq!(faults.count("TransactWriteItems"), 1, "{faults}");
+}
+
+/// Completes travel as a PartiQL batch. A statement throttled inside it is retried
+/// alone and applies; a statement refused by its condition is a lost lease, and was
+/// not applied (the message stays in flight until its lease is settled).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_batch_statement_fails_alone() {
+    let Some(client) = common::client("outbox-dynamodb faults: batch statement").await else {
+        return;
+    };
+    let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
+    let outbox = outbox_with(&client, &faults).await;
+    let sent = enqueue(&outbox, 4).await;
+    let got = claim(&outbox, 4).await;
+    let lease_of = |id: MessageId| got.iter().find(|c| c.message.id == id).unwrap().lease;
+    faults.add(
+        Rule::fail_statement(BatchStatementErrorCodeEnum::ThrottlingError)
+            .matching(text(sent[1]))
+            .times(1),
+    );
+    faults.add(
+        Rule::fail_statement(BatchStatementErrorCodeEnum::ConditionalCheckFailed)
+            .matching(text(sent[2]))
+            .times(1),
+    );
+    // Two calls, so each batch meets one rule (the first that fires wins).
+    let settled = outbox
+        .complete(&[lease_of(sent[0]), lease_of(sent[1])])
+        .await
+        .unwrap();
+    assert_eq!((settled.applied, settled.lost.len()), (2, 0), "{faults}");
+    let settled = outbox
+        .complete(&[lease_of(sent[2]), lease_of(sent[3])])
+        .await
+        .unwrap();
+    assert_eq!(settled.applied, 1, "{faults}");
+    assert_eq!(settled.lost, vec![sent[2]]);
+    assert_eq!(faults.count("BatchExecuteStatement"), 2, "{faults}");
+
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.in_flight), (0, 1), "not applied");
+    let settled = outbox.complete(&[lease_of(sent[2])]).await.unwrap();
+    assert_eq!(settled.applied, 1);
+}
+
+/// Throttles are counted per operation, index and reason, the ones the SDK's retries
+/// absorbed included: an enqueue throttled once and a claim's `due` index query
+/// throttled twice both succeed, and the counts say what was throttled and where.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttles_are_counted_by_operation_index_and_reason() {
+    let Some(client) = common::client("outbox-dynamodb faults: throttle counts").await else {
+        return;
+    };
+    let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
+    let plain = common::outbox(&client, DynamoOutboxConfig::default())
+        .await
+        .unwrap();
+    let retrying = faulty(
+        &client,
+        &faults,
+        RetryConfig::standard()
+            .with_max_attempts(3)
+            .with_initial_backoff(Duration::from_millis(1)),
+    );
+    let outbox = DynamoOutbox::new(retrying, plain.config().clone()).unwrap();
+    faults.add(Rule::throttle("TransactWriteItems", Fault::ProvisionedThroughputExceeded).times(1));
+    // The claim's index query names the index; the body reads do not.
+    faults.add(
+        Rule::throttle("Query", Fault::Throttling)
+            .matching("\"IndexName\":\"due\"")
+            .times(2),
+    );
+    let sent = enqueue(&outbox, 2).await;
+    let got = claim(&outbox, 2).await;
+    assert_eq!(ids(&got), sent.iter().copied().collect(), "{faults}");
+    assert_eq!(faults.total(), 3, "{faults}");
+
+    let m = outbox.metrics();
+    assert_eq!((m.throttled, m.enqueue_throttled), (3, 1), "{faults}");
+    let kinds = outbox.throttled();
+    let enqueue = kinds
+        .iter()
+        .find(|k| k.operation == "TransactWriteItems")
+        .unwrap();
+    assert_eq!(
+        (
+            enqueue.code.as_str(),
+            enqueue.reason.as_deref(),
+            enqueue.index.as_deref(),
+            enqueue.count
+        ),
+        (
+            "ProvisionedThroughputExceededException",
+            Some("TableWriteProvisionedThroughputExceeded"),
+            None,
+            1
+        )
+    );
+    let due = kinds.iter().find(|k| k.operation == "Query").unwrap();
+    assert_eq!(
+        (
+            due.code.as_str(),
+            due.reason.as_deref(),
+            due.index.as_deref(),
+            due.count
+        ),
+        (
+            "ThrottlingException",
+            Some("IndexReadAccountLimitExceeded"),
+            Some("due"),
+            2
+        )
+    );
+}

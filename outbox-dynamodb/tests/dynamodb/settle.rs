@@ -1,0 +1,77 @@
+//! Settles of leases that were lost: whatever request carries the settle, a lease whose
+//! message another claimer took over and settled is reported lost, never applied.
+
+use std::time::Duration;
+
+use outbox_core::{ClaimRequest, ClaimedMessage, OutboxStore};
+use outbox_dynamodb::{DynamoOutbox, DynamoOutboxConfig};
+use outbox_testkit::poll_for;
+
+use crate::common;
+
+const SHORT: Duration = Duration::from_millis(300);
+const LONG: Duration = Duration::from_secs(30);
+
+async fn claim(store: &DynamoOutbox, n: usize, lease: Duration) -> Vec<ClaimedMessage> {
+    store
+        .claim(ClaimRequest::new(n, lease).unwrap())
+        .await
+        .unwrap()
+        .into_messages()
+}
+
+/// Under `Retention::Delete` without per-key order, completes travel as a PartiQL
+/// batch of `DELETE`s, and a PartiQL `DELETE` of a key that no longer exists succeeds
+/// with nothing deleted. A relay whose lease lapsed while another relay claimed the
+/// message again and completed it (deleting it) must still hear that its lease was
+/// lost, alone in its batch: the other complete in the same call applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completing_a_message_another_relay_completed_reports_the_lease_lost() {
+    let Some(client) = common::client("outbox-dynamodb lost complete").await else {
+        return;
+    };
+    let outbox = common::outbox(&client, DynamoOutboxConfig::default())
+        .await
+        .unwrap();
+    let lapsing = outbox_core::NewMessage::builder("lost").build().unwrap();
+    common::enqueue_all(&outbox, std::slice::from_ref(&lapsing))
+        .await
+        .unwrap();
+    let stale = claim(&outbox, 1, SHORT).await.remove(0);
+    assert_eq!(stale.message.id, lapsing.id());
+
+    // Another relay (a store of its own over the same table) claims it once the lease
+    // lapsed, and completes it: the state item is deleted.
+    let other = DynamoOutbox::new(client.clone(), outbox.config().clone()).unwrap();
+    let fresh = poll_for(
+        "the lease to lapse and the message to be claimed again",
+        || {
+            let other = other.clone();
+            async move { claim(&other, 1, LONG).await.pop() }
+        },
+    )
+    .await;
+    assert_eq!(fresh.message.id, lapsing.id());
+    let done = other.complete(&[fresh.lease]).await.unwrap();
+    assert_eq!((done.applied, done.lost.len()), (1, 0));
+
+    // A second message the stale relay still holds, completed in the same call.
+    let held = outbox_core::NewMessage::builder("held").build().unwrap();
+    common::enqueue_all(&outbox, std::slice::from_ref(&held))
+        .await
+        .unwrap();
+    let live = poll_for("the second message to be claimed", || {
+        let outbox = outbox.clone();
+        async move { claim(&outbox, 1, LONG).await.pop() }
+    })
+    .await;
+    assert_eq!(live.message.id, held.id());
+
+    let settled = outbox.complete(&[stale.lease, live.lease]).await.unwrap();
+    assert_eq!(
+        settled.lost,
+        vec![lapsing.id()],
+        "the lapsed lease's message was completed by another relay: lost, not applied"
+    );
+    assert_eq!(settled.applied, 1, "the live lease completes");
+}
