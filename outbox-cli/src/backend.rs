@@ -58,7 +58,7 @@ enum Pool {
     Sqlite(SqlitePool),
     Dynamo {
         client: outbox_dynamodb::aws_sdk_dynamodb::Client,
-        shards: u16,
+        shards: Option<u16>,
     },
     Mssql(MssqlPool),
     MySql(MySqlPool),
@@ -167,10 +167,12 @@ impl Db {
                     .map_err(bad_name)
             }
             Pool::Dynamo { client, shards } => {
-                let config = DynamoOutboxConfig::default()
+                let mut config = DynamoOutboxConfig::default()
                     .with_table(&self.table)
-                    .with_shards(*shards)
                     .with_retention(CLI_RETENTION);
+                if let Some(shards) = shards {
+                    config = config.with_shards(*shards);
+                }
                 DynamoOutbox::new(client.clone(), config)
                     .map(Outbox::of)
                     .map_err(bad_name)

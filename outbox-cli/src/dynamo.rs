@@ -13,9 +13,6 @@ use crate::fail::Failure;
 /// one (DynamoDB Local accepts any).
 const DEFAULT_REGION: &str = "us-east-1";
 
-/// The shard count of the outbox when the URL does not give one: the library's default.
-const DEFAULT_SHARDS: u16 = 16;
-
 /// What a `dynamodb://` URL names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct DynamoTarget {
@@ -23,8 +20,9 @@ pub(crate) struct DynamoTarget {
     /// `None` for the region's AWS endpoint (`dynamodb://aws`).
     pub(crate) endpoint: Option<String>,
     pub(crate) region: String,
-    /// The outbox's shard count: it must be the writers' (`?shards=`).
-    pub(crate) shards: u16,
+    /// The outbox's shard count (`?shards=`): without it the table's own is used (and
+    /// the library's default given to a table that has none yet).
+    pub(crate) shards: Option<u16>,
 }
 
 impl DynamoTarget {
@@ -35,7 +33,8 @@ impl DynamoTarget {
         let usage = |why: String| {
             Failure::usage(why).hint(
                 "use dynamodb://host:port (DynamoDB Local), dynamodb+https://host, or \
-                 dynamodb://aws?region=eu-west-1; add &shards=N if the outbox is not on 16",
+                 dynamodb://aws?region=eu-west-1 (add &shards=N only to refuse a table of \
+                 fewer shards)",
             )
         };
         let rest = rest
@@ -46,15 +45,18 @@ impl DynamoTarget {
         let mut region = std::env::var("AWS_REGION")
             .or_else(|_| std::env::var("AWS_DEFAULT_REGION"))
             .unwrap_or_else(|_| DEFAULT_REGION.to_owned());
-        let mut shards = DEFAULT_SHARDS;
+        let mut shards = None;
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
                 Some(("region", r)) if !r.is_empty() => region = r.to_owned(),
                 Some(("shards", n)) => {
                     shards = n
                         .parse()
+                        .map(Some)
                         .ok()
-                        .filter(|n| (1..=outbox_dynamodb::MAX_SHARDS).contains(n))
+                        .filter(|n| {
+                            n.is_some_and(|n| (1..=outbox_dynamodb::MAX_SHARDS).contains(&n))
+                        })
                         .ok_or_else(|| {
                             usage(format!(
                                 "shards={n} is not a shard count (1 to {})",
@@ -131,10 +133,10 @@ mod tests {
         let local = parse("dynamodb://127.0.0.1:8000?region=eu-west-1&shards=4").unwrap();
         assert_eq!(local.endpoint.as_deref(), Some("http://127.0.0.1:8000"));
         assert_eq!(local.region, "eu-west-1");
-        assert_eq!(local.shards, 4);
+        assert_eq!(local.shards, Some(4));
         let tls = parse("dynamodb+https://dynamo.example.com/").unwrap();
         assert_eq!(tls.endpoint.as_deref(), Some("https://dynamo.example.com"));
-        assert_eq!(tls.shards, DEFAULT_SHARDS);
+        assert_eq!(tls.shards, None);
         let aws = parse("dynamodb://aws?region=ap-south-1").unwrap();
         assert_eq!(aws.endpoint, None);
         assert_eq!(aws.region, "ap-south-1");

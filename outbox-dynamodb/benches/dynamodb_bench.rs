@@ -30,7 +30,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
 use aws_sdk_dynamodb::Client;
 use outbox_core::{
     ClaimRequest, ConsumerName, Dedup, DedupStore, Disposition, Failure, MessageId, NewMessage,
-    OutboxStore, OutboxStoreExt, Relay, RelayConfig,
+    OutboxAdmin, OutboxStore, OutboxStoreExt, Relay, RelayConfig,
 };
 use outbox_dynamodb::{DynamoDedupConfig, DynamoDedupStore, DynamoOutbox, DynamoOutboxConfig};
 use outbox_testkit::cpu::{self, Server};
@@ -354,21 +354,44 @@ async fn relay_bench(client: &Client, backlog: usize) -> f64 {
     four
 }
 
-/// Capacity units per operation, from the store's `ConsumedCapacity` counters (deltas
-/// around each step), for one payload size; returns claim + complete write units per
-/// message.
-async fn capacity_row(client: &Client, payload: usize, messages: usize) -> f64 {
+/// One payload size's capacity, per message, from the store's `ConsumedCapacity`
+/// counters (deltas around each step).
+#[derive(Debug, Default, Clone, Copy)]
+struct CapacityRow {
+    enqueue: f64,
+    claim_write: f64,
+    claim_read: f64,
+    body_read: f64,
+    complete: f64,
+    retry: f64,
+    release: f64,
+    dead_letter: f64,
+    requeue: f64,
+    discard: f64,
+}
+
+/// Units per message of each operation for `payload`-byte messages: `messages` are
+/// enqueued one per transaction and claimed; a quarter are completed, a quarter retried,
+/// a quarter released and a quarter dead-lettered; the dead letters are requeued,
+/// dead-lettered again and discarded. A per-key store with unkeyed messages, so
+/// completes are one `DeleteItem` each and report their capacity (an unordered store's
+/// PartiQL batch reports none on DynamoDB Local).
+async fn capacity_row(client: &Client, payload: usize, messages: usize) -> CapacityRow {
+    let limits = outbox_core::MessageLimits::default().with_max_payload_bytes(512 * 1024);
     let outbox = DynamoOutbox::new(
         client.clone(),
         DynamoOutboxConfig::default()
             .with_table(table("bench_capacity"))
-            .with_shards(4),
+            .with_shards(4)
+            .with_ordering(outbox_core::KeyOrder::PerKey)
+            .with_limits(limits.clone()),
     )
     .unwrap();
     outbox.install().await.unwrap();
     let batch: Vec<NewMessage> = (0..messages)
         .map(|_| {
             NewMessage::builder("bench")
+                .limits(limits.clone())
                 .payload(vec![b'x'; payload])
                 .build()
                 .unwrap()
@@ -392,25 +415,133 @@ async fn capacity_row(client: &Client, payload: usize, messages: usize) -> f64 {
         claimed.extend(got);
     }
     let after_claim = outbox.metrics();
-    let (done, failed) = claimed.split_at(messages / 2);
+    let quarter = messages / 4;
+    let settle = |m: outbox_dynamodb::OutboxMetrics| m.settle_units;
+    let mut step = settle(after_claim);
+    let mut per = |now: f64| {
+        let units = (now - step) / quarter as f64;
+        step = now;
+        units
+    };
+    let (done, rest) = claimed.split_at(quarter);
+    let (retried, rest) = rest.split_at(quarter);
+    let (released, dead) = rest.split_at(quarter);
     for c in done {
         outbox.complete_one(&c.lease).await.unwrap();
     }
-    let after_complete = outbox.metrics();
-    for c in failed {
-        let retry = Disposition::Retry {
-            after: Duration::from_secs(3600),
-        };
+    let complete = per(settle(outbox.metrics()));
+    let later = Disposition::Retry {
+        after: Duration::from_secs(3600),
+    };
+    for c in retried {
         outbox
-            .fail_one(Failure::new(c.lease, "bench", retry))
+            .fail_one(Failure::new(c.lease, "bench", later))
             .await
             .unwrap();
     }
-    let after_fail = outbox.metrics();
+    let retry = per(settle(outbox.metrics()));
+    let leases: Vec<_> = released.iter().map(|c| c.lease).collect();
+    assert_eq!(outbox.release(&leases).await.unwrap().applied, quarter);
+    let release = per(settle(outbox.metrics()));
+    for c in &dead[..quarter] {
+        outbox
+            .fail_one(Failure::new(c.lease, "bench", Disposition::DeadLetter))
+            .await
+            .unwrap();
+    }
+    let dead_letter = per(settle(outbox.metrics()));
+    let ids: Vec<MessageId> = dead[..quarter].iter().map(|c| c.message.id).collect();
+    let selection = outbox_core::DeadLetterSelection::Ids(ids.clone());
+    let admin = |m: outbox_dynamodb::OutboxMetrics| m.admin_units + m.claim_read_units;
+    let before = admin(outbox.metrics());
+    assert_eq!(
+        outbox.requeue_dead(&selection).await.unwrap(),
+        quarter as u64
+    );
+    let requeue = (admin(outbox.metrics()) - before) / quarter as f64;
+    // Dead-letter them again (claimed by id), then discard.
+    let again = outbox
+        .claim_ids(&outbox_core::ClaimIds::new(&ids, lease).unwrap())
+        .await
+        .unwrap();
+    for c in again.iter() {
+        outbox
+            .fail_one(Failure::new(c.lease, "bench", Disposition::DeadLetter))
+            .await
+            .unwrap();
+    }
+    let before = outbox.metrics().admin_units;
+    assert_eq!(
+        outbox.discard_dead(&selection).await.unwrap(),
+        quarter as u64
+    );
+    let discard = (outbox.metrics().admin_units - before) / quarter as f64;
     outbox.drop_table().await.unwrap();
 
-    // A dedup record is independent of the payload; measured with the store's own item
-    // through the raw call (the store keeps no capacity counters).
+    let n = messages as f64;
+    CapacityRow {
+        enqueue: after_enqueue.enqueue_units / n,
+        claim_write: after_claim.claim_write_units / n,
+        claim_read: after_claim.claim_read_units / n,
+        body_read: after_claim.body_read_units / n,
+        complete,
+        retry,
+        release,
+        dead_letter,
+        requeue,
+        discard,
+    }
+}
+
+/// The write units of the crate docs' table for a payload of `payload` bytes (a state
+/// item under 1 KB: S = 1), in [`CapacityRow`]'s order past the reads. `B` is the body
+/// items' write units: one item per 300 KiB, each about 70 bytes more than its part.
+fn design_row(payload: usize) -> CapacityRow {
+    let part = 300 * 1024;
+    let parts: Vec<usize> = if payload == 0 {
+        vec![0]
+    } else {
+        (0..payload.div_ceil(part))
+            .map(|i| (payload - i * part).min(part))
+            .collect()
+    };
+    let b: f64 = parts.iter().map(|p| (p + 70).div_ceil(1024) as f64).sum();
+    // A query adds up the items' sizes before rounding to 4 KB steps.
+    let body_read = parts.iter().map(|p| p + 70).sum::<usize>().div_ceil(4096) as f64 / 2.0;
+    CapacityRow {
+        enqueue: 2.0 + 1.0 + 2.0 * b,
+        claim_write: 3.0,
+        claim_read: f64::NAN,
+        body_read,
+        complete: 2.0,
+        retry: 3.0,
+        release: 3.0,
+        dead_letter: 2.0 + 1.0 + b,
+        requeue: 2.0 + 1.0 + b + 1.0,
+        discard: 2.0 + b,
+    }
+}
+
+fn print_row(payload: usize, what: &str, r: &CapacityRow) {
+    println!(
+        "| {} KB | {what} | {:.1} | {:.1} | {:.2} + {:.2} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
+        payload / 1024,
+        r.enqueue,
+        r.claim_write,
+        r.claim_read,
+        r.body_read,
+        r.complete,
+        r.retry,
+        r.release,
+        r.dead_letter,
+        r.requeue,
+        r.discard,
+    );
+}
+
+/// A dedup record's units: independent of the payload; measured with the store's own
+/// item through the raw call (the store keeps no capacity counters).
+async fn dedup_units(client: &Client) -> f64 {
     let dedup = DynamoDedupStore::new(
         client.clone(),
         DynamoDedupConfig::default().with_table(table("bench_capacity_dedup")),
@@ -432,56 +563,43 @@ async fn capacity_row(client: &Client, payload: usize, messages: usize) -> f64 {
         .send()
         .await
         .unwrap();
-    let dedup_units = recorded
+    dedup.drop_table().await.unwrap();
+    recorded
         .consumed_capacity()
         .and_then(|c| c.capacity_units())
-        .unwrap_or(f64::NAN);
-    dedup.drop_table().await.unwrap();
-
-    let n = messages as f64;
-    let half_done = done.len().max(1) as f64;
-    let half_failed = failed.len().max(1) as f64;
-    let claim_write = after_claim.claim_write_units / n;
-    let complete = (after_complete.settle_units - after_claim.settle_units) / half_done;
-    let kb = payload.div_ceil(1024) as f64;
-    println!(
-        "| {} KB | measured | {:.1} | {:.1} | {:.2} + {:.2} | {:.1} | {:.1} | {:.1} |",
-        payload / 1024,
-        after_enqueue.enqueue_units / n,
-        claim_write,
-        after_claim.claim_read_units / n,
-        after_claim.body_read_units / n,
-        complete,
-        (after_fail.settle_units - after_complete.settle_units) / half_failed,
-        dedup_units,
-    );
-    // The crate docs' table: enqueue 2 (transactional state put) + 1 (due entry) +
-    // 2 × body KB (the body item carries ~64 bytes besides the payload); a claim 3; body
-    // read ⌈KB / 4⌉ / 2 (eventually consistent); complete 2; fail 3; dedup 1.
-    let body_kb = (payload + 64).div_ceil(1024) as f64;
-    println!(
-        "| {} KB | design minimum | {:.1} | 3.0 | share of a page + {:.2} | 2.0 | 3.0 | 1.0 |",
-        payload / 1024,
-        3.0 + 2.0 * body_kb,
-        (kb / 4.0).ceil() / 2.0,
-    );
-    claim_write + complete
+        .unwrap_or(f64::NAN)
 }
 
 async fn capacity_bench(client: &Client) -> f64 {
     println!(
-        "\n## capacity units per operation (unordered, Retention::Delete, 20 messages, 4 shards)\n"
+        "\n## capacity units per message and operation (per-key store, unkeyed messages, \
+         Retention::Delete, 20 messages, 4 shards)\n"
     );
     println!(
-        "Measured: the `ConsumedCapacity` DynamoDB Local returns (TOTAL: table and index \
-              writes), per message. Claim reads: index pages and state reads + body reads.\n"
+        "Measured: the `ConsumedCapacity` the endpoint returns (TOTAL: table and index \
+         writes), per message. Claim reads: index pages and state reads + body reads. \
+         Requeue: the state read and the writes. Design minimum: the crate README's table \
+         (S = 1).\n"
     );
     println!(
-        "| payload | row | enqueue | claim write | claim read (index + body) | complete | fail (retry) | dedup record |"
+        "| payload | row | enqueue | claim write | claim read (index + body) | complete | retry | release | dead-letter | requeue | discard |"
     );
-    println!("|---:|---|---:|---:|---:|---:|---:|---:|");
-    let small = capacity_row(client, 1024, 20).await;
-    let big = capacity_row(client, 100 * 1024, 20).await;
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut rows = Vec::new();
+    for payload in [1024, 100 * 1024, 400 * 1024] {
+        let row = capacity_row(client, payload, 20).await;
+        print_row(payload, "measured", &row);
+        print_row(payload, "design minimum", &design_row(payload));
+        rows.push(row);
+    }
+    println!(
+        "\ndedup record: {:.1} write units",
+        dedup_units(client).await
+    );
+    let (small, big) = (
+        rows[0].claim_write + rows[0].complete,
+        rows[1].claim_write + rows[1].complete,
+    );
     println!(
         "\nclaim+complete write units: 1 KB {small:.1}, 100 KB {big:.1} (ratio {:.2}; target at most 1.5)",
         big / small

@@ -68,6 +68,7 @@ impl DynamoOutbox {
                 .send()
                 .await
                 .map_err(|e| from_sdk("outbox admin query", e))?;
+            self.record_capacity(&self.inner.metrics.admin_units, out.consumed_capacity());
             total += u64::try_from(out.count()).unwrap_or(0);
             if !q.count_only {
                 for entry in out.items.unwrap_or_default() {
@@ -111,7 +112,7 @@ impl DynamoOutbox {
         };
         let now = SystemTime::now();
         let per_shard: Vec<Vec<DeadLetter>> = bounded(
-            (0..self.shards())
+            (0..self.table_shards().await?.shards)
                 .map(|shard| {
                     let q = q.clone();
                     async move {
@@ -220,7 +221,12 @@ impl DynamoOutbox {
                     .map_err(|e| build_error("requeue dead letter", e))?;
                 let marker = Put::builder()
                     .table_name(self.table())
-                    .set_item(Some(self.marker_item(key, seq, id)))
+                    .set_item(Some(crate::store::marker_item(
+                        self.table_shards().await?.key_shards,
+                        key,
+                        seq,
+                        id,
+                    )))
                     .build()
                     .map_err(|e| build_error("requeue dead letter", e))?;
                 return self
@@ -231,6 +237,7 @@ impl DynamoOutbox {
                             TransactWriteItem::builder().put(marker).build(),
                         ],
                         0,
+                        &self.inner.metrics.admin_units,
                     )
                     .await;
             }
@@ -247,10 +254,14 @@ impl DynamoOutbox {
             .set_expression_attribute_values(Some(
                 values.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
             ))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await;
         match sent {
-            Ok(_) => Ok(true),
+            Ok(out) => {
+                self.record_capacity(&self.inner.metrics.admin_units, out.consumed_capacity());
+                Ok(true)
+            }
             Err(e) if is_condition_failed(&e) => Ok(false),
             Err(e) => Err(from_sdk("requeue dead letter", e)),
         }
@@ -275,10 +286,12 @@ impl DynamoOutbox {
             .set_expression_attribute_names(Some(item::names(&[&condition])))
             .condition_expression(condition)
             .return_values(ReturnValue::AllOld)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await;
         match sent {
             Ok(out) => {
+                self.record_capacity(&self.inner.metrics.admin_units, out.consumed_capacity());
                 if bodies {
                     let old = out.attributes.unwrap_or_default();
                     let parts = get_n::<usize>(&old, PARTS).ok().flatten().unwrap_or(1);
@@ -289,9 +302,15 @@ impl DynamoOutbox {
                                 .delete_item()
                                 .table_name(self.table())
                                 .set_key(Some(body_key(id, part)))
+                                .return_consumed_capacity(ReturnConsumedCapacity::Total)
                                 .send()
                                 .await
-                                .map(|_| ())
+                                .map(|out| {
+                                    self.record_capacity(
+                                        &self.inner.metrics.admin_units,
+                                        out.consumed_capacity(),
+                                    );
+                                })
                                 .map_err(|e| from_sdk(what, e))
                         })
                         .collect();
@@ -365,7 +384,7 @@ impl OutboxAdmin for DynamoOutbox {
             ..dead.clone()
         };
         let per_shard: Vec<(u64, u64, Option<u64>, u64, u64)> = bounded(
-            (0..self.shards())
+            (0..self.table_shards().await?.shards)
                 .map(|shard| {
                     let (due, dead, done) = (&due, &dead, &done);
                     async move {
@@ -446,7 +465,7 @@ impl OutboxAdmin for DynamoOutbox {
         };
         let q = self.dispatched_query(older_than, false);
         let per_shard: Vec<Vec<(u64, MessageId)>> = bounded(
-            (0..self.shards())
+            (0..self.table_shards().await?.shards)
                 .map(|shard| {
                     let q = q.clone();
                     async move {
@@ -482,7 +501,7 @@ impl OutboxAdmin for DynamoOutbox {
         }
         let q = self.dispatched_query(older_than, true);
         let counts: Vec<u64> = bounded(
-            (0..self.shards())
+            (0..self.table_shards().await?.shards)
                 .map(|shard| {
                     let q = &q;
                     async move { self.query_shard(shard, q, |_| true).await }

@@ -150,10 +150,7 @@ impl DynamoOutbox {
                 batch.sort_by_key(|c| c.due);
             }
             let lease = request.lease();
-            let placed: Vec<(u16, u128)> = batch
-                .iter()
-                .map(|c| (self.shard_of_id(c.id), c.due))
-                .collect();
+            let placed: Vec<(Option<u16>, u128)> = batch.iter().map(|c| (c.shard, c.due)).collect();
             self.remember_taken(&batch);
             let taken: Vec<Taken> =
                 bounded_all(batch.into_iter().map(|c| self.take(c, lease)).collect()).await;
@@ -168,7 +165,7 @@ impl DynamoOutbox {
                         self.inner
                             .contended_until
                             .fetch_max(now_us() + SPREAD_FOR_US, Ordering::Relaxed);
-                        if let Some(cursor) = cursors.iter_mut().find(|c| c.shard == shard) {
+                        if let Some(cursor) = cursors.iter_mut().find(|c| Some(c.shard) == shard) {
                             cursor.buffered.clear();
                             cursor.next = None;
                             cursor.rereads += 1;
@@ -196,10 +193,6 @@ impl DynamoOutbox {
         claimed.sort_by_key(|(due, _)| *due);
         let messages = claimed.into_iter().map(|(_, m)| m).collect();
         Ok(Claimed::new(messages).with_dead_lettered(dead_lettered))
-    }
-
-    fn shard_of_id(&self, id: MessageId) -> u16 {
-        shard_of(&[item::id_text(id).as_bytes()], self.shards())
     }
 
     /// Whether this store took `c` (at this very `due`) moments ago, so the index entry
@@ -270,7 +263,16 @@ impl DynamoOutbox {
                     out.consumed_capacity(),
                 );
                 for entry in out.items() {
-                    cursor.buffered.push_back(candidate(entry)?);
+                    match candidate(entry) {
+                        Ok(c) => cursor.buffered.push_back(c),
+                        // Not a message (a planted item with the index's keys):
+                        // nothing can take it, and it must not stop the shard.
+                        Err(e) => tracing::warn!(
+                            shard = cursor.shard,
+                            error = %e.report(),
+                            "due index entry skipped: it is not a message's state item"
+                        ),
+                    }
                 }
                 cursor.next = out.last_evaluated_key().cloned();
                 cursor.exhausted = cursor.next.is_none();
@@ -304,7 +306,8 @@ impl DynamoOutbox {
     /// of messages that were delivered or dead-lettered; `None` when the key has no
     /// live marker.
     async fn head_of(&self, key: &str, candidate_id: MessageId) -> Result<Option<MessageId>> {
-        let partition = marker_partition(shard_of(&[key.as_bytes()], self.shards()));
+        let key_shards = self.checked_shards()?.key_shards;
+        let partition = marker_partition(shard_of(&[key.as_bytes()], key_shards));
         for _ in 0..MAX_STALE_MARKERS {
             let out = self
                 .inner
@@ -401,19 +404,26 @@ impl DynamoOutbox {
         let now = now_us();
         let expires = now.saturating_add(item::duration_us(lease));
         let token = LeaseToken::new();
-        let counted = c.attempts < u64::from(MAX_ATTEMPTS);
-        let (update, guard) = if counted {
+        let counted = c.malformed.is_none() && c.attempts < u64::from(MAX_ATTEMPTS);
+        let (update, condition) = if c.malformed.is_some() {
+            // Attempts do not decode, so they cannot guard the write: the entry's
+            // unchanged `due` shows nobody took the message since it was read. The
+            // state then fails to decode below, which dead-letters the message.
+            (
+                "SET #avail_us = :exp, #due = :due, #token = :token",
+                "#due = :seen".to_owned(),
+            )
+        } else if counted {
             (
                 "SET #avail_us = :exp, #due = :due, #token = :token ADD #attempts :one",
-                "#attempts < :max",
+                "attribute_exists(#due) AND #avail_us <= :now AND #attempts < :max".to_owned(),
             )
         } else {
             (
                 "SET #avail_us = :exp, #due = :due, #token = :token",
-                "#attempts >= :max",
+                "attribute_exists(#due) AND #avail_us <= :now AND #attempts >= :max".to_owned(),
             )
         };
-        let condition = format!("attribute_exists(#due) AND #avail_us <= :now AND {guard}");
         let mut request = self
             .inner
             .client
@@ -429,13 +439,17 @@ impl DynamoOutbox {
                 n(u128::from(expires) * DUE_SCALE + u128::from(c.seq())),
             )
             .expression_attribute_values(":token", s(token.as_uuid().to_string()))
-            .expression_attribute_values(":now", n(now))
-            .expression_attribute_values(":max", n(MAX_ATTEMPTS))
             .return_values(ReturnValue::AllNew)
             .return_consumed_capacity(ReturnConsumedCapacity::Total);
         if counted {
             request = request.expression_attribute_values(":one", n(1));
         }
+        request = match c.malformed {
+            Some(_) => request.expression_attribute_values(":seen", n(c.due)),
+            None => request
+                .expression_attribute_values(":now", n(now))
+                .expression_attribute_values(":max", n(MAX_ATTEMPTS)),
+        };
         let item = match request.send().await {
             Ok(out) => {
                 self.record_capacity(
@@ -459,8 +473,11 @@ impl DynamoOutbox {
             Ok(body) => body,
             Err(e) => return self.failed_take(c.id, e, Some(&lease)).await,
         };
-        let checked = decode_message(&item, &body)
-            .and_then(|m| m.check_stored(self.inner.config.limits()).map(|()| m));
+        let checked = match &c.malformed {
+            Some(why) => Err(why.clone()),
+            None => decode_message(&item, &body)
+                .and_then(|m| m.check_stored(self.inner.config.limits()).map(|()| m)),
+        };
         if checked.is_ok() {
             // Kept ahead of the new lease, by the expiry the state records (a body
             // item without a time to live refuses the renewal).

@@ -46,6 +46,8 @@ fn check_shards(what: &str, shards: u16) -> Result<()> {
 pub struct DynamoOutboxConfig {
     table: String,
     shards: u16,
+    /// Whether [`with_shards`](Self::with_shards) set `shards`.
+    shards_set: bool,
     ordering: KeyOrder,
     retention: Retention,
     limits: MessageLimits,
@@ -54,6 +56,10 @@ pub struct DynamoOutboxConfig {
     shard_lease: Option<Duration>,
 }
 
+/// Default [`DynamoOutboxConfig::with_shards`]: 32 shards, about 4,000 messages per
+/// second without retries (see the crate docs, "Picking the shard count").
+pub const DEFAULT_SHARDS: u16 = 32;
+
 /// Default [`DynamoOutboxConfig::with_shard_leases`]: 10-second shard leases.
 pub const DEFAULT_SHARD_LEASE: Duration = Duration::from_secs(10);
 
@@ -61,12 +67,13 @@ pub const DEFAULT_SHARD_LEASE: Duration = Duration::from_secs(10);
 pub const DEFAULT_BODY_TTL: Duration = Duration::from_secs(14 * 24 * 3600);
 
 impl Default for DynamoOutboxConfig {
-    /// Table `outbox`, 16 shards, unordered, delete on complete, payloads up to
+    /// Table `outbox`, [`DEFAULT_SHARDS`] shards for a new table, unordered, delete on complete, payloads up to
     /// [`DEFAULT_MAX_PAYLOAD_BYTES`], bodies kept [`DEFAULT_BODY_TTL`].
     fn default() -> Self {
         DynamoOutboxConfig {
             table: "outbox".into(),
-            shards: 16,
+            shards: DEFAULT_SHARDS,
+            shards_set: false,
             ordering: KeyOrder::Unordered,
             retention: Retention::Delete,
             limits: MessageLimits::default().with_max_payload_bytes(DEFAULT_MAX_PAYLOAD_BYTES),
@@ -83,10 +90,15 @@ impl DynamoOutboxConfig {
         self.table = name.into();
         self
     }
-    /// Spread messages over `shards` partitions (1 to [`MAX_SHARDS`]). Changing it on a
-    /// table that holds messages strands them: settles and claims no longer find them.
+    /// The shard count (1 to [`MAX_SHARDS`]) a new table gets: the first store to check
+    /// a table writes its count into the table, and from then on every store writes and
+    /// claims over the table's count, whatever its own (grow it with
+    /// [`DynamoOutbox::grow_shards`](crate::DynamoOutbox::grow_shards)). A count set
+    /// here above the table's is refused when the store first checks the table: the
+    /// table was meant to have more shards than it has.
     pub fn with_shards(mut self, shards: u16) -> Self {
         self.shards = shards;
+        self.shards_set = true;
         self
     }
     /// Whether claims keep per-key order.
@@ -157,9 +169,14 @@ impl DynamoOutboxConfig {
     pub fn table(&self) -> &str {
         &self.table
     }
-    /// The shard count.
+    /// The shard count a new table gets ([`with_shards`](Self::with_shards)).
     pub fn shards(&self) -> u16 {
         self.shards
+    }
+    /// Whether [`with_shards`](Self::with_shards) set the count (a default count never
+    /// refuses a table with fewer shards).
+    pub(crate) fn shards_set(&self) -> bool {
+        self.shards_set
     }
     /// The message rules.
     pub fn limits(&self) -> &MessageLimits {

@@ -263,6 +263,11 @@ pub(crate) struct Candidate {
     pub(crate) due: u128,
     pub(crate) attempts: u64,
     pub(crate) key: Option<String>,
+    /// The shard the entry was found in (its `shard` attribute), when it names one.
+    pub(crate) shard: Option<u16>,
+    /// Why a projected attribute does not decode (a planted or corrupted item): the
+    /// claim then takes the message without counting an attempt and dead-letters it.
+    pub(crate) malformed: Option<String>,
 }
 
 impl Candidate {
@@ -271,17 +276,36 @@ impl Candidate {
     }
 }
 
-/// The candidate an index entry or item describes; `None` for a malformed one, which
-/// the claim then cannot order (its shape is a schema problem).
+/// The candidate an index entry or item describes. An entry without a message id or a
+/// `due` is an error (nothing can take it: it is not a message); one whose other
+/// attributes do not decode is a candidate marked [`malformed`](Candidate::malformed).
 pub(crate) fn candidate(item: &Item) -> Result<Candidate> {
     let id = candidate_id(item).ok_or_else(|| shape("has no message id partition key"))?;
     let due = get_n::<u128>(item, DUE)?.ok_or_else(|| shape("has no due"))?;
-    let attempts = get_n::<u64>(item, ATTEMPTS)?.unwrap_or(0);
+    let mut malformed = None;
+    let attempts = get_n::<u64>(item, ATTEMPTS).unwrap_or_else(|e| {
+        malformed = Some(e.message().to_owned());
+        None
+    });
+    let key = match item.get(PARTITION_KEY) {
+        None => None,
+        Some(AttributeValue::S(key)) => Some(key.clone()),
+        Some(_) => {
+            malformed = Some(format!(
+                "the state item has a {PARTITION_KEY} that is not a string"
+            ));
+            None
+        }
+    };
     Ok(Candidate {
         id,
         due,
-        attempts,
-        key: get_s(item, PARTITION_KEY).map(str::to_owned),
+        attempts: attempts.unwrap_or(0),
+        key,
+        shard: get_s(item, SHARD)
+            .and_then(|v| v.strip_prefix("q#"))
+            .and_then(|v| v.parse().ok()),
+        malformed,
     })
 }
 
@@ -410,8 +434,41 @@ mod tests {
             due: due(7, 42),
             attempts: 0,
             key: None,
+            shard: None,
+            malformed: None,
         };
         assert_eq!(c.seq(), 42);
+    }
+
+    #[test]
+    fn malformed_projected_attributes_make_a_malformed_candidate_not_an_error() {
+        let id = MessageId::new();
+        let mut entry = state_key(id);
+        entry.insert(DUE.into(), n(7));
+        entry.insert(SHARD.into(), s("q#012"));
+        entry.insert(ATTEMPTS.into(), n(2));
+        entry.insert(PARTITION_KEY.into(), s("k"));
+        let c = candidate(&entry).unwrap();
+        assert_eq!((c.id, c.due, c.attempts), (id, 7, 2));
+        assert_eq!(
+            (c.key.as_deref(), c.shard, c.malformed),
+            (Some("k"), Some(12), None)
+        );
+        let mut planted = entry.clone();
+        planted.insert(ATTEMPTS.into(), s("two"));
+        let c = candidate(&planted).unwrap();
+        assert!(c.malformed.unwrap().contains("attempts"));
+        let mut planted = entry.clone();
+        planted.insert(PARTITION_KEY.into(), n(3));
+        let c = candidate(&planted).unwrap();
+        assert!(c.malformed.unwrap().contains(PARTITION_KEY));
+        assert_eq!(c.key, None);
+        // Not a message at all: no id, or no due.
+        let mut junk = entry.clone();
+        junk.insert(PK.into(), s("x"));
+        assert!(candidate(&junk).is_err());
+        entry.remove(DUE);
+        assert!(candidate(&entry).is_err());
     }
 
     #[test]

@@ -15,32 +15,41 @@
 //! 3. Removal after **complete** stays a plain delete: a completed message is deleted
 //!    or kept as done, and neither can be requeued, so nothing can revive its marker.
 
+use std::sync::atomic::AtomicU64;
+
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{ConditionCheck, Delete, TransactWriteItem};
+use aws_sdk_dynamodb::types::{ConditionCheck, Delete, ReturnConsumedCapacity, TransactWriteItem};
 use outbox_core::{MessageId, Result};
 
 use crate::error::{build_error, cancelled, from_sdk, reason_codes};
 use crate::item::{self, Item, DUE};
+use crate::metrics::Metrics;
 use crate::store::DynamoOutbox;
 
 impl DynamoOutbox {
     /// Send `actions` as one transaction: `Ok(false)` when it was cancelled only because
     /// the condition of action `condition_at` failed, an error for anything else.
+    /// The capacity it consumed is added to `units`.
     pub(crate) async fn transact_if(
         &self,
         what: &str,
         actions: Vec<TransactWriteItem>,
         condition_at: usize,
+        units: &AtomicU64,
     ) -> Result<bool> {
         let sent = self
             .inner
             .client
             .transact_write_items()
             .set_transact_items(Some(actions))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await;
         match sent {
-            Ok(_) => Ok(true),
+            Ok(out) => {
+                Metrics::add_all(units, out.consumed_capacity());
+                Ok(true)
+            }
             Err(e) => {
                 if let Some(TransactWriteItemsError::TransactionCanceledException(c)) =
                     e.as_service_error()
@@ -90,6 +99,7 @@ impl DynamoOutbox {
                 TransactWriteItem::builder().delete(delete).build(),
             ],
             0,
+            &self.inner.metrics.settle_units,
         )
         .await
     }

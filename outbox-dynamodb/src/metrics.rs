@@ -27,6 +27,8 @@ pub(crate) struct Metrics {
     pub(crate) sweep_errors: AtomicU64,
     pub(crate) claim_errors: AtomicU64,
     pub(crate) settle_errors: AtomicU64,
+    pub(crate) admin_units: AtomicU64,
+    pub(crate) upkeep_units: AtomicU64,
     /// Shared with the store client's throttle counter.
     pub(crate) throttles: Arc<crate::throttles::Throttles>,
     /// Gauges of the sweeps: how long the oldest due message had waited, plus one
@@ -43,6 +45,13 @@ impl Metrics {
             // Non-negative and far below u64::MAX for any real request.
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             slot.fetch_add(micro as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Add the capacity of a transaction (one entry per table) to `slot`.
+    pub(crate) fn add_all(slot: &AtomicU64, capacity: &[ConsumedCapacity]) {
+        for c in capacity {
+            Self::add(slot, Some(c));
         }
     }
 
@@ -77,6 +86,8 @@ impl Metrics {
             body_sweep_errors: self.sweep_errors.load(Ordering::Relaxed),
             claim_errors: self.claim_errors.load(Ordering::Relaxed),
             settle_errors: self.settle_errors.load(Ordering::Relaxed),
+            admin_units: units(&self.admin_units),
+            upkeep_units: units(&self.upkeep_units),
             throttled: self.throttles.total.load(Ordering::Relaxed),
             enqueue_throttled: self.throttles.transactions.load(Ordering::Relaxed),
             oldest_due_age: match self.oldest_due_age_us.load(Ordering::Relaxed) {
@@ -92,7 +103,8 @@ impl Metrics {
 }
 
 /// What a [`DynamoOutbox`](crate::DynamoOutbox) and its clones consumed so far, from
-/// the `ConsumedCapacity` DynamoDB returns with every request. Capacity units are read
+/// the `ConsumedCapacity` DynamoDB returns with every request (every request the store
+/// sends asks for it). A refused conditional write reports none, though it is billed. Capacity units are read
 /// plus write units (transactions count double, as DynamoDB bills them).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 #[non_exhaustive]
@@ -112,7 +124,8 @@ pub struct OutboxMetrics {
     pub body_read_units: f64,
     /// Messages claimed.
     pub claimed: u64,
-    /// Units consumed by complete, fail, release and dead-lettering.
+    /// Units consumed by complete, fail, release and dead-lettering, and by the order
+    /// markers they remove.
     pub settle_units: f64,
     /// Conditional writes DynamoDB refused: claims that lost a race, settles of lost
     /// leases, body renewals another renewer had already made. Each is billed (a body
@@ -146,6 +159,12 @@ pub struct OutboxMetrics {
     /// error, so the relay retries it; a lease the first try applied is reported lost
     /// by the retry.
     pub settle_errors: u64,
+    /// Units consumed by [`OutboxAdmin`](outbox_core::OutboxAdmin) calls: stats and
+    /// dead-letter listings (index queries), requeue, discard and purge.
+    pub admin_units: f64,
+    /// Units consumed by the store's own upkeep: shard-lease rounds (heartbeat, lease
+    /// reads and writes) and reads and writes of the table's shard count.
+    pub upkeep_units: f64,
     /// Attempts of this store's requests that DynamoDB throttled, the ones the SDK
     /// retried successfully included (see
     /// [`DynamoOutbox::throttled`](crate::DynamoOutbox::throttled) for them by

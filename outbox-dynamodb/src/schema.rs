@@ -1,9 +1,10 @@
 //! Table definitions and the idempotent creation helpers (on-demand billing, TTL).
 //!
-//! A table that already exists is checked, not changed: its key schema and global
-//! secondary indexes must be the ones this crate creates, and it must have no local
-//! secondary index (an outbox table of layout 1 has three), or the install fails with
-//! [`ErrorKind::Schema`].
+//! A table that already exists is checked, not changed (see `schema_check.rs`): its
+//! keys, key types and global secondary indexes (keys and projections) must be the ones
+//! this crate creates, it must have no local secondary index (an outbox table of layout
+//! 1 has three), and time to live must be off or on the crate's attribute, or the
+//! install fails with [`ErrorKind::Schema`].
 
 use std::time::{Duration, Instant};
 
@@ -272,7 +273,7 @@ async fn wait_active(client: &Client, spec: &TableSpec) -> Result<()> {
         let table = described
             .table()
             .ok_or_else(|| Error::new(ErrorKind::Schema, "describe table returned no table"))?;
-        check_layout(spec, table)?;
+        crate::schema_check::check_layout(spec, table)?;
         if table.table_status() == Some(&TableStatus::Active) {
             return Ok(());
         }
@@ -289,50 +290,6 @@ async fn wait_active(client: &Client, spec: &TableSpec) -> Result<()> {
     }
 }
 
-fn check_layout(spec: &TableSpec, table: &aws_sdk_dynamodb::types::TableDescription) -> Result<()> {
-    let keys: Vec<&str> = table
-        .key_schema()
-        .iter()
-        .map(|k| k.attribute_name())
-        .collect();
-    let want: Vec<&str> = std::iter::once(spec.hash).chain(spec.range).collect();
-    let local: Vec<&str> = table
-        .local_secondary_indexes()
-        .iter()
-        .filter_map(|i| i.index_name())
-        .collect();
-    let global: Vec<&str> = table
-        .global_secondary_indexes()
-        .iter()
-        .filter_map(|i| i.index_name())
-        .collect();
-    let missing: Vec<&str> = spec
-        .indexes
-        .iter()
-        .map(|(name, _, _, _)| *name)
-        .filter(|name| !global.contains(name))
-        .collect();
-    if keys != want || !missing.is_empty() || !local.is_empty() {
-        let migrate = if local.is_empty() {
-            ""
-        } else {
-            " (local secondary indexes are those of outbox layout 1: install layout 2 into a \
-             new table and drain the old one first, see the crate docs' migration note)"
-        };
-        return Err(Error::new(
-            ErrorKind::Schema,
-            format!(
-                "table {} exists with keys {keys:?}, global indexes {global:?} and local \
-                 indexes {local:?}; this store needs keys {want:?}, global indexes {:?} and no \
-                 local index{migrate}",
-                spec.name,
-                spec.indexes.iter().map(|i| i.0).collect::<Vec<_>>()
-            ),
-        ));
-    }
-    Ok(())
-}
-
 async fn enable_ttl(client: &Client, table: &str, attr: &str) -> Result<()> {
     let current = client
         .describe_time_to_live()
@@ -345,8 +302,19 @@ async fn enable_ttl(client: &Client, table: &str, attr: &str) -> Result<()> {
             desc.time_to_live_status(),
             Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling)
         );
-        if on && desc.attribute_name() == Some(attr) {
-            return Ok(());
+        match desc.attribute_name() {
+            Some(name) if on && name == attr => return Ok(()),
+            // A table has one time-to-live attribute: turning it over to ours would
+            // stop the expiry the table's other items rely on.
+            Some(name) if on => {
+                return Err(Error::new(
+                    ErrorKind::Schema,
+                    format!(
+                        "table {table} expires items by attribute {name}; this store needs                          time to live on {attr}: use a table of its own"
+                    ),
+                ))
+            }
+            _ => {}
         }
     }
     let spec = TimeToLiveSpecification::builder()

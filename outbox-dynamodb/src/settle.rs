@@ -58,7 +58,14 @@ impl DynamoOutbox {
         ) else {
             return;
         };
-        let marker = self.marker_item(key, seq, id);
+        let key_shards = match self.table_shards().await {
+            Ok(table) => table.key_shards,
+            Err(e) => {
+                tracing::warn!(%id, error = %e.report(), "order marker left: the table's shard count was not read; the next claim of its key removes it");
+                return;
+            }
+        };
+        let marker = crate::store::marker_item(key_shards, key, seq, id);
         let key: Item = marker
             .into_iter()
             .filter(|(k, _)| k == PK || k == SK)
@@ -71,9 +78,12 @@ impl DynamoOutbox {
                 .delete_item()
                 .table_name(self.table())
                 .set_key(Some(key))
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
                 .send()
                 .await
-                .map(|_| ())
+                .map(|out| {
+                    self.record_capacity(&self.inner.metrics.settle_units, out.consumed_capacity());
+                })
                 .map_err(|e| from_sdk("delete order marker", e))
         };
         if let Err(e) = removed {
@@ -119,14 +129,15 @@ impl DynamoOutbox {
                         .expression_attribute_values(":need", n(need)),
                 };
                 let renewal = matches!(ttl, BodyTtl::Renew { .. });
+                // Dead-lettering removes the time to live, a requeue sets it.
+                let units = match ttl {
+                    BodyTtl::Renew { .. } => &self.inner.metrics.renewal_units,
+                    BodyTtl::Remove => &self.inner.metrics.settle_units,
+                    BodyTtl::Set(_) => &self.inner.metrics.admin_units,
+                };
                 match request.send().await {
                     Ok(out) => {
-                        if renewal {
-                            self.record_capacity(
-                                &self.inner.metrics.renewal_units,
-                                out.consumed_capacity(),
-                            );
-                        }
+                        self.record_capacity(units, out.consumed_capacity());
                         Ok(true)
                     }
                     Err(e) if is_condition_failed(&e) => {

@@ -9,13 +9,17 @@
 //! | worker heartbeat | `w` | the store's random worker id | `expires_us`, `ttl` (so TTL removes dead workers' items) |
 //! | shard lease | `l` | the shard, 3 digits | `owner` (a worker id), `counter` (ownership changes so far), `expires_us` |
 //!
-//! Every [`renew_every`](crate::DynamoOutboxConfig::with_shard_leases) (a third of the
-//! lease), at the start of a claim, a store:
+//! From its first claim on, a store keeps its leases in a background task of its own
+//! (it ends when the last clone of the store is dropped or
+//! [`release_shards`](DynamoOutbox::release_shards) is called), so slow publishes or a
+//! full pipeline never let them lapse. Every third of the lease
+//! ([`with_shard_leases`](crate::DynamoOutboxConfig::with_shard_leases)), the task reads
+//! the table's shard count again (so a grown count reaches running relays) and:
 //!
 //! 1. writes its heartbeat (`expires_us = now + lease`);
 //! 2. reads the live workers (`pk = w`, strongly consistent, unexpired) and the leases
-//!    (`pk = l`, strongly consistent): the target is ⌈shards ÷ live workers⌉;
-//! 3. renews its own leases, each conditional on `owner = me AND counter = c`: a lease
+//!    (`pk = l`, strongly consistent): the target is ⌈table's shards ÷ live workers⌉;
+//! 3. renews its own leases, all at once, each conditional on `owner = me AND counter = c`: a lease
 //!    another worker took is dropped at once;
 //! 4. below target, takes free and lapsed leases (`attribute_not_exists(pk) OR
 //!    expires_us <= now`, adding one to `counter`), then steals from the worker holding
@@ -28,14 +32,16 @@
 //! taken by the others; its heartbeat lapses with them, so the target follows.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use aws_sdk_dynamodb::types::ReturnValue;
+use aws_sdk_dynamodb::types::{ConsumedCapacity, ReturnConsumedCapacity, ReturnValue};
 use outbox_core::Result;
 
 use crate::error::{from_sdk, is_condition_failed};
 use crate::item::{self, get_n, get_s, n, now_us, s, Item, PK, SK, TTL};
-use crate::store::DynamoOutbox;
+use crate::store::{bounded_all, DynamoOutbox};
 
 const WORKERS_PK: &str = "w";
 const LEASES_PK: &str = "l";
@@ -52,14 +58,8 @@ struct LeaseRow {
     expires_us: u64,
 }
 
-/// What a store knows of its own shard leases.
-#[derive(Debug, Default)]
-struct Held {
-    /// shard → (counter, expires_us) of the leases this store holds.
-    owned: BTreeMap<u16, (u64, u64)>,
-    /// When the next maintenance is due (microseconds).
-    next_at: u64,
-}
+/// What a store knows of its own shard leases: shard → (counter, expires_us).
+type Held = BTreeMap<u16, (u64, u64)>;
 
 /// The shard-lease side of a [`DynamoOutbox`]: its worker id and held leases.
 #[derive(Debug)]
@@ -68,7 +68,12 @@ pub(crate) struct ShardLeases {
     lease_us: u64,
     renew_us: u64,
     held: std::sync::Mutex<Held>,
+    /// One maintenance round (or release) at a time.
     maintaining: tokio::sync::Mutex<()>,
+    /// Whether the first round ran and the upkeep task was started.
+    started: AtomicBool,
+    /// Set by a release: no more rounds, no more claims from leases.
+    stopped: AtomicBool,
 }
 
 impl ShardLeases {
@@ -78,8 +83,10 @@ impl ShardLeases {
             owner: uuid::Uuid::new_v4().simple().to_string(),
             lease_us,
             renew_us: lease_us / 3,
-            held: std::sync::Mutex::new(Held::default()),
+            held: std::sync::Mutex::new(Held::new()),
             maintaining: tokio::sync::Mutex::new(()),
+            started: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
         }
     }
 
@@ -92,7 +99,6 @@ impl ShardLeases {
     /// The shards held with an unexpired lease by this process's clock.
     fn live(&self, now: u64) -> Vec<u16> {
         self.held()
-            .owned
             .iter()
             .filter(|(_, (_, expires))| *expires > now)
             .map(|(shard, _)| *shard)
@@ -108,25 +114,76 @@ fn lease_key(shard: u16) -> Item {
 }
 
 impl DynamoOutbox {
-    /// The shards this store's claims read: every shard without shard leases; with
-    /// them, the shards it holds, after a maintenance round when one is due.
+    /// The shards this store's claims read: every shard of the table without shard
+    /// leases; with them, the shards it holds. The first call runs one maintenance round
+    /// itself and starts the upkeep task.
+    ///
+    /// # Errors
+    /// Reading the table's shard count failed, or this store is configured with more
+    /// shards than the table (see [`check_shards`](Self::check_shards)).
     pub(crate) async fn claim_shards(&self) -> Result<Vec<u16>> {
         let Some(leases) = &self.inner.leases else {
-            return Ok((0..self.shards()).collect());
+            return Ok((0..self.table_shards().await?.shards).collect());
         };
-        let now = now_us();
-        if now >= leases.held().next_at {
-            // One maintenance at a time; concurrent claims use what is held.
-            if let Ok(_guard) = leases.maintaining.try_lock() {
-                if now_us() >= leases.held().next_at {
-                    if let Err(e) = self.maintain_leases(leases).await {
-                        tracing::warn!(error = %e.report(), "shard lease maintenance failed; claiming from the shards still held");
-                        leases.held().next_at = now_us() + leases.renew_us / 4;
-                    }
+        if !leases.started.load(Ordering::Acquire) {
+            let _guard = leases.maintaining.lock().await;
+            if !leases.started.load(Ordering::Acquire) && !leases.stopped.load(Ordering::Acquire) {
+                let table = self.refresh_shards().await?;
+                if let Err(e) = self.maintain_leases(leases, table.shards).await {
+                    tracing::warn!(error = %e.report(), "shard lease maintenance failed; the upkeep task tries again");
                 }
+                self.start_upkeep();
+                leases.started.store(true, Ordering::Release);
             }
         }
         Ok(leases.live(now_us()))
+    }
+
+    /// Keep this store's leases in a task of its own: a round every third of the lease
+    /// (a quarter of that after a failed round), never waiting on claims or publishes.
+    /// The task holds the store only during a round, so it ends once every clone of
+    /// the store is dropped, or at the first round after a release.
+    fn start_upkeep(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let store = Arc::downgrade(&self.inner);
+        runtime.spawn(async move {
+            loop {
+                let pause = {
+                    let Some(inner) = store.upgrade() else {
+                        return;
+                    };
+                    let store = DynamoOutbox { inner };
+                    match store.upkeep_round().await {
+                        Some(pause) => pause,
+                        None => return,
+                    }
+                };
+                tokio::time::sleep(pause).await;
+            }
+        });
+    }
+
+    /// One round of the upkeep task: how long until the next, `None` to stop.
+    async fn upkeep_round(&self) -> Option<Duration> {
+        let leases = self.inner.leases.as_ref()?;
+        let _guard = leases.maintaining.lock().await;
+        if leases.stopped.load(Ordering::Acquire) {
+            return None;
+        }
+        let round = async {
+            let table = self.refresh_shards().await?;
+            self.maintain_leases(leases, table.shards).await
+        };
+        let pause_us = match round.await {
+            Ok(()) => leases.renew_us,
+            Err(e) => {
+                tracing::warn!(error = %e.report(), "shard lease maintenance failed; claiming from the shards still held");
+                leases.renew_us / 4
+            }
+        };
+        Some(Duration::from_micros(pause_us))
     }
 
     /// The shards this store holds leases on now (empty without shard leases).
@@ -148,10 +205,9 @@ impl DynamoOutbox {
             return Ok(());
         };
         let _guard = leases.maintaining.lock().await;
+        leases.stopped.store(true, Ordering::Release);
         let owned: Vec<(u16, u64)> = {
-            let mut held = leases.held();
-            held.next_at = u64::MAX;
-            std::mem::take(&mut held.owned)
+            std::mem::take(&mut *leases.held())
                 .into_iter()
                 .map(|(shard, (counter, _))| (shard, counter))
                 .collect()
@@ -171,10 +227,11 @@ impl DynamoOutbox {
                 .expression_attribute_values(":me", s(&leases.owner))
                 .expression_attribute_values(":c", n(counter))
                 .expression_attribute_values(":zero", n(0))
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
                 .send()
                 .await;
             match sent {
-                Ok(_) => {}
+                Ok(out) => self.record_upkeep(out.consumed_capacity()),
                 Err(e) if is_condition_failed(&e) => {}
                 Err(e) => return Err(from_sdk("release shard lease", e)),
             }
@@ -185,13 +242,17 @@ impl DynamoOutbox {
             .table_name(self.table())
             .key(PK, s(WORKERS_PK))
             .key(SK, s(&leases.owner))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await
+            .map(|out| self.record_upkeep(out.consumed_capacity()))
             .map_err(|e| from_sdk("release shard leases", e))?;
         Ok(())
     }
 
-    async fn maintain_leases(&self, leases: &ShardLeases) -> Result<()> {
+    /// One maintenance round over a table of `shards` shards (steps 1-4 of the module
+    /// docs).
+    async fn maintain_leases(&self, leases: &ShardLeases, shards: u16) -> Result<()> {
         let now = now_us();
         let expires = now + leases.lease_us;
         // 1. Heartbeat.
@@ -203,8 +264,10 @@ impl DynamoOutbox {
             .item(SK, s(&leases.owner))
             .item(EXPIRES, n(expires))
             .item(TTL, n(expires.div_ceil(1_000_000) + 3600))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await
+            .map(|out| self.record_upkeep(out.consumed_capacity()))
             .map_err(|e| from_sdk("shard lease heartbeat", e))?;
         // 2. Live workers and the leases.
         let workers = self
@@ -229,16 +292,33 @@ impl DynamoOutbox {
                 },
             );
         }
-        let shards = self.shards();
         let target = usize::from(shards).div_ceil(workers);
-        // 3. Renew what is still ours.
-        let mut owned: BTreeMap<u16, (u64, u64)> = BTreeMap::new();
-        for row in rows.values() {
-            if row.owner.as_deref() != Some(leases.owner.as_str()) || row.expires_us <= now {
-                continue;
-            }
-            if self.renew_lease(leases, row, expires).await? {
-                owned.insert(row.shard, (row.counter, expires));
+        // 3. Renew what is still ours, all at once.
+        let mine: Vec<&LeaseRow> = rows
+            .values()
+            .filter(|row| {
+                row.owner.as_deref() == Some(leases.owner.as_str()) && row.expires_us > now
+            })
+            .collect();
+        let renewed = bounded_all(
+            mine.iter()
+                .map(|row| self.renew_lease(leases, row, expires))
+                .collect(),
+        )
+        .await;
+        let mut owned: Held = BTreeMap::new();
+        let mut failed = None;
+        for (row, renewed) in mine.into_iter().zip(renewed) {
+            match renewed {
+                Ok(true) => {
+                    owned.insert(row.shard, (row.counter, expires));
+                }
+                Ok(false) => {}
+                // Still ours until it lapses: keep claiming from it meanwhile.
+                Err(e) => {
+                    owned.insert(row.shard, (row.counter, row.expires_us));
+                    failed.get_or_insert(e);
+                }
             }
         }
         // 4. Take free and lapsed leases, then steal from the most loaded worker.
@@ -283,10 +363,16 @@ impl DynamoOutbox {
                 owned.insert(row.shard, (counter, expires));
             }
         }
-        let mut held = leases.held();
-        held.owned = owned;
-        held.next_at = now_us() + leases.renew_us;
-        Ok(())
+        *leases.held() = owned;
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Count `capacity` as upkeep.
+    pub(crate) fn record_upkeep(&self, capacity: Option<&ConsumedCapacity>) {
+        self.record_capacity(&self.inner.metrics.upkeep_units, capacity);
     }
 
     /// Every item of partition `pk` (strongly consistent).
@@ -299,8 +385,14 @@ impl DynamoOutbox {
             .consistent_read(true)
             .key_condition_expression("#pk = :pk")
             .expression_attribute_names("#pk", PK)
-            .expression_attribute_values(":pk", s(pk));
-        self.query_all(query, "read shard leases", None).await
+            .expression_attribute_values(":pk", s(pk))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total);
+        self.query_all(
+            query,
+            "read shard leases",
+            Some(&self.inner.metrics.upkeep_units),
+        )
+        .await
     }
 
     async fn renew_lease(
@@ -323,10 +415,14 @@ impl DynamoOutbox {
             .expression_attribute_values(":me", s(&leases.owner))
             .expression_attribute_values(":c", n(row.counter))
             .expression_attribute_values(":e", n(expires))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await;
         match sent {
-            Ok(_) => Ok(true),
+            Ok(out) => {
+                self.record_upkeep(out.consumed_capacity());
+                Ok(true)
+            }
             Err(e) if is_condition_failed(&e) => Ok(false),
             Err(e) => Err(from_sdk("renew shard lease", e)),
         }
@@ -355,7 +451,8 @@ impl DynamoOutbox {
             .expression_attribute_values(":me", s(&leases.owner))
             .expression_attribute_values(":e", n(expires))
             .expression_attribute_values(":one", n(1))
-            .return_values(ReturnValue::UpdatedNew);
+            .return_values(ReturnValue::UpdatedNew)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total);
         request = match from {
             None => request
                 .condition_expression("attribute_not_exists(#pk) OR #e <= :now")
@@ -367,13 +464,14 @@ impl DynamoOutbox {
                 .expression_attribute_values(":c", n(row.counter)),
         };
         match request.send().await {
-            Ok(out) => Ok(Some(
+            Ok(out) => Ok(Some({
+                self.record_upkeep(out.consumed_capacity());
                 out.attributes()
                     .map(|a| get_n::<u64>(a, COUNTER))
                     .transpose()?
                     .flatten()
-                    .unwrap_or(0),
-            )),
+                    .unwrap_or(0)
+            })),
             Err(e) if is_condition_failed(&e) => Ok(None),
             Err(e) => Err(from_sdk("take shard lease", e)),
         }

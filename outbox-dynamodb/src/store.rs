@@ -108,6 +108,22 @@ pub(crate) struct Inner {
     pub(crate) leases: Option<crate::shards::ShardLeases>,
     /// Where this store's sweeps for bodies to renew stand.
     pub(crate) sweep: crate::sweep::Sweeper,
+    /// The table's shard counts as this store last read them.
+    pub(crate) known: crate::meta::KnownShards,
+}
+
+/// The order marker of message `id` (enqueue sequence `seq`) of `key`, in the marker
+/// partition the key falls in among `key_shards`.
+pub(crate) fn marker_item(key_shards: u16, key: &str, seq: u64, id: MessageId) -> Item {
+    let shard = shard_of(&[key.as_bytes()], key_shards);
+    HashMap::from([
+        (PK.to_owned(), s(marker_partition(shard))),
+        (
+            SK.to_owned(),
+            s(format!("{}{seq:016}#{}", marker_prefix(key), id_text(id))),
+        ),
+        (MARKED_ID.to_owned(), s(id_text(id))),
+    ])
 }
 
 /// The enqueue sequence: microseconds of this process's clock, strictly increasing
@@ -202,6 +218,7 @@ impl DynamoOutbox {
                 recent: std::sync::Mutex::new(HashMap::new()),
                 leases: config.shard_lease().map(crate::shards::ShardLeases::new),
                 sweep: crate::sweep::Sweeper::default(),
+                known: crate::meta::KnownShards::default(),
                 config,
             }),
         })
@@ -247,7 +264,8 @@ impl DynamoOutbox {
             &crate::schema::outbox_table(self.table()),
         )
         .await?;
-        crate::schema::refuse_replicas(&self.inner.client, self.table(), "outbox").await
+        crate::schema::refuse_replicas(&self.inner.client, self.table(), "outbox").await?;
+        self.check_shards().await.map(|_| ())
     }
 
     /// Delete the table and everything in it. A missing table is not an error.
@@ -309,6 +327,7 @@ impl DynamoOutbox {
         messages: &[NewMessage],
     ) -> Result<Vec<(TransactWriteItem, Option<MessageId>)>> {
         check_enqueue(messages, self.inner.config.limits())?;
+        let table = self.checked_shards()?;
         let now = now_us();
         let mut writes = Vec::with_capacity(messages.len());
         let body_ttl = item::duration_us(self.inner.config.body_ttl());
@@ -321,7 +340,7 @@ impl DynamoOutbox {
                 m.payload().chunks(PART_BYTES).collect()
             };
             let mut state = self.key_of(m.id());
-            state.insert(SHARD.into(), s(shard_value(m.id(), self.shards())));
+            state.insert(SHARD.into(), s(shard_value(m.id(), table.shards)));
             state.insert(DESTINATION.into(), s(m.destination()));
             state.insert(CREATED.into(), n(now));
             state.insert(AVAILABLE.into(), n(avail));
@@ -373,7 +392,7 @@ impl DynamoOutbox {
                 writes.push((TransactWriteItem::builder().put(put).build(), id));
             }
             if let (true, Some(key)) = (self.per_key(), m.partition_key()) {
-                let marker = self.marker_item(key, seq, m.id());
+                let marker = marker_item(table.key_shards, key, seq, m.id());
                 let put = Put::builder()
                     .table_name(self.table())
                     .set_item(Some(marker))
@@ -383,18 +402,6 @@ impl DynamoOutbox {
             }
         }
         Ok(writes)
-    }
-
-    pub(crate) fn marker_item(&self, key: &str, seq: u64, id: MessageId) -> Item {
-        let shard = shard_of(&[key.as_bytes()], self.shards());
-        HashMap::from([
-            (PK.to_owned(), s(marker_partition(shard))),
-            (
-                SK.to_owned(),
-                s(format!("{}{seq:016}#{}", marker_prefix(key), id_text(id))),
-            ),
-            (MARKED_ID.to_owned(), s(id_text(id))),
-        ])
     }
 
     /// Send one `TransactWriteItems` holding `writes` (yours, first, in order) and the
@@ -414,6 +421,9 @@ impl DynamoOutbox {
         writes: Vec<TransactWriteItem>,
         messages: &[NewMessage],
     ) -> Result<()> {
+        if !messages.is_empty() {
+            self.table_shards().await?;
+        }
         let ours = self.build_writes(messages)?;
         let theirs = writes.len();
         let ids: Vec<Option<MessageId>> = std::iter::repeat_n(None, theirs)

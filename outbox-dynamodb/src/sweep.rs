@@ -78,7 +78,13 @@ impl DynamoOutbox {
     /// The first mapped SDK error, after every shard and message was tried; bodies
     /// renewed stay renewed.
     pub async fn renew_bodies(&self) -> Result<u64> {
-        let shards = self.claim_shards().await?;
+        let shards = match self.claim_shards().await {
+            Ok(shards) => shards,
+            Err(e) => {
+                self.count_sweep_error();
+                return Err(e);
+            }
+        };
         let _guard = self.inner.sweep.running.lock().await;
         let mut renewed = 0;
         let mut failed = None;

@@ -4,7 +4,7 @@
 //! `ProvisionedThroughputExceededException`, with throttling reasons), one statement of
 //! 5% of the batched completes failing with `ThrottlingError`, and 1% of enqueue
 //! transactions cancelled for a `TransactionConflict`, all before the request is
-//! applied. The client retries as recommended for DynamoDB (standard mode, 10 attempts,
+//! applied. (No lagging index here: see `fault_mix`.) The client retries as recommended for DynamoDB (standard mode, 10 attempts,
 //! 5 to 200 ms backoff); the fixture resends an enqueue that failed retryably, as a
 //! caller would. Every guarantee the plain run checks must hold.
 //!

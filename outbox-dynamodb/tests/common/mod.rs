@@ -121,6 +121,7 @@ pub const CHUNK: usize = 33;
 /// Enqueue `messages`, all checked first (so an invalid one writes nothing), sent in
 /// transactions of [`CHUNK`] messages.
 pub async fn enqueue_all(outbox: &DynamoOutbox, messages: &[NewMessage]) -> Result<()> {
+    outbox.check_shards().await?;
     outbox.enqueue_writes(messages)?;
     for chunk in messages.chunks(CHUNK) {
         outbox.enqueue(Vec::new(), chunk).await?;
@@ -164,11 +165,13 @@ const DATA_OPERATIONS: [&str; 7] = [
     "BatchExecuteStatement",
 ];
 
-/// The seeded mix of AWS's faults the suites run under a second time, all injected
-/// before the request is applied (as AWS refuses a throttled request): throttles of
+/// The seeded mix of AWS's faults the suites run under a second time: throttles of
 /// every data-plane attempt at [`THROTTLE_RATE`], one failed statement of a batched
 /// complete at [`STATEMENT_RATE`], and enqueue transactions cancelled for a conflict at
-/// [`CONFLICT_RATE`]. Seeded from `OUTBOX_FAULT_SEED` when set (to replay a run),
+/// [`CONFLICT_RATE`], all before the request is applied (as AWS refuses a throttled
+/// request). No lagging index: the conformance cases claim once after a settle and
+/// expect to see it (read-your-writes), which a lagging index does not give; the
+/// lagging index has its own tests (`tests/dynamodb/faults.rs`). Seeded from `OUTBOX_FAULT_SEED` when set (to replay a run),
 /// otherwise at random; the seed is printed.
 pub fn fault_mix(what: &str) -> FaultInjector {
     let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
@@ -298,6 +301,7 @@ impl Fixture for DynamoFixture {
         if self.1.is_none() {
             return enqueue_all(&self.0, &messages).await;
         }
+        self.0.check_shards().await?;
         self.0.enqueue_writes(&messages)?;
         for chunk in messages.chunks(CHUNK) {
             let mut tries = 0;

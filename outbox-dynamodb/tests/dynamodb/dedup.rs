@@ -120,5 +120,5 @@ async fn a_layout_one_table_is_refused_by_install() {
     .unwrap();
     let err = store.install().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Schema, "{}", err.report());
-    assert!(err.to_string().contains("\"sk\""), "{err}");
+    assert!(err.to_string().contains("sk (RANGE)"), "{err}");
 }

@@ -419,3 +419,39 @@ async fn throttles_are_counted_by_operation_index_and_reason() {
         )
     );
 }
+
+/// A lagging `due` index: with every index query answered as an earlier equal one
+/// was, a message completed since is still offered (and not delivered again) and one
+/// enqueued since is not seen; once the index catches up, the new message is claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_index_delays_but_never_duplicates() {
+    let Some(client) = common::client("outbox-dynamodb faults: lagging index").await else {
+        return;
+    };
+    let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
+    let outbox = outbox_with(&client, &faults).await;
+    let first = enqueue(&outbox, 1).await[0];
+    faults.add(Rule::stale_index());
+    // No earlier answer is kept yet: the index answers as it is.
+    let got = claim(&outbox, 5).await;
+    assert_eq!(ids(&got), HashSet::from([first]), "{faults}");
+    let leases: Vec<_> = got.into_iter().map(|c| c.lease).collect();
+    assert_eq!(outbox.complete(&leases).await.unwrap().applied, 1);
+
+    let second = enqueue(&outbox, 1).await[0];
+    for _ in 0..3 {
+        assert!(
+            claim(&outbox, 5).await.is_empty(),
+            "{faults}: the lagging index shows the completed message, not the new one"
+        );
+    }
+    assert!(faults.count("Query") >= 3, "{faults}");
+    faults.clear();
+    let later = poll_for("the index to catch up", || {
+        let outbox = outbox.clone();
+        async move { claim(&outbox, 5).await.pop() }
+    })
+    .await;
+    assert_eq!(later.message.id, second);
+    assert_eq!(outbox.metrics().claimed, 2, "nothing delivered twice");
+}

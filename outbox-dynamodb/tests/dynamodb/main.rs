@@ -14,6 +14,7 @@ mod limits;
 mod markers;
 mod relay;
 mod settle;
+mod shard_count;
 mod shards;
 mod store;
 mod sweep;

@@ -30,9 +30,13 @@ async fn completing_a_message_another_relay_completed_reports_the_lease_lost() {
     let Some(client) = common::client("outbox-dynamodb lost complete").await else {
         return;
     };
-    let outbox = common::outbox(&client, DynamoOutboxConfig::default())
-        .await
-        .unwrap();
+    // Without shard leases, so the other relay reads the message's shard.
+    let outbox = common::outbox(
+        &client,
+        DynamoOutboxConfig::default().with_shard_leases(None),
+    )
+    .await
+    .unwrap();
     let lapsing = outbox_core::NewMessage::builder("lost").build().unwrap();
     common::enqueue_all(&outbox, std::slice::from_ref(&lapsing))
         .await

@@ -139,7 +139,8 @@ async fn racing_claims_are_decided_by_the_conditional_write() {
 
 /// Items another tool wrote that do not make a valid message: headers that do not
 /// decode, a payload over the store's limit (500 KB, split over two body items), a
-/// state item whose body is gone. Each is dead-lettered by the claim that meets it,
+/// state item whose body is gone, a state item whose `attempts` (projected into the
+/// `due` index) is not a number. Each is dead-lettered by the claim that meets it,
 /// with the reason, and delivery goes on: the good messages around them are returned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_items_are_dead_lettered_by_the_claim() {
@@ -197,6 +198,7 @@ async fn poison_items_are_dead_lettered_by_the_claim() {
             .with_limits(outbox_core::MessageLimits::default().with_max_payload_bytes(1024 * 1024)),
     )
     .unwrap();
+    roomy.check_shards().await.unwrap();
     let oversized = NewMessage::builder("big")
         .limits(outbox_core::MessageLimits::default().with_max_payload_bytes(usize::MAX))
         .payload(vec![7u8; 500 * 1024])
@@ -210,6 +212,12 @@ async fn poison_items_are_dead_lettered_by_the_claim() {
     let bodiless = NewMessage::builder("gone").build().unwrap();
     put_all(items_of(&bodiless, &outbox).into_iter().take(1).collect()).await;
 
+    // A projected attribute that does not decode: it must not stop the shard's claims.
+    let miscounted = NewMessage::builder("miscounted").build().unwrap();
+    let mut items = items_of(&miscounted, &outbox);
+    items[0].insert("attempts".into(), AttributeValue::S("two".into()));
+    put_all(items).await;
+
     let after = NewMessage::builder("ok").build().unwrap();
     outbox
         .enqueue(Vec::new(), std::slice::from_ref(&after))
@@ -219,7 +227,7 @@ async fn poison_items_are_dead_lettered_by_the_claim() {
         .claim(ClaimRequest::new(10, LEASE).unwrap())
         .await
         .unwrap();
-    assert_eq!(got.dead_lettered, 3);
+    assert_eq!(got.dead_lettered, 4);
     let mut ids: Vec<MessageId> = got.iter().map(|c| c.message.id).collect();
     ids.sort();
     let mut want = vec![before.id(), after.id()];
@@ -229,7 +237,7 @@ async fn poison_items_are_dead_lettered_by_the_claim() {
         .dead_letters(&outbox_core::DeadLetterPage::new(Default::default(), 10).unwrap())
         .await
         .unwrap();
-    assert_eq!(dead.len(), 3);
+    assert_eq!(dead.len(), 4);
     let reason = |id: MessageId| {
         dead.iter()
             .find(|d| d.message.id == id)
@@ -250,6 +258,11 @@ async fn poison_items_are_dead_lettered_by_the_claim() {
         reason(bodiless.id()).contains("body"),
         "{}",
         reason(bodiless.id())
+    );
+    assert!(
+        reason(miscounted.id()).contains("attempts that is not a number"),
+        "{}",
+        reason(miscounted.id())
     );
     let big = dead
         .iter()
