@@ -516,7 +516,8 @@ fn design_row(payload: usize) -> CapacityRow {
         complete: 2.0,
         retry: 3.0,
         release: 3.0,
-        dead_letter: 2.0 + 1.0 + b,
+        // One transaction: the state twice, the `due` delete and `dead` put once each.
+        dead_letter: 2.0 + 1.0 + 1.0 + 2.0 * b,
         requeue: 2.0 + 1.0 + b + 1.0,
         discard: 2.0 + b,
     }

@@ -5,8 +5,9 @@
 //! capacity counters and are not scanned.
 
 /// The outbox store's files, by name.
-const OUTBOX_FILES: [(&str, &str); 9] = [
+const OUTBOX_FILES: [(&str, &str); 10] = [
     ("admin.rs", include_str!("admin.rs")),
+    ("dead_letter.rs", include_str!("dead_letter.rs")),
     ("body.rs", include_str!("body.rs")),
     ("claim.rs", include_str!("claim.rs")),
     ("markers.rs", include_str!("markers.rs")),

@@ -6,6 +6,7 @@ mod body;
 mod capacity_tests;
 mod claim;
 mod config;
+mod dead_letter;
 mod dedup;
 mod entity;
 mod error;

@@ -11,8 +11,8 @@ use outbox_core::{Disposition, Failure, Lease, MessageId, Result, Retention, Set
 
 use crate::error::{build_error, from_sdk, is_condition_failed};
 use crate::item::{
-    self, body_key, get_n, get_s, id_text, n, now_us, s, Item, ATTEMPTS, AVAILABLE, DEAD_AT,
-    DEAD_ID, DONE_AT, DUE, DUE_SCALE, LAST_ERROR, PARTITION_KEY, PARTS, PK, SEQ, SK, TOKEN, TTL,
+    self, body_key, get_n, get_s, n, now_us, s, Item, ATTEMPTS, AVAILABLE, DONE_AT, DUE, DUE_SCALE,
+    LAST_ERROR, PARTITION_KEY, PK, SEQ, SK, TOKEN, TTL,
 };
 use crate::store::{all_settled, bounded, bounded_all, DynamoOutbox};
 
@@ -370,37 +370,6 @@ impl DynamoOutbox {
                 }
             }
         }
-    }
-
-    /// Dead-letter a message under `lease` with `reason`: out of the due index, into
-    /// the dead one. The lease fences it.
-    pub(crate) async fn dead_letter(&self, lease: &Lease, reason: &str) -> Result<bool> {
-        let done = self
-            .fenced_update(
-                "dead-letter",
-                lease,
-                format!(
-                    "SET #{DEAD_AT} = :now, #{DEAD_ID} = :id, #{LAST_ERROR} = :error \
-                     REMOVE #due, #token"
-                ),
-                vec![
-                    (":now", n(now_us())),
-                    (":id", s(id_text(lease.id))),
-                    (":error", s(reason)),
-                ],
-                "",
-                ReturnValue::AllNew,
-            )
-            .await?;
-        if let Some(item) = &done {
-            self.forget_marker(item, true).await;
-            // A dead letter keeps its body until it is requeued or discarded.
-            let parts = get_n::<usize>(item, PARTS).ok().flatten().unwrap_or(1);
-            if let Err(e) = self.set_body_ttl(lease.id, parts, BodyTtl::Remove).await {
-                tracing::warn!(id = %lease.id, error = %e.report(), "dead letter's body keeps its time to live");
-            }
-        }
-        Ok(done.is_some())
     }
 
     pub(crate) async fn fail_one(&self, failure: &Failure) -> Result<bool> {

@@ -89,6 +89,18 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 const TARGET_PREFIX: &str = "DynamoDB_20120810.";
 /// The namespace of DynamoDB's exception names in a JSON error's `__type`.
 const ERROR_NAMESPACE: &str = "com.amazonaws.dynamodb.v20120810#";
+/// The operations the crate's stores send on their data path (every request but
+/// table creation and description).
+pub const DATA_OPERATIONS: [&str; 7] = [
+    "GetItem",
+    "PutItem",
+    "UpdateItem",
+    "DeleteItem",
+    "Query",
+    "TransactWriteItems",
+    "BatchExecuteStatement",
+];
+
 /// What a before-send fault sends instead of the request: a read of the account's
 /// limits, which changes nothing.
 const HARMLESS_TARGET: &str = "DynamoDB_20120810.DescribeLimits";
@@ -179,6 +191,18 @@ impl FaultInjector {
     /// Add a rule; rules are tried in the order they were added.
     pub fn add(&self, rule: Rule) {
         self.state().rules.push(rule);
+    }
+
+    /// Throttle every operation of [`DATA_OPERATIONS`] at `rate` of its attempts, half
+    /// with [`Fault::Throttling`], half with [`Fault::ProvisionedThroughputExceeded`]
+    /// (rules added in that order).
+    pub fn throttle_data_plane(&self, rate: f64) {
+        for operation in DATA_OPERATIONS {
+            self.add(Rule::throttle(operation, Fault::Throttling).rate(rate / 2.0));
+            self.add(
+                Rule::throttle(operation, Fault::ProvisionedThroughputExceeded).rate(rate / 2.0),
+            );
+        }
     }
 
     /// Remove every rule (the counts stay).

@@ -154,16 +154,6 @@ pub const STATEMENT_RATE: f64 = 0.05;
 /// Share of enqueue transactions cancelled for a `TransactionConflict` under the fault
 /// mix.
 pub const CONFLICT_RATE: f64 = 0.01;
-/// The operations the stores send on their data path.
-const DATA_OPERATIONS: [&str; 7] = [
-    "GetItem",
-    "PutItem",
-    "UpdateItem",
-    "DeleteItem",
-    "Query",
-    "TransactWriteItems",
-    "BatchExecuteStatement",
-];
 
 /// The seeded mix of AWS's faults the suites run under a second time: throttles of
 /// every data-plane attempt at [`THROTTLE_RATE`], one failed statement of a batched
@@ -175,13 +165,7 @@ const DATA_OPERATIONS: [&str; 7] = [
 /// otherwise at random; the seed is printed.
 pub fn fault_mix(what: &str) -> FaultInjector {
     let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
-    for operation in DATA_OPERATIONS {
-        faults.add(Rule::throttle(operation, Fault::Throttling).rate(THROTTLE_RATE / 2.0));
-        faults.add(
-            Rule::throttle(operation, Fault::ProvisionedThroughputExceeded)
-                .rate(THROTTLE_RATE / 2.0),
-        );
-    }
+    faults.throttle_data_plane(THROTTLE_RATE);
     faults.add(
         Rule::fail_statement(BatchStatementErrorCodeEnum::ThrottlingError).rate(STATEMENT_RATE),
     );

@@ -15,7 +15,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, BatchStatementErrorCodeEnum};
 use aws_sdk_dynamodb::Client;
 use outbox_core::{
     ClaimRequest, ClaimedMessage, Disposition, ErrorKind, Failure, MessageId, NewMessage,
-    OutboxAdmin, OutboxStore,
+    OutboxAdmin, OutboxStore, OutboxStoreExt,
 };
 use outbox_dynamodb::faults::{CancelReason, Fault, FaultInjector, Rule};
 use outbox_dynamodb::{DynamoOutbox, DynamoOutboxConfig};
@@ -454,4 +454,79 @@ async fn a_lagging_index_delays_but_never_duplicates() {
     .await;
     assert_eq!(later.message.id, second);
     assert_eq!(outbox.metrics().claimed, 2, "nothing delivered twice");
+}
+
+/// A dead-lettering whose request fails changes nothing, and once it goes through the
+/// dead letter's body has no time to live: the state write and the body's are one
+/// transaction. (As two writes, a failed body write left the body to expire under
+/// the dead letter: the throttled `UpdateItem` of the body below.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_never_keeps_a_body_that_expires() {
+    let Some(client) = common::client("outbox-dynamodb faults: dead letter body").await else {
+        return;
+    };
+    let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
+    let outbox = outbox_with(&client, &faults).await;
+    let id = enqueue(&outbox, 1).await[0];
+    let held = claim(&outbox, 1).await.remove(0);
+    faults.add(
+        Rule::throttle("UpdateItem", Fault::Throttling)
+            .matching("b#000")
+            .times(1),
+    );
+    faults.add(
+        Rule::throttle("TransactWriteItems", Fault::Throttling)
+            .matching(text(id))
+            .times(1),
+    );
+    let dead = || Failure::new(held.lease, "poison", Disposition::DeadLetter);
+    let first = OutboxStoreExt::fail_one(&outbox, dead()).await;
+    assert!(
+        first.is_err(),
+        "{faults}: the throttled dead-lettering fails"
+    );
+    assert_eq!(outbox.stats().await.unwrap().dead, 0, "nothing written");
+    OutboxStoreExt::fail_one(&outbox, dead()).await.unwrap();
+    let body = crate::bodies::body(&outbox, id).await;
+    assert_eq!(body.len(), 1);
+    assert!(
+        !body[0].contains_key("ttl"),
+        "{faults}: the dead letter's body keeps no time to live"
+    );
+    assert_eq!(outbox.stats().await.unwrap().dead, 1);
+}
+
+/// A failed write of the table's shard count, or of its growth, is reported as what it
+/// is (a throttle: retryable contention), not taken for another store's write (a
+/// missing count) or for a refused shrink.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_shard_count_write_is_reported_as_a_throttle() {
+    let Some(client) = common::client("outbox-dynamodb faults: shard count").await else {
+        return;
+    };
+    let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
+    let outbox = outbox_with(&client, &faults).await;
+    // A table whose count item is gone, as one written before the count was kept.
+    client
+        .delete_item()
+        .table_name(outbox.config().table())
+        .key("pk", AttributeValue::S("c".into()))
+        .key("sk", AttributeValue::S("shards".into()))
+        .send()
+        .await
+        .unwrap();
+    faults.add(Rule::throttle("PutItem", Fault::Throttling).times(1));
+    let err = outbox.check_shards().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Contention, "{}", err.report());
+    assert_eq!(
+        outbox.check_shards().await.unwrap(),
+        outbox.config().shards(),
+        "written on the retry"
+    );
+
+    faults.add(Rule::throttle("UpdateItem", Fault::Throttling).times(1));
+    let err = outbox.grow_shards(40).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Contention, "{}", err.report());
+    assert_eq!(outbox.grow_shards(40).await.unwrap(), 40);
+    assert_eq!(faults.total(), 2, "{faults}");
 }

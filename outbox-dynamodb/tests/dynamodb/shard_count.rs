@@ -176,6 +176,56 @@ async fn a_grown_count_reaches_a_running_relay_and_keeps_key_order() {
         assert!(e.message().contains(why), "{to}: {e}");
     }
     assert_eq!(admin.check_shards().await.unwrap(), 8);
+    assert_eq!(
+        admin.grow_shards(256).await.unwrap(),
+        256,
+        "the most there is"
+    );
+}
+
+/// Without shard leases a store reads the table's count again when its copy is ten
+/// seconds old, not at every claim: a relay learns of a growth within that, and claims
+/// in between cost no read of the count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_leases_the_count_is_read_again_every_ten_seconds() {
+    let Some(client) = common::client("outbox-dynamodb count refresh").await else {
+        return;
+    };
+    let config = DynamoOutboxConfig::default()
+        .with_table(common::table_name("refresh"))
+        .with_shard_leases(None);
+    let relay = store(&client, &config, 1);
+    relay.install().await.unwrap();
+    let mut order = Vec::new();
+    let first = NewMessage::builder("refresh").build().unwrap();
+    common::enqueue_all(&relay, std::slice::from_ref(&first))
+        .await
+        .unwrap();
+    drain(&relay, &mut order, 1).await;
+    let upkeep = relay.metrics().upkeep_units;
+    for _ in 0..3 {
+        let none = relay
+            .claim(ClaimRequest::new(1, LEASE).unwrap())
+            .await
+            .unwrap();
+        assert!(none.is_empty());
+    }
+    assert_eq!(
+        relay.metrics().upkeep_units,
+        upkeep,
+        "claims within ten seconds read no count"
+    );
+
+    let admin = DynamoOutbox::new(client.clone(), config.clone()).unwrap();
+    assert_eq!(admin.grow_shards(16).await.unwrap(), 16);
+    let writer = DynamoOutbox::new(client.clone(), config.clone()).unwrap();
+    // Messages on every shard: most of them beyond the relay's one shard.
+    let messages: Vec<NewMessage> = (0..32)
+        .map(|_| NewMessage::builder("refresh").build().unwrap())
+        .collect();
+    common::enqueue_all(&writer, &messages).await.unwrap();
+    drain(&relay, &mut order, 33).await;
+    assert!(relay.metrics().upkeep_units > upkeep, "read again");
 }
 
 /// Shard leases are kept by their own task: a relay that claims once and then does not
@@ -186,7 +236,8 @@ async fn leases_are_kept_while_no_claim_runs_and_lapse_once_the_store_is_gone() 
     let Some(client) = common::client("outbox-dynamodb lease upkeep").await else {
         return;
     };
-    let lease = Duration::from_secs(1);
+    // Renewed every two thirds of a second: room for a round on a loaded machine.
+    let lease = Duration::from_secs(2);
     let config = DynamoOutboxConfig::default()
         .with_table(common::table_name("upkeep"))
         .with_shard_leases(Some(lease));
@@ -214,4 +265,42 @@ async fn leases_are_kept_while_no_claim_runs_and_lapse_once_the_store_is_gone() 
         }
     })
     .await;
+}
+
+/// Stores meeting a table without a count all at once: each writes it only if it is
+/// still missing, the ones that lose read the winner's, and none fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_stores_racing_agree_on_one_count() {
+    let Some(client) = common::client("outbox-dynamodb count race").await else {
+        return;
+    };
+    let config = DynamoOutboxConfig::default()
+        .with_table(common::table_name("race"))
+        .with_shard_leases(None);
+    let installer = DynamoOutbox::new(client.clone(), config.clone()).unwrap();
+    installer.install().await.unwrap();
+    for round in 0..3 {
+        client
+            .delete_item()
+            .table_name(config.table())
+            .key("pk", aws_sdk_dynamodb::types::AttributeValue::S("c".into()))
+            .key(
+                "sk",
+                aws_sdk_dynamodb::types::AttributeValue::S("shards".into()),
+            )
+            .send()
+            .await
+            .unwrap();
+        let stores: Vec<DynamoOutbox> = (0..8)
+            .map(|_| DynamoOutbox::new(client.clone(), config.clone()).unwrap())
+            .collect();
+        let counts = futures::future::join_all(stores.iter().map(DynamoOutbox::check_shards)).await;
+        for count in counts {
+            assert_eq!(
+                count.unwrap(),
+                outbox_dynamodb::DEFAULT_SHARDS,
+                "round {round}"
+            );
+        }
+    }
 }
