@@ -1,10 +1,12 @@
-//! Process-level chaos tests for the PostgreSQL and MySQL / MariaDB outboxes.
+//! Process-level chaos tests for the PostgreSQL, MySQL / MariaDB and DynamoDB outboxes.
 //!
 //! `tests/chaos.rs` drives `chaos-worker` processes (see `src/bin/chaos-worker.rs`),
-//! each running one [`Relay`](outbox_core::Relay) over a schema the test installed, with
-//! a [`TablePublisher`] that records every publish as a row of `<schema>.published`.
-//! The tests SIGKILL workers mid-drain, restart a private PostgreSQL cluster under them
-//! and plant poison rows, then read the outbox and the `published` table with SQL.
+//! each running one [`Relay`](outbox_core::Relay) over an outbox the test installed,
+//! with a [`TablePublisher`] that records every publish as a row of
+//! `<schema>.published` on PostgreSQL. The tests SIGKILL workers mid-drain (on
+//! DynamoDB Local under injected throttles, cancelled transactions and a lagging index:
+//! see [`dynamodb`]), restart a private PostgreSQL cluster under them and plant poison
+//! rows, then read the outbox and the `published` table.
 //!
 //! ```sh
 //! eval "$(scripts/services.sh)"
@@ -25,12 +27,22 @@ use outbox_core::{
 };
 use sqlx::PgPool;
 
+pub mod dynamodb;
+
 /// Environment variable: the PostgreSQL URL the worker connects to (required).
 pub const ENV_URL: &str = "OUTBOX_CHAOS_PG_URL";
 /// Environment variable: a MySQL / MariaDB URL; when set, the worker's outbox is a
 /// `MySqlOutbox` in the database named by [`ENV_SCHEMA`] on that server, and only the
 /// `published` table stays on PostgreSQL.
 pub const ENV_MYSQL_URL: &str = "OUTBOX_CHAOS_MYSQL_URL";
+/// Environment variable: a DynamoDB endpoint (`http://127.0.0.1:8000`, DynamoDB Local);
+/// when set, the worker's outbox is a `DynamoOutbox` in the table named by
+/// [`ENV_TABLE`] there, its client under the fault mix of [`dynamodb::fault_mix`], and
+/// only the `published` table stays on PostgreSQL.
+pub const ENV_DYNAMODB_URL: &str = "OUTBOX_CHAOS_DYNAMODB_URL";
+/// Environment variable: the seed of a DynamoDB worker's fault injector (a `u64`;
+/// random when unset). The worker prints the seed it uses, so a run can be replayed.
+pub const ENV_FAULT_SEED: &str = "OUTBOX_CHAOS_FAULT_SEED";
 /// Environment variable: the schema holding the outbox and `published` tables (required).
 pub const ENV_SCHEMA: &str = "OUTBOX_CHAOS_SCHEMA";
 /// Environment variable: the outbox table (default `outbox_messages`).
@@ -63,6 +75,10 @@ pub struct WorkerSettings {
     pub table: String,
     /// The MySQL / MariaDB URL of the outbox, if it is not on PostgreSQL.
     pub mysql_url: Option<String>,
+    /// The DynamoDB endpoint of the outbox, if it is not on PostgreSQL.
+    pub dynamodb_url: Option<String>,
+    /// The fault injector's seed on DynamoDB, if given.
+    pub fault_seed: Option<u64>,
     /// Worker id, recorded in `published.worker`.
     pub worker: String,
     /// Claim ordering.
@@ -80,6 +96,7 @@ impl fmt::Debug for WorkerSettings {
             .field("worker", &self.worker)
             .field("ordering", &self.ordering)
             .field("pool_size", &self.pool_size)
+            .field("fault_seed", &self.fault_seed)
             .finish_non_exhaustive()
     }
 }
@@ -98,11 +115,21 @@ impl WorkerSettings {
                 .map_err(|_| format!("{ENV_POOL_SIZE}={n:?} is not a number"))?,
             None => 4,
         };
+        let fault_seed = match var(ENV_FAULT_SEED) {
+            Some(n) => Some(
+                n.trim()
+                    .parse()
+                    .map_err(|_| format!("{ENV_FAULT_SEED}={n:?} is not a u64"))?,
+            ),
+            None => None,
+        };
         Ok(WorkerSettings {
             url: required(ENV_URL)?,
             schema: required(ENV_SCHEMA)?,
             table: var(ENV_TABLE).unwrap_or_else(|| "outbox_messages".to_owned()),
             mysql_url: var(ENV_MYSQL_URL),
+            dynamodb_url: var(ENV_DYNAMODB_URL),
+            fault_seed,
             worker: var(ENV_WORKER).unwrap_or_else(|| "worker".to_owned()),
             ordering: if var(ENV_PER_KEY).as_deref() == Some("1") {
                 KeyOrder::PerKey

@@ -3,6 +3,7 @@
 
 /// The private cluster the restart test runs on, shared with `pg_bench`'s soak.
 pub(crate) use outbox_testkit::pg_cluster as cluster;
+pub(crate) mod dynamodb;
 pub(crate) mod mariadb;
 pub(crate) mod poison;
 
@@ -13,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use outbox_chaos::{
-    published_ddl, ENV_MYSQL_URL, ENV_PER_KEY, ENV_POOL_SIZE, ENV_SCHEMA, ENV_TABLE, ENV_URL,
-    ENV_WORKER,
+    published_ddl, ENV_DYNAMODB_URL, ENV_FAULT_SEED, ENV_MYSQL_URL, ENV_PER_KEY, ENV_POOL_SIZE,
+    ENV_SCHEMA, ENV_TABLE, ENV_URL, ENV_WORKER,
 };
 use outbox_core::{KeyOrder, NewMessage};
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
@@ -299,6 +300,8 @@ pub(crate) struct WorkerSpec {
     pub(crate) pool_size: u32,
     /// The MySQL / MariaDB server of the outbox, if not PostgreSQL.
     pub(crate) mysql_url: Option<String>,
+    /// The DynamoDB endpoint of the outbox (table `table`), if not PostgreSQL.
+    pub(crate) dynamodb_url: Option<String>,
 }
 
 /// A `chaos-worker` process. Dropping it kills the process.
@@ -313,15 +316,26 @@ pub(crate) struct Worker {
 impl Worker {
     /// Start a worker; its stdout and stderr are kept in memory (the last lines).
     pub(crate) fn spawn(spec: &WorkerSpec, id: impl Into<String>) -> Worker {
-        Worker::spawn_bin(env!("CARGO_BIN_EXE_chaos-worker"), spec, id)
+        Worker::spawn_bin(env!("CARGO_BIN_EXE_chaos-worker"), spec, id, None)
+    }
+
+    /// As [`spawn`](Self::spawn), the worker's fault injector (on DynamoDB) seeded
+    /// with `seed`.
+    pub(crate) fn spawn_seeded(spec: &WorkerSpec, id: impl Into<String>, seed: u64) -> Worker {
+        Worker::spawn_bin(env!("CARGO_BIN_EXE_chaos-worker"), spec, id, Some(seed))
     }
 
     /// Start a log-tailing worker (`chaos-wal-worker`) on `spec.schema`'s slot.
     pub(crate) fn spawn_wal(spec: &WorkerSpec, id: impl Into<String>) -> Worker {
-        Worker::spawn_bin(env!("CARGO_BIN_EXE_chaos-wal-worker"), spec, id)
+        Worker::spawn_bin(env!("CARGO_BIN_EXE_chaos-wal-worker"), spec, id, None)
     }
 
-    fn spawn_bin(bin: &str, spec: &WorkerSpec, id: impl Into<String>) -> Worker {
+    fn spawn_bin(
+        bin: &str,
+        spec: &WorkerSpec,
+        id: impl Into<String>,
+        fault_seed: Option<u64>,
+    ) -> Worker {
         let id = id.into();
         let per_key = if spec.order == KeyOrder::PerKey {
             "1"
@@ -331,6 +345,12 @@ impl Worker {
         let mut command = Command::new(bin);
         if let Some(url) = &spec.mysql_url {
             command.env(ENV_MYSQL_URL, url);
+        }
+        if let Some(url) = &spec.dynamodb_url {
+            command.env(ENV_DYNAMODB_URL, url);
+        }
+        if let Some(seed) = fault_seed {
+            command.env(ENV_FAULT_SEED, seed.to_string());
         }
         let mut child = command
             .env(ENV_URL, &spec.url)
