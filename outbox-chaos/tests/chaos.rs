@@ -109,19 +109,8 @@ async fn sigkilled_workers_lose_nothing() {
         delivery.duplicates,
         started.elapsed()
     );
-    assert_eq!(delivery.lost, 0, "messages lost: {delivery:?}");
-    assert_eq!(delivery.unexpected, 0, "{delivery:?}");
+    delivery.assert_within(bound);
     assert_eq!(dead, 0, "no message should be dead-lettered");
-    assert!(
-        delivery.duplicates <= bound,
-        "{} duplicates exceed the bound of {bound}",
-        delivery.duplicates
-    );
-    assert!(
-        delivery.order_violations.is_empty(),
-        "per-key order broken: {:#?}",
-        &delivery.order_violations[..delivery.order_violations.len().min(10)]
-    );
     support::drop_schema(&pool, &schema).await;
 }
 
@@ -202,19 +191,8 @@ async fn sigkilled_workers_lose_nothing_on_mariadb() {
         delivery.duplicates,
         started.elapsed()
     );
-    assert_eq!(delivery.lost, 0, "messages lost: {delivery:?}");
-    assert_eq!(delivery.unexpected, 0, "{delivery:?}");
+    delivery.assert_within(bound);
     assert_eq!(dead, 0, "no message should be dead-lettered");
-    assert!(
-        delivery.duplicates <= bound,
-        "{} duplicates exceed the bound of {bound}",
-        delivery.duplicates
-    );
-    assert!(
-        delivery.order_violations.is_empty(),
-        "per-key order broken: {:#?}",
-        &delivery.order_violations[..delivery.order_violations.len().min(10)]
-    );
     support::mariadb::drop_database(&outbox).await;
     support::drop_schema(&pool, &schema).await;
 }
@@ -358,20 +336,9 @@ async fn sigkilled_workers_lose_nothing_on_dynamodb() {
         stats.dead,
         started.elapsed()
     );
-    assert_eq!(delivery.lost, 0, "messages lost: {delivery:?}");
-    assert_eq!(delivery.unexpected, 0, "{delivery:?}");
+    delivery.assert_within(bound);
     assert_eq!(stats.dead, 0, "no message should be dead-lettered");
     assert_eq!(stranded, 0, "messages left undelivered: {stats:?}");
-    assert!(
-        delivery.duplicates <= bound,
-        "{} duplicates exceed the bound of {bound}",
-        delivery.duplicates
-    );
-    assert!(
-        delivery.order_violations.is_empty(),
-        "per-key order broken: {:#?}",
-        &delivery.order_violations[..delivery.order_violations.len().min(10)]
-    );
     support::dynamodb::drop_table(&outbox).await;
     support::drop_schema(&pool, &schema).await;
 }
@@ -469,19 +436,8 @@ async fn workers_resume_after_postgres_restarts() {
         delivery.duplicates,
         started.elapsed()
     );
-    assert_eq!(delivery.lost, 0, "messages lost: {delivery:?}");
-    assert_eq!(delivery.unexpected, 0, "{delivery:?}");
+    delivery.assert_within(bound);
     assert_eq!(dead, 0, "no message should be dead-lettered");
-    assert!(
-        delivery.duplicates <= bound,
-        "{} duplicates exceed the bound of {bound}",
-        delivery.duplicates
-    );
-    assert!(
-        delivery.order_violations.is_empty(),
-        "per-key order broken: {:#?}",
-        &delivery.order_violations[..delivery.order_violations.len().min(10)]
-    );
     // The cluster, schema included, is deleted when `cluster` drops.
     pool.close().await;
 }
@@ -614,19 +570,8 @@ async fn wal_relay_survives_sigkills_and_restarts() {
         delivery.duplicates,
         started.elapsed()
     );
-    assert_eq!(delivery.lost, 0, "messages lost: {delivery:?}");
-    assert_eq!(delivery.unexpected, 0, "{delivery:?}");
+    delivery.assert_within(bound);
     assert_eq!(dead, 0, "no message should be dead-lettered");
-    assert!(
-        delivery.duplicates <= bound,
-        "{} duplicates exceed the bound of {bound}",
-        delivery.duplicates
-    );
-    assert!(
-        delivery.order_violations.is_empty(),
-        "per-key order broken: {:#?}",
-        &delivery.order_violations[..delivery.order_violations.len().min(10)]
-    );
     pool.close().await;
 }
 

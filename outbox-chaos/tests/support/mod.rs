@@ -243,6 +243,25 @@ pub(crate) struct Delivery {
     pub(crate) order_violations: Vec<String>,
 }
 
+impl Delivery {
+    /// What every kill case asserts of it: nothing lost, nothing published that was not
+    /// enqueued, at most `bound` duplicates, first publishes in key order.
+    pub(crate) fn assert_within(&self, bound: i64) {
+        assert_eq!(self.lost, 0, "messages lost: {self:?}");
+        assert_eq!(self.unexpected, 0, "{self:?}");
+        assert!(
+            self.duplicates <= bound,
+            "{} duplicates exceed the bound of {bound}",
+            self.duplicates
+        );
+        assert!(
+            self.order_violations.is_empty(),
+            "per-key order broken: {:#?}",
+            &self.order_violations[..self.order_violations.len().min(10)]
+        );
+    }
+}
+
 /// Compare `<schema>.published` with what was enqueued. Order is checked on each
 /// message's first publish (lowest `seq`): per key, first publishes must follow enqueue
 /// order. Republishes after a crash may come later, as at-least-once allows.
