@@ -23,6 +23,17 @@ struct DynamoConsumerHarness {
     /// The purgers' lock: one table per harness, installed on first use, shared by
     /// every handle the case asks for.
     lock: OnceCell<DynamoDistributedLock>,
+    /// Under the fault mix: the injector `client` carries.
+    faults: Option<outbox_dynamodb::faults::FaultInjector>,
+}
+
+impl Drop for DynamoConsumerHarness {
+    /// Under faults, print what was injected into the case (shown when it fails).
+    fn drop(&mut self) {
+        if let Some(faults) = &self.faults {
+            eprintln!("{faults}");
+        }
+    }
 }
 
 #[async_trait]
@@ -69,6 +80,7 @@ async fn harness() -> Option<DynamoConsumerHarness> {
     Some(DynamoConsumerHarness {
         client,
         lock: OnceCell::new(),
+        faults: None,
     })
 }
 
@@ -77,4 +89,28 @@ outbox_testkit::consumer_suite!(harness);
 mod dedup {
     use super::harness;
     outbox_testkit::dedup_suite!(harness);
+}
+
+/// Both suites again, the entity, dedup and lock stores' requests under the crate's
+/// fault mix (the seed is printed).
+mod under_faults {
+    use super::*;
+
+    async fn harness() -> Option<DynamoConsumerHarness> {
+        let what = "outbox-dynamodb consumer conformance under faults";
+        let client = common::client(what).await?;
+        let faults = common::fault_mix(what);
+        Some(DynamoConsumerHarness {
+            client: common::faulty_client(&client, &faults),
+            lock: OnceCell::new(),
+            faults: Some(faults),
+        })
+    }
+
+    outbox_testkit::consumer_suite!(harness);
+
+    mod dedup {
+        use super::harness;
+        outbox_testkit::dedup_suite!(harness);
+    }
 }

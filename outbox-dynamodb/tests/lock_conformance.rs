@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodb::Client;
 use outbox_core::{DistributedLock, Error, ErrorKind, LockGuard, LockName, Result};
+use outbox_dynamodb::faults::FaultInjector;
 use outbox_dynamodb::{DynamoDistributedLock, DynamoLockConfig, DynamoLockGuard};
 use outbox_testkit::{wait_until, LockFeatures, LockHarness};
 
@@ -23,6 +24,17 @@ struct DynamoLockHarness {
     url: String,
     admin: Client,
     config: DynamoLockConfig,
+    /// Under the fault mix: the injector every handle's client carries.
+    faults: Option<FaultInjector>,
+}
+
+impl Drop for DynamoLockHarness {
+    /// Under faults, print what was injected into the case (shown when it fails).
+    fn drop(&mut self) {
+        if let Some(faults) = &self.faults {
+            eprintln!("{faults}");
+        }
+    }
 }
 
 #[async_trait]
@@ -32,7 +44,15 @@ impl LockHarness for DynamoLockHarness {
     }
 
     async fn lock(&self) -> Result<Arc<dyn DistributedLock>> {
-        Ok(Arc::new(handle(&self.url, &self.config)?))
+        let client = common::client_for(&self.url);
+        let client = match &self.faults {
+            Some(faults) => common::faulty_client(&client, faults),
+            None => client,
+        };
+        Ok(Arc::new(DynamoDistributedLock::new(
+            client,
+            self.config.clone(),
+        )?))
     }
 
     async fn sever(&self, guard: &dyn LockGuard) -> Result<()> {
@@ -72,17 +92,44 @@ async fn installed(config: DynamoLockConfig) -> Option<(String, Client, DynamoLo
     Some((url, admin, config))
 }
 
-async fn lock_harness() -> Option<DynamoLockHarness> {
-    // Short leases, so that a broken release (a drop that sent nothing) would still
-    // end within the suite's deadline instead of hanging it.
-    let config = DynamoLockConfig::default()
+/// Short leases, so that a broken release (a drop that sent nothing) would still end
+/// within the suite's deadline instead of hanging it.
+fn config() -> DynamoLockConfig {
+    DynamoLockConfig::default()
         .with_lease(Duration::from_secs(5))
-        .with_renew_every(Duration::from_secs(1));
-    let (url, admin, config) = installed(config).await?;
-    Some(DynamoLockHarness { url, admin, config })
+        .with_renew_every(Duration::from_secs(1))
+}
+
+async fn lock_harness() -> Option<DynamoLockHarness> {
+    let (url, admin, config) = installed(config()).await?;
+    Some(DynamoLockHarness {
+        url,
+        admin,
+        config,
+        faults: None,
+    })
 }
 
 outbox_testkit::lock_suite!(lock_harness);
+
+/// The lock suite again, every handle's requests under the crate's fault mix
+/// (throttles absorbed or not by the SDK's retries); the seed is printed.
+mod under_faults {
+    use super::*;
+
+    async fn lock_harness() -> Option<DynamoLockHarness> {
+        let what = "outbox-dynamodb lock conformance under faults";
+        let (url, admin, config) = installed(config()).await?;
+        Some(DynamoLockHarness {
+            url,
+            admin,
+            config,
+            faults: Some(common::fault_mix(what)),
+        })
+    }
+
+    outbox_testkit::lock_suite!(lock_harness);
+}
 
 fn name(label: &str) -> LockName {
     LockName::new(format!("{label} {}", uuid::Uuid::new_v4().simple())).unwrap()
