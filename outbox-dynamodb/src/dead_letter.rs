@@ -12,16 +12,15 @@
 
 use std::sync::atomic::Ordering;
 
-use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{ReturnConsumedCapacity, ReturnValue, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{ReturnValue, TransactWriteItem, Update};
 use outbox_core::{Lease, Result};
 
-use crate::error::{build_error, cancelled, from_sdk, reason_codes};
+use crate::error::build_error;
 use crate::item::{
     self, body_key, get_n, id_text, n, now_us, s, Item, DEAD_AT, DEAD_ID, LAST_ERROR, PARTS, PK,
     TTL,
 };
-use crate::metrics::Metrics;
+use crate::markers::Transacted;
 use crate::settle::BodyTtl;
 use crate::store::DynamoOutbox;
 
@@ -86,46 +85,21 @@ impl DynamoOutbox {
                 .map_err(|e| build_error("dead-letter", e))?;
             actions.push(TransactWriteItem::builder().update(body).build());
         }
-        let sent = self
-            .inner
-            .client
-            .transact_write_items()
-            .set_transact_items(Some(actions))
-            .return_consumed_capacity(ReturnConsumedCapacity::Total)
-            .send()
-            .await;
-        match sent {
-            Ok(out) => {
-                Metrics::add_all(&self.inner.metrics.settle_units, out.consumed_capacity());
+        match self
+            .transact("dead-letter", actions, &self.inner.metrics.settle_units)
+            .await?
+        {
+            Transacted::Applied => {
                 self.forget_marker(&state, true).await;
                 Ok(true)
             }
-            Err(e) => {
-                let Some(TransactWriteItemsError::TransactionCanceledException(c)) =
-                    e.as_service_error()
-                else {
-                    return Err(from_sdk("dead-letter", e));
-                };
-                let reasons = reason_codes(c.cancellation_reasons());
-                let failed = |i: usize| reasons.get(i).copied().flatten();
-                if failed(0) == Some("ConditionalCheckFailed") {
-                    // The fence: another lease holds the message, or it was settled.
-                    self.inner.metrics.refused.fetch_add(1, Ordering::Relaxed);
-                    return Ok(false);
-                }
-                let only_missing_parts = failed(0).is_none()
-                    && reasons
-                        .iter()
-                        .skip(1)
-                        .all(|r| r.is_none_or(|code| code == "ConditionalCheckFailed"));
-                if only_missing_parts {
-                    return self.dead_letter_apart(lease, reason).await;
-                }
-                let owned: Vec<Option<String>> =
-                    reasons.iter().map(|r| r.map(str::to_owned)).collect();
-                let refs: Vec<Option<&str>> = owned.iter().map(Option::as_deref).collect();
-                Err(cancelled("dead-letter", &refs, e))
+            // The fence: another lease holds the message, or it was settled.
+            Transacted::Refused(failed) if failed.contains(&0) => {
+                self.inner.metrics.refused.fetch_add(1, Ordering::Relaxed);
+                Ok(false)
             }
+            // Only body parts are missing.
+            Transacted::Refused(_) => self.dead_letter_apart(lease, reason).await,
         }
     }
 

@@ -26,17 +26,26 @@ use crate::item::{self, Item, DUE};
 use crate::metrics::Metrics;
 use crate::store::DynamoOutbox;
 
+/// How a transaction of [`DynamoOutbox::transact`] ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Transacted {
+    /// Every action was applied.
+    Applied,
+    /// Nothing was applied: the conditions of these actions (by index) failed, and
+    /// nothing else cancelled it.
+    Refused(Vec<usize>),
+}
+
 impl DynamoOutbox {
-    /// Send `actions` as one transaction: `Ok(false)` when it was cancelled only because
-    /// the condition of action `condition_at` failed, an error for anything else.
-    /// The capacity it consumed is added to `units`.
-    pub(crate) async fn transact_if(
+    /// Send `actions` as one transaction, adding the capacity it consumed to `units`:
+    /// [`Transacted::Applied`], or [`Transacted::Refused`] with the actions whose
+    /// condition failed when that alone cancelled it; an error for anything else.
+    pub(crate) async fn transact(
         &self,
         what: &str,
         actions: Vec<TransactWriteItem>,
-        condition_at: usize,
         units: &AtomicU64,
-    ) -> Result<bool> {
+    ) -> Result<Transacted> {
         let sent = self
             .inner
             .client
@@ -45,29 +54,58 @@ impl DynamoOutbox {
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await;
-        match sent {
+        let e = match sent {
             Ok(out) => {
                 Metrics::add_all(units, out.consumed_capacity());
-                Ok(true)
+                return Ok(Transacted::Applied);
             }
-            Err(e) => {
-                if let Some(TransactWriteItemsError::TransactionCanceledException(c)) =
-                    e.as_service_error()
-                {
-                    let reasons = reason_codes(c.cancellation_reasons());
-                    let only_ours = reasons.iter().enumerate().all(|(i, r)| match r {
-                        None => true,
-                        Some(code) => i == condition_at && *code == "ConditionalCheckFailed",
-                    });
-                    if only_ours && reasons.get(condition_at).is_some_and(Option::is_some) {
-                        return Ok(false);
-                    }
-                    let owned: Vec<Option<String>> =
-                        reasons.into_iter().map(|r| r.map(str::to_owned)).collect();
-                    let refs: Vec<Option<&str>> = owned.iter().map(|r| r.as_deref()).collect();
-                    return Err(cancelled(what, &refs, e));
-                }
-                Err(from_sdk(what, e))
+            Err(e) => e,
+        };
+        let Some(TransactWriteItemsError::TransactionCanceledException(c)) = e.as_service_error()
+        else {
+            return Err(from_sdk(what, e));
+        };
+        let reasons = reason_codes(c.cancellation_reasons());
+        let failed: Vec<usize> = reasons
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.is_some())
+            .map(|(i, _)| i)
+            .collect();
+        if !failed.is_empty()
+            && reasons
+                .iter()
+                .all(|r| r.is_none_or(|code| code == "ConditionalCheckFailed"))
+        {
+            return Ok(Transacted::Refused(failed));
+        }
+        let owned: Vec<Option<String>> =
+            reasons.into_iter().map(|r| r.map(str::to_owned)).collect();
+        let refs: Vec<Option<&str>> = owned.iter().map(|r| r.as_deref()).collect();
+        Err(cancelled(what, &refs, e))
+    }
+
+    /// [`transact`](Self::transact), `Ok(false)` when it was cancelled only because the
+    /// condition of action `condition_at` failed.
+    pub(crate) async fn transact_if(
+        &self,
+        what: &str,
+        actions: Vec<TransactWriteItem>,
+        condition_at: usize,
+        units: &AtomicU64,
+    ) -> Result<bool> {
+        match self.transact(what, actions, units).await? {
+            Transacted::Applied => Ok(true),
+            Transacted::Refused(failed) if failed == [condition_at] => Ok(false),
+            Transacted::Refused(failed) => {
+                let reasons: Vec<Option<&str>> = (0..=failed.iter().copied().max().unwrap_or(0))
+                    .map(|i| failed.contains(&i).then_some("ConditionalCheckFailed"))
+                    .collect();
+                Err(cancelled(
+                    what,
+                    &reasons,
+                    format!("conditions of actions {failed:?} failed"),
+                ))
             }
         }
     }
