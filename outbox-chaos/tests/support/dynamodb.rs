@@ -3,7 +3,7 @@
 //! the counts the checks read from it.
 
 use outbox_chaos::dynamodb::{self, FaultCounts};
-use outbox_core::{KeyOrder, NewMessage, OutboxAdmin, OutboxStats};
+use outbox_core::{KeyOrder, OutboxAdmin, OutboxStats};
 use outbox_dynamodb::aws_sdk_dynamodb::config::retry::RetryConfig;
 use outbox_dynamodb::aws_sdk_dynamodb::Client;
 use outbox_dynamodb::DynamoOutbox;
@@ -78,21 +78,7 @@ pub(crate) async fn enqueue_keyed(
     keys: usize,
     rng: &mut fastrand::Rng,
 ) -> Vec<Sent> {
-    let mut sent = Vec::with_capacity(count);
-    let mut messages = Vec::with_capacity(count);
-    for n in 0..count {
-        let key = format!("key-{:03}", if n < keys { n } else { rng.usize(..keys) });
-        let message = NewMessage::builder("chaos.events")
-            .partition_key(key.as_str())
-            .payload(format!("message {n}").into_bytes())
-            .build()
-            .expect("a valid message");
-        sent.push(Sent {
-            id: message.id().as_uuid(),
-            key,
-        });
-        messages.push(message);
-    }
+    let (messages, sent) = super::keyed_messages(count, keys, rng);
     for chunk in messages.chunks(CHUNK) {
         outbox.enqueue(Vec::new(), chunk).await.expect("enqueue");
     }

@@ -1,7 +1,7 @@
 //! The MariaDB / MySQL side of the chaos tests: the outbox in a database named like the
 //! PostgreSQL schema that holds `published`, and the counts the checks read.
 
-use outbox_core::{KeyOrder, NewMessage};
+use outbox_core::KeyOrder;
 use outbox_mysql::sqlx::MySqlPool;
 use outbox_mysql::{MySqlOutbox, MySqlOutboxConfig};
 
@@ -26,24 +26,7 @@ pub(crate) async fn install(url: &str, schema: &str, order: KeyOrder) -> MySqlOu
 
 /// `count` messages over `keys` keys (every key used), in batches of 100, in order.
 pub(crate) async fn enqueue_keyed(outbox: &MySqlOutbox, count: usize, keys: usize) -> Vec<Sent> {
-    let mut sent = Vec::with_capacity(count);
-    let mut messages: Vec<NewMessage> = Vec::with_capacity(count);
-    for n in 0..count {
-        let key = format!(
-            "key-{:03}",
-            if n < keys { n } else { fastrand::usize(..keys) }
-        );
-        let message = NewMessage::builder("chaos.events")
-            .partition_key(key.as_str())
-            .payload(format!("message {n}").into_bytes())
-            .build()
-            .expect("a valid message");
-        sent.push(Sent {
-            id: message.id().as_uuid(),
-            key,
-        });
-        messages.push(message);
-    }
+    let (messages, sent) = super::keyed_messages(count, keys, &mut fastrand::Rng::new());
     for batch in messages.chunks(100) {
         let mut tx = outbox.pool().begin().await.expect("begin");
         outbox.enqueue(&mut tx, batch).await.expect("enqueue");

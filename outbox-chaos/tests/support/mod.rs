@@ -140,31 +140,39 @@ pub(crate) struct Sent {
     pub(crate) key: String,
 }
 
+/// `count` messages over `keys` partition keys (each key once, then picked by `rng`),
+/// in enqueue order, with what the delivery check needs of each.
+pub(crate) fn keyed_messages(
+    count: usize,
+    keys: usize,
+    rng: &mut fastrand::Rng,
+) -> (Vec<NewMessage>, Vec<Sent>) {
+    (0..count)
+        .map(|n| {
+            let key = format!("key-{:03}", if n < keys { n } else { rng.usize(..keys) });
+            let message = NewMessage::builder("chaos.events")
+                .partition_key(key.as_str())
+                .payload(format!("message {n}").into_bytes())
+                .build()
+                .expect("a valid message");
+            let sent = Sent {
+                id: message.id().as_uuid(),
+                key,
+            };
+            (message, sent)
+        })
+        .unzip()
+}
+
 /// Enqueue `count` messages over `keys` partition keys (each key once, then at
 /// random), in transactions of 100, one after another so that commit order is enqueue
 /// order.
 pub(crate) async fn enqueue_keyed(outbox: &PgOutbox, count: usize, keys: usize) -> Vec<Sent> {
-    let mut sent = Vec::with_capacity(count);
-    let mut batch = Vec::new();
-    for n in 0..count {
-        let key = if n < keys { n } else { fastrand::usize(..keys) };
-        let key = format!("key-{key:03}");
-        let message = NewMessage::builder("chaos.events")
-            .partition_key(key.as_str())
-            .payload(format!("message {n}").into_bytes())
-            .build()
-            .expect("a valid message");
-        sent.push(Sent {
-            id: message.id().as_uuid(),
-            key,
-        });
-        batch.push(message);
-        if batch.len() == 100 || n + 1 == count {
-            let mut tx = outbox.pool().begin().await.expect("begin");
-            outbox.enqueue(&mut tx, &batch).await.expect("enqueue");
-            tx.commit().await.expect("commit");
-            batch.clear();
-        }
+    let (messages, sent) = keyed_messages(count, keys, &mut fastrand::Rng::new());
+    for batch in messages.chunks(100) {
+        let mut tx = outbox.pool().begin().await.expect("begin");
+        outbox.enqueue(&mut tx, batch).await.expect("enqueue");
+        tx.commit().await.expect("commit");
     }
     sent
 }
@@ -175,27 +183,11 @@ pub(crate) async fn enqueue_keyed_wal(
     count: usize,
     keys: usize,
 ) -> Vec<Sent> {
-    let mut sent = Vec::with_capacity(count);
-    let mut batch = Vec::new();
-    for n in 0..count {
-        let key = if n < keys { n } else { fastrand::usize(..keys) };
-        let key = format!("key-{key:03}");
-        let message = NewMessage::builder("chaos.events")
-            .partition_key(key.as_str())
-            .payload(format!("message {n}").into_bytes())
-            .build()
-            .expect("a valid message");
-        sent.push(Sent {
-            id: message.id().as_uuid(),
-            key,
-        });
-        batch.push(message);
-        if batch.len() == 100 || n + 1 == count {
-            let mut tx = outbox.pool().begin().await.expect("begin");
-            outbox.enqueue(&mut tx, &batch).await.expect("enqueue");
-            tx.commit().await.expect("commit");
-            batch.clear();
-        }
+    let (messages, sent) = keyed_messages(count, keys, &mut fastrand::Rng::new());
+    for batch in messages.chunks(100) {
+        let mut tx = outbox.pool().begin().await.expect("begin");
+        outbox.enqueue(&mut tx, batch).await.expect("enqueue");
+        tx.commit().await.expect("commit");
     }
     sent
 }
