@@ -518,8 +518,10 @@ fn design_row(payload: usize) -> CapacityRow {
         release: 3.0,
         // One transaction: the state twice, the `due` delete and `dead` put once each.
         dead_letter: 2.0 + 1.0 + 1.0 + 2.0 * b,
-        requeue: 2.0 + 1.0 + b + 1.0,
-        discard: 2.0 + b,
+        // One transaction each, after a strongly consistent read (1): the state twice,
+        // index entries once, the body items twice.
+        requeue: 1.0 + 2.0 + 1.0 + 1.0 + 2.0 * b,
+        discard: 1.0 + 2.0 + 1.0 + 2.0 * b,
     }
 }
 

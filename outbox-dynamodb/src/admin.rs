@@ -6,22 +6,19 @@
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::types::{
-    Put, ReturnConsumedCapacity, ReturnValue, Select, TransactWriteItem, Update,
-};
+use aws_sdk_dynamodb::types::{ReturnConsumedCapacity, ReturnValue, Select};
 use outbox_core::backend::{dead_target, purge_limit, DeadTarget};
 use outbox_core::{
     DeadLetter, DeadLetterFilter, DeadLetterOrder, DeadLetterPage, DeadLetterSelection, MessageId,
     OutboxAdmin, OutboxStats, Result, Retention,
 };
 
-use crate::error::{build_error, from_sdk, is_condition_failed};
+use crate::error::{from_sdk, is_condition_failed};
 use crate::item::{
-    self, body_key, decode_lossy, get_n, id_text, message_partition, n, now_us, s, Item, ATTEMPTS,
-    AVAILABLE, BODY_EXP, CREATED, DEAD_AT, DEAD_ID, DEAD_INDEX, DONE_AT, DONE_INDEX, DUE,
-    DUE_INDEX, DUE_SCALE, PARTITION_KEY, PARTS, SEQ, SHARD, TOKEN,
+    self, body_key, decode_lossy, get_n, id_text, message_partition, n, now_us, s, Item, CREATED,
+    DEAD_AT, DEAD_ID, DEAD_INDEX, DONE_AT, DONE_INDEX, DUE, DUE_INDEX, DUE_SCALE, PARTS, SHARD,
+    TOKEN,
 };
-use crate::settle::BodyTtl;
 use crate::store::{bounded, DynamoOutbox};
 
 /// One query of one shard's global index, every page.
@@ -167,109 +164,9 @@ impl DynamoOutbox {
         })
     }
 
-    /// Requeue dead letter `id`, then give its body its time to live back (a failure of
-    /// that leaves the body without one: logged). The state item records that time to
-    /// live (`body_exp`) in the requeue's own write.
-    async fn requeue_one(&self, id: MessageId) -> Result<bool> {
-        let now = now_us();
-        let ttl = (now + item::duration_us(self.inner.config.body_ttl())).div_ceil(1_000_000);
-        if !self.requeue_state(id, now, ttl).await? {
-            return Ok(false);
-        }
-        let Some(state) = self.read(id).await? else {
-            return Ok(true);
-        };
-        let parts = get_n::<usize>(&state, PARTS).ok().flatten().unwrap_or(1);
-        if let Err(e) = self.set_body_ttl(id, parts, BodyTtl::Set(ttl)).await {
-            tracing::warn!(%id, error = %e.report(), "requeued message's body left without a time to live");
-        }
-        Ok(true)
-    }
-
-    async fn requeue_state(&self, id: MessageId, now: u64, body_exp: u64) -> Result<bool> {
-        let update = format!(
-            "SET #{AVAILABLE} = :now, #{DUE} = :base + #{SEQ}, #{ATTEMPTS} = :zero, \
-             #{BODY_EXP} = :bexp REMOVE #{DEAD_ID}, #{DEAD_AT}, #{TOKEN}, #{DONE_AT}"
-        );
-        let condition = format!("attribute_exists(#{DEAD_ID})");
-        let values = [
-            (":now", n(now)),
-            (":base", n(u128::from(now) * DUE_SCALE)),
-            (":zero", n(0)),
-            (":bexp", n(body_exp)),
-        ];
-        if self.per_key() {
-            // A keyed message goes back with its marker in one transaction, so no claim
-            // ever sees it undelivered without its place in the key's order. The key and
-            // sequence never change, so a consistent read before is enough to build it.
-            let Some(item) = self.read(id).await? else {
-                return Ok(false);
-            };
-            if let (Some(key), Ok(Some(seq))) =
-                (item::get_s(&item, PARTITION_KEY), get_n::<u64>(&item, SEQ))
-            {
-                let message = Update::builder()
-                    .table_name(self.table())
-                    .set_key(Some(self.key_of(id)))
-                    .set_expression_attribute_names(Some(item::names(&[&update, &condition])))
-                    .update_expression(update)
-                    .condition_expression(condition)
-                    .set_expression_attribute_values(Some(
-                        values.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
-                    ))
-                    .build()
-                    .map_err(|e| build_error("requeue dead letter", e))?;
-                let marker = Put::builder()
-                    .table_name(self.table())
-                    .set_item(Some(crate::store::marker_item(
-                        self.table_shards().await?.key_shards,
-                        key,
-                        seq,
-                        id,
-                    )))
-                    .build()
-                    .map_err(|e| build_error("requeue dead letter", e))?;
-                return self
-                    .transact_if(
-                        "requeue dead letter",
-                        vec![
-                            TransactWriteItem::builder().update(message).build(),
-                            TransactWriteItem::builder().put(marker).build(),
-                        ],
-                        0,
-                        &self.inner.metrics.admin_units,
-                    )
-                    .await;
-            }
-        }
-        let sent = self
-            .inner
-            .client
-            .update_item()
-            .table_name(self.table())
-            .set_key(Some(self.key_of(id)))
-            .set_expression_attribute_names(Some(item::names(&[&update, &condition])))
-            .update_expression(update)
-            .condition_expression(condition)
-            .set_expression_attribute_values(Some(
-                values.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
-            ))
-            .return_consumed_capacity(ReturnConsumedCapacity::Total)
-            .send()
-            .await;
-        match sent {
-            Ok(out) => {
-                self.record_capacity(&self.inner.metrics.admin_units, out.consumed_capacity());
-                Ok(true)
-            }
-            Err(e) if is_condition_failed(&e) => Ok(false),
-            Err(e) => Err(from_sdk("requeue dead letter", e)),
-        }
-    }
-
     /// Delete message `id`'s state item while it has `attribute`; with `bodies`, then
     /// its body items too (a dead letter's body has no time to live).
-    async fn delete_if(
+    pub(crate) async fn delete_if(
         &self,
         id: MessageId,
         attribute: &str,
@@ -453,10 +350,7 @@ impl OutboxAdmin for DynamoOutbox {
 
     async fn discard_dead(&self, selection: &DeadLetterSelection) -> Result<u64> {
         let ids = self.selected(selection).await?;
-        self.for_each_id(ids, |id| {
-            self.delete_if(id, DEAD_ID, "discard dead letter", true)
-        })
-        .await
+        self.for_each_id(ids, |id| self.discard_one(id)).await
     }
 
     async fn purge_dispatched(&self, older_than: Duration, limit: usize) -> Result<u64> {

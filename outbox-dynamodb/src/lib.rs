@@ -7,6 +7,7 @@ mod capacity_tests;
 mod claim;
 mod config;
 mod dead_letter;
+mod dead_letter_admin;
 mod dedup;
 mod entity;
 mod error;

@@ -530,3 +530,66 @@ async fn a_throttled_shard_count_write_is_reported_as_a_throttle() {
     assert_eq!(outbox.grow_shards(40).await.unwrap(), 40);
     assert_eq!(faults.total(), 2, "{faults}");
 }
+
+/// A requeue or a discard whose request fails changes nothing, and once it goes
+/// through the body is as the message needs it: a requeued message's body has a time
+/// to live again, a discarded one's is gone. Each is one transaction with the body
+/// items. (As separate writes, the throttled body `UpdateItem` below left a requeued
+/// message's body without a time to live, kept forever once delivered, and the
+/// throttled body `DeleteItem` left a discarded message's body behind for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requeue_or_discard_never_leaves_a_body_behind() {
+    let Some(client) = common::client("outbox-dynamodb faults: requeue and discard").await else {
+        return;
+    };
+    let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
+    let outbox = outbox_with(&client, &faults).await;
+    let id = enqueue(&outbox, 1).await[0];
+    let selection = outbox_core::DeadLetterSelection::Ids(vec![id]);
+    let dead_letter = || async {
+        let held = claim(&outbox, 1).await.remove(0);
+        let dead = Failure::new(held.lease, "poison", Disposition::DeadLetter);
+        OutboxStoreExt::fail_one(&outbox, dead).await.unwrap();
+    };
+    let fail_body_and_transaction = |body_operation: &str| {
+        faults.add(
+            Rule::throttle(body_operation, Fault::Throttling)
+                .matching("b#000")
+                .times(1),
+        );
+        faults.add(
+            Rule::throttle("TransactWriteItems", Fault::Throttling)
+                .matching(text(id))
+                .times(1),
+        );
+    };
+
+    dead_letter().await;
+    fail_body_and_transaction("UpdateItem");
+    assert!(
+        outbox.requeue_dead(&selection).await.is_err(),
+        "{faults}: the throttled requeue fails"
+    );
+    assert_eq!(outbox.stats().await.unwrap().dead, 1, "still a dead letter");
+    assert_eq!(outbox.requeue_dead(&selection).await.unwrap(), 1);
+    let ttls = crate::bodies::body_ttls(&outbox, id).await;
+    assert_eq!(
+        crate::bodies::body_exp(&outbox, id).await,
+        ttls.first().copied(),
+        "{faults}: the requeued body has the time to live its state records"
+    );
+
+    dead_letter().await;
+    fail_body_and_transaction("DeleteItem");
+    assert!(
+        outbox.discard_dead(&selection).await.is_err(),
+        "{faults}: the throttled discard fails"
+    );
+    assert_eq!(outbox.stats().await.unwrap().dead, 1, "still a dead letter");
+    assert_eq!(outbox.discard_dead(&selection).await.unwrap(), 1);
+    assert!(
+        crate::bodies::body(&outbox, id).await.is_empty(),
+        "{faults}: the discarded message's body is gone"
+    );
+    assert_eq!(outbox.stats().await.unwrap().dead, 0);
+}
