@@ -6,35 +6,47 @@
 //! [`body_ttl`](crate::DynamoOutboxConfig::with_body_ttl):
 //!
 //! 1. **Headroom.** Every write that sets a message's availability keeps its body's
-//!    expiry at least `3T/4` past that availability: enqueue and requeue write
+//!    expiry at least `T/2` past that availability: enqueue and requeue write
 //!    availability + `T`; a claim (availability = lease expiry), a retry (the backoff's
-//!    end) and a release that find less left renew it to availability + `T`.
+//!    end) and a release that find less renew it to availability + `T`. `T/2` is the
+//!    sweep's own need (below), so while sweeps run a claim renews nothing the sweep
+//!    already keeps ahead, and draining a backlog that waited less than `T/2` rewrites
+//!    no body.
 //! 2. **Sweep.** Every [`body_sweep_every`](crate::DynamoOutboxConfig::with_body_sweep_every)
 //!    (default `T/8`, at most `T/4`), a claim starts a background task (one at a time
 //!    per store; the claim does not wait for it) that walks the `due` index of each
 //!    shard the store claims from, oldest first: the first entry (one read) gives how
 //!    long the oldest due message waited (the
 //!    [`oldest_due_age`](crate::OutboxMetrics::oldest_due_age) gauge); entries whose
-//!    availability is more than `T/4` old are the messages waiting long (blocked
+//!    availability is more than `T/16` old are the messages waiting long (blocked
 //!    behind their key's head, a backlog far behind, put back by a release or
 //!    requeue), normally none. For each, the state item is read (eventually
 //!    consistent: `body_exp` only grows while the message is undelivered, so a stale
 //!    read costs at most a refused write); if it is still undelivered and its
 //!    `body_exp` is less than `T/2` away, the body items' `ttl` is set to now + `T`
-//!    and then `body_exp` too. A message whose renewal fails is logged and counted
+//!    and then `body_exp` too, each write waiting for the store's
+//!    [renewal budget](crate::DynamoOutboxConfig::with_renewal_budget) and charged to
+//!    it. A message whose renewal fails is logged and counted
 //!    ([`body_sweep_errors`](crate::OutboxMetrics::body_sweep_errors)) and the pass goes
 //!    on; a shard whose index query fails is tried again a minute later, from where
 //!    its pass stood.
 //!
-//! A message not yet waiting `T/4` has at least `3T/4 − T/4 = T/2` of body left, and
-//! one a sweep looked at and left alone has at least `T/2` left then; so while sweeps
-//! run every interval `S` (at most `T/4`) no body expires. When sweeps stop, the last
-//! one ran at most `S` earlier, so no body is lost unless no sweep of its shard runs
-//! for `T/2 − S` (`3T/8` by default: 5¼ days of 14). A renewal only ever pushes `ttl`
+//! A message not yet waiting `T/16` has more than `T/2 − T/16 = 7T/16` of body left,
+//! and one a sweep looked at and left alone has at least `T/2` left then; so while
+//! sweeps run every interval `S` (at most `T/4`) no body expires (the thinnest margin,
+//! a message that started waiting long just after a sweep, is `7T/16 − S ≥ 3T/16`).
+//! When sweeps stop, the last one ran at most `S` earlier, so no body is lost unless no
+//! sweep of its shard runs for `7T/16 − S` (`5T/16` by default: 4⅜ days of 14). The
+//! window is `T/16` rather than wider because headroom minus window is what a stopped
+//! sweep leaves: reading the state of messages waiting a day (at the default `T`)
+//! costs half a read unit each per pass, renewing them early would cost their body.
+//! Renewals by the writes of 1. are not paced by the budget: each guards a message the
+//! sweep will not look at before it has waited `T/16`, so delaying or skipping it
+//! could cost its body; they are rare while sweeps run. A renewal only ever pushes `ttl`
 //! out, and only on body items that still have one below the renewal's threshold
-//! (`need`: now + `T/2` for the sweep, availability + `3T/4` for the writes of 1.):
-//! dead-lettering removes it after writing the state item, so a renewal racing it does
-//! not give a dead letter's body a time to live back, and of two renewers racing the
+//! (`need`: now + `T/2` for the sweep, availability + `T/2` for the writes of 1.):
+//! dead-lettering removes it (in the transaction that writes the state item), so a
+//! renewal racing it does not give a dead letter's body a time to live back, and of two renewers racing the
 //! second is refused rather than writing the body again (DynamoDB bills a refused
 //! conditional write at the item's size too, so this saves the second write, not its
 //! cost; the state read before it is what makes races rare).
@@ -46,7 +58,7 @@
 
 use std::sync::atomic::Ordering;
 
-use aws_sdk_dynamodb::types::ReturnConsumedCapacity;
+use aws_sdk_dynamodb::types::{ConsumedCapacity, ReturnConsumedCapacity};
 use outbox_core::{MessageId, Result};
 
 use crate::error::{from_sdk, is_condition_failed};
@@ -120,13 +132,35 @@ impl DynamoOutbox {
             return Ok(false);
         }
         let parts = get_n::<usize>(&state, PARTS).ok().flatten().unwrap_or(1);
-        self.renew_body(id, parts, now.saturating_add(ttl), need)
+        self.renew_body(id, parts, now.saturating_add(ttl), need, true)
             .await
+    }
+
+    /// Wait for the store's renewal budget (when it has one), counting a wait.
+    pub(crate) async fn renewal_budget_ready(&self) {
+        if let Some(budget) = &self.inner.renewal_budget {
+            if budget.ready().await {
+                self.inner
+                    .metrics
+                    .sweep_budget_waits
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Charge what a paced renewal write consumed to the store's renewal budget.
+    pub(crate) fn charge_renewal(&self, consumed: Option<&ConsumedCapacity>) {
+        if let (Some(budget), Some(units)) = (
+            &self.inner.renewal_budget,
+            consumed.and_then(ConsumedCapacity::capacity_units),
+        ) {
+            budget.charge(units);
+        }
     }
 
     /// After a write that made `avail_us` the availability of message `id`: renew its
     /// body to `avail_us` + `body_ttl` when it expires (`body_exp`, epoch seconds;
-    /// `None`: not known) less than three quarters of `body_ttl` after it. Best effort:
+    /// `None`: not known) less than half of `body_ttl` after it. Best effort:
     /// a failure is logged, and the sweep renews the body later.
     pub(crate) async fn keep_body_ahead(
         &self,
@@ -136,12 +170,12 @@ impl DynamoOutbox {
         avail_us: u64,
     ) {
         let ttl = self.body_ttl_us();
-        let need = avail_us.saturating_add(ttl / 4 * 3);
+        let need = avail_us.saturating_add(ttl / 2);
         if body_exp.is_some_and(|e| e.saturating_mul(1_000_000) >= need) {
             return;
         }
         let at = avail_us.saturating_add(ttl);
-        if let Err(e) = self.renew_body(id, parts, at, need).await {
+        if let Err(e) = self.renew_body(id, parts, at, need, false).await {
             tracing::warn!(%id, error = %e.report(), "body time to live not renewed; the sweep will");
         }
     }
@@ -166,11 +200,12 @@ impl DynamoOutbox {
         parts: usize,
         at_us: u64,
         need_us: u64,
+        paced: bool,
     ) -> Result<bool> {
         let at = at_us.div_ceil(1_000_000);
         let need = need_us.div_ceil(1_000_000);
         let written = self
-            .set_body_ttl(id, parts, BodyTtl::Renew { at, need })
+            .set_body_ttl(id, parts, BodyTtl::Renew { at, need, paced })
             .await?;
         if written == 0 {
             return Ok(false);
@@ -181,6 +216,9 @@ impl DynamoOutbox {
             .fetch_add(1, Ordering::Relaxed);
         if written < parts {
             return Ok(true);
+        }
+        if paced {
+            self.renewal_budget_ready().await;
         }
         let sent = self
             .inner
@@ -201,6 +239,9 @@ impl DynamoOutbox {
         match sent {
             Ok(out) => {
                 self.record_capacity(&self.inner.metrics.renewal_units, out.consumed_capacity());
+                if paced {
+                    self.charge_renewal(out.consumed_capacity());
+                }
                 Ok(true)
             }
             Err(e) if is_condition_failed(&e) => Ok(true),

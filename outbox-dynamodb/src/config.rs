@@ -53,6 +53,7 @@ pub struct DynamoOutboxConfig {
     limits: MessageLimits,
     body_ttl: Duration,
     body_sweep_every: Option<Duration>,
+    renewal_budget: Option<u32>,
     shard_lease: Option<Duration>,
 }
 
@@ -62,6 +63,11 @@ pub const DEFAULT_SHARDS: u16 = 32;
 
 /// Default [`DynamoOutboxConfig::with_shard_leases`]: 10-second shard leases.
 pub const DEFAULT_SHARD_LEASE: Duration = Duration::from_secs(10);
+
+/// Default [`DynamoOutboxConfig::with_renewal_budget`]: 1,000 write units per second
+/// per store for the body sweep's renewals (about 300 renewals per second of 1 KB
+/// bodies, 10 of 100 KB ones).
+pub const DEFAULT_RENEWAL_BUDGET: u32 = 1_000;
 
 /// Default [`DynamoOutboxConfig::with_body_ttl`]: 14 days.
 pub const DEFAULT_BODY_TTL: Duration = Duration::from_secs(14 * 24 * 3600);
@@ -79,6 +85,7 @@ impl Default for DynamoOutboxConfig {
             limits: MessageLimits::default().with_max_payload_bytes(DEFAULT_MAX_PAYLOAD_BYTES),
             body_ttl: DEFAULT_BODY_TTL,
             body_sweep_every: None,
+            renewal_budget: Some(DEFAULT_RENEWAL_BUDGET),
             shard_lease: Some(DEFAULT_SHARD_LEASE),
         }
     }
@@ -121,13 +128,13 @@ impl DynamoOutboxConfig {
     /// small state item (one write unit whatever the payload); the body, written once at
     /// enqueue, is left to TTL, which deletes for free. While the message is
     /// undelivered its body is kept alive: claims, retries and releases that leave less
-    /// than three quarters of it past the new availability renew it, and relays sweep
-    /// the shards they own for messages waiting longer than a quarter of it
+    /// than half of it past the new availability renew it, and relays sweep the shards
+    /// they own for messages waiting longer than a sixteenth of it
     /// ([`with_body_sweep_every`](Self::with_body_sweep_every)); dead-lettering removes
-    /// it. Only when no relay claims for longer than half of it minus the sweep interval
+    /// it. Only when no relay claims for longer than 7/16 of it minus the sweep interval
     /// can a waiting message lose its body (it is then dead-lettered naming the
-    /// missing body): choose it so that half of it minus the sweep interval exceeds
-    /// your longest relay outage (at the default interval, `body_ttl` above 8/3 of the
+    /// missing body): choose it so that 7/16 of it minus the sweep interval exceeds
+    /// your longest relay outage (at the default interval, `body_ttl` above 16/5 of the
     /// outage). See the crate docs, "Bodies of undelivered messages are renewed".
     pub fn with_body_ttl(mut self, ttl: Duration) -> Self {
         self.body_ttl = ttl;
@@ -141,6 +148,25 @@ impl DynamoOutboxConfig {
     pub fn with_body_sweep_every(mut self, every: Duration) -> Self {
         self.body_sweep_every = Some(every);
         self
+    }
+    /// The write units per second each store's body sweep may spend renewing bodies
+    /// ([`DEFAULT_RENEWAL_BUDGET`] by default; `None`: no limit). The sweep waits for
+    /// the budget between renewals (see the crate docs, "Bodies of undelivered messages
+    /// are renewed"), so a sweep that finds a large backlog of long-waiting bodies does
+    /// not take the table's write capacity from your enqueues. Renewals by claims,
+    /// retries and releases are not paced: each guards a message the sweep cannot see
+    /// yet, and they are rare while sweeps run. Size it above what the backlog you
+    /// keep needs: each waiting message is renewed about once per half `body_ttl`, at
+    /// its body's write units plus one, and
+    /// [`sweep_budget_waits`](crate::OutboxMetrics::sweep_budget_waits) counts the
+    /// renewals that waited for it.
+    pub fn with_renewal_budget(mut self, units_per_second: Option<u32>) -> Self {
+        self.renewal_budget = units_per_second;
+        self
+    }
+    /// See [`with_renewal_budget`](Self::with_renewal_budget).
+    pub fn renewal_budget(&self) -> Option<u32> {
+        self.renewal_budget
     }
     /// The body sweep interval in effect.
     pub fn body_sweep_every(&self) -> Duration {
@@ -192,8 +218,8 @@ impl DynamoOutboxConfig {
     /// # Errors
     /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a bad table name, a
     /// shard count out of range, a `Keep` window of zero, a body TTL under an hour, a
-    /// body sweep interval under a minute or over a quarter of the body TTL, or a shard
-    /// lease under a second.
+    /// body sweep interval under a minute or over a quarter of the body TTL, a renewal
+    /// budget of 0, or a shard lease under a second.
     pub fn validate(&self) -> Result<()> {
         validate_table_name("outbox", &self.table)?;
         check_shards("outbox", self.shards)?;
@@ -221,6 +247,12 @@ impl DynamoOutboxConfig {
             if window.is_zero() {
                 return Err(Error::config("a Keep retention window must be above zero"));
             }
+        }
+        if self.renewal_budget == Some(0) {
+            return Err(Error::config(
+                "a renewal budget of 0 write units per second would stop every body \
+                 renewal of the sweep; give it a rate, or None for no limit",
+            ));
         }
         Ok(())
     }
@@ -352,6 +384,11 @@ mod tests {
     #[test]
     fn configs_validate() {
         DynamoOutboxConfig::default().validate().unwrap();
+        for budget in [None, Some(1)] {
+            let config = DynamoOutboxConfig::default().with_renewal_budget(budget);
+            config.validate().unwrap();
+            assert_eq!(config.renewal_budget(), budget);
+        }
         let hour = DynamoOutboxConfig::default().with_body_ttl(Duration::from_secs(3600));
         assert_eq!(hour.body_sweep_every(), Duration::from_secs(450));
         hour.clone()
@@ -386,6 +423,7 @@ mod tests {
                 .with_body_ttl(Duration::from_secs(3600))
                 .with_body_sweep_every(Duration::from_secs(901)),
             DynamoOutboxConfig::default().with_shard_leases(Some(Duration::from_millis(10))),
+            DynamoOutboxConfig::default().with_renewal_budget(Some(0)),
             DynamoOutboxConfig::default().with_retention(Retention::Keep {
                 window: Duration::ZERO,
             }),

@@ -18,6 +18,7 @@ mod lock;
 mod markers;
 mod meta;
 mod metrics;
+mod renewal_budget;
 mod schema;
 mod schema_check;
 mod settle;
@@ -28,8 +29,8 @@ mod throttles;
 
 pub use config::{
     validate_table_name, DynamoDedupConfig, DynamoEntityConfig, DynamoLockConfig,
-    DynamoOutboxConfig, DynamoRules, DEFAULT_BODY_TTL, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_SHARDS,
-    DEFAULT_SHARD_LEASE, MAX_SHARDS,
+    DynamoOutboxConfig, DynamoRules, DEFAULT_BODY_TTL, DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_RENEWAL_BUDGET, DEFAULT_SHARDS, DEFAULT_SHARD_LEASE, MAX_SHARDS,
 };
 pub use dedup::DynamoDedupStore;
 pub use entity::DynamoEntityStore;

@@ -24,6 +24,7 @@ pub(crate) struct Metrics {
     pub(crate) refused: AtomicU64,
     pub(crate) bodies_renewed: AtomicU64,
     pub(crate) renewal_units: AtomicU64,
+    pub(crate) sweep_budget_waits: AtomicU64,
     pub(crate) sweep_errors: AtomicU64,
     pub(crate) claim_errors: AtomicU64,
     pub(crate) settle_errors: AtomicU64,
@@ -83,6 +84,7 @@ impl Metrics {
             refused_writes: self.refused.load(Ordering::Relaxed),
             bodies_renewed: self.bodies_renewed.load(Ordering::Relaxed),
             body_renewal_units: units(&self.renewal_units),
+            sweep_budget_waits: self.sweep_budget_waits.load(Ordering::Relaxed),
             body_sweep_errors: self.sweep_errors.load(Ordering::Relaxed),
             claim_errors: self.claim_errors.load(Ordering::Relaxed),
             settle_errors: self.settle_errors.load(Ordering::Relaxed),
@@ -141,6 +143,12 @@ pub struct OutboxMetrics {
     /// state item writes recording the new expiry. Refused renewals are billed too but
     /// not counted here: DynamoDB reports no capacity with a refused write.
     pub body_renewal_units: f64,
+    /// Renewals of the body sweep that waited for its
+    /// [`renewal_budget`](crate::DynamoOutboxConfig::with_renewal_budget) before
+    /// writing. A steady rate means the sweep is held to the budget: fine while
+    /// [`last_body_sweep`](Self::last_body_sweep) keeps moving, otherwise raise the
+    /// budget (or `body_ttl`).
+    pub sweep_budget_waits: u64,
     /// Requests of the body sweep that failed: a shard's `due` index query (the shard
     /// is tried again a minute later, from where its pass stood) or one message's
     /// renewal (logged; the pass goes on and the next pass looks at it again). Each is
@@ -183,7 +191,7 @@ pub struct OutboxMetrics {
     /// shard, not live): how long the oldest due (claimable, unclaimed) message of the
     /// shards this store sweeps had been waiting, the longest over them. `None` before
     /// the first sweep or when nothing was due. A message
-    /// waiting longer than a quarter of
+    /// waiting longer than a sixteenth of
     /// [`body_ttl`](crate::DynamoOutboxConfig::with_body_ttl) has its body kept alive by
     /// sweeps alone: alert well before this reaches half of `body_ttl`, and take the
     /// maximum over relays (each sweeps the shards it owns).
@@ -192,6 +200,6 @@ pub struct OutboxMetrics {
     /// sweeps, counting completed passes only: a shard whose sweep keeps failing holds
     /// it back. `None` until every one of them completed a pass (with shard leases, a
     /// newly taken shard counts from its first pass). Bodies are safe while this is
-    /// less than half of `body_ttl` ago; alert well before.
+    /// less than 7/16 of `body_ttl` ago; alert well before.
     pub last_body_sweep: Option<SystemTime>,
 }

@@ -35,6 +35,10 @@ pub(crate) enum BodyTtl {
         at: u64,
         /// The time to live below which the item needs renewing.
         need: u64,
+        /// Whether the write waits for and is charged to the store's
+        /// [renewal budget](crate::DynamoOutboxConfig::with_renewal_budget) (the
+        /// sweep's renewals).
+        paced: bool,
     },
 }
 
@@ -122,7 +126,7 @@ impl DynamoOutbox {
                         .condition_expression("attribute_exists(#pk)")
                         .expression_attribute_names("#pk", PK)
                         .expression_attribute_values(":ttl", n(at)),
-                    BodyTtl::Renew { at, need } => request
+                    BodyTtl::Renew { at, need, .. } => request
                         .update_expression("SET #ttl = :ttl")
                         .condition_expression("#ttl < :need")
                         .expression_attribute_values(":ttl", n(at))
@@ -135,9 +139,16 @@ impl DynamoOutbox {
                     BodyTtl::Remove => &self.inner.metrics.settle_units,
                     BodyTtl::Set(_) => &self.inner.metrics.admin_units,
                 };
+                let paced = matches!(ttl, BodyTtl::Renew { paced: true, .. });
+                if paced {
+                    self.renewal_budget_ready().await;
+                }
                 match request.send().await {
                     Ok(out) => {
                         self.record_capacity(units, out.consumed_capacity());
+                        if paced {
+                            self.charge_renewal(out.consumed_capacity());
+                        }
                         Ok(true)
                     }
                     Err(e) if is_condition_failed(&e) => {

@@ -108,6 +108,8 @@ pub(crate) struct Inner {
     pub(crate) leases: Option<crate::shards::ShardLeases>,
     /// Where this store's sweeps for bodies to renew stand.
     pub(crate) sweep: crate::sweep::Sweeper,
+    /// What the sweep's renewals may write per second (`None`: no limit).
+    pub(crate) renewal_budget: Option<crate::renewal_budget::RenewalBudget>,
     /// The table's shard counts as this store last read them.
     pub(crate) known: crate::meta::KnownShards,
 }
@@ -218,6 +220,9 @@ impl DynamoOutbox {
                 recent: std::sync::Mutex::new(HashMap::new()),
                 leases: config.shard_lease().map(crate::shards::ShardLeases::new),
                 sweep: crate::sweep::Sweeper::default(),
+                renewal_budget: config
+                    .renewal_budget()
+                    .map(crate::renewal_budget::RenewalBudget::new),
                 known: crate::meta::KnownShards::default(),
                 config,
             }),

@@ -16,6 +16,9 @@ use crate::store::{bounded, DynamoOutbox};
 const STEP_BUDGET: usize = 100;
 /// Index entries per sweep page after the first (which reads one).
 const PAGE: usize = 100;
+/// The sweep looks at messages waiting longer than `body_ttl / WAITING_LONG` (see
+/// `body.rs` for why a sixteenth).
+pub(crate) const WAITING_LONG: u64 = 16;
 /// How long a shard whose sweep failed waits before the next try (microseconds).
 const RETRY_AFTER_US: u64 = 60_000_000;
 
@@ -68,8 +71,9 @@ impl DynamoOutbox {
     /// see the crate docs, "Bodies of undelivered messages are renewed"). Reads the
     /// `due` index of each shard (with shard leases, those this store holds after a
     /// maintenance round), the state item of every undelivered message waiting longer
-    /// than a quarter of `body_ttl`, and renews the bodies with less than half of
-    /// `body_ttl` left. Useful from a maintenance job while relays are stopped for long
+    /// than a sixteenth of `body_ttl`, and renews the bodies with less than half of
+    /// `body_ttl` left, within the store's
+    /// [renewal budget](crate::DynamoOutboxConfig::with_renewal_budget). Useful from a maintenance job while relays are stopped for long
     /// (with shard leases, this store takes the lapsed leases of the stopped relays;
     /// call [`release_shards`](Self::release_shards) after). Waits for a sweep a claim
     /// started to finish first. Returns how many bodies were renewed.
@@ -171,12 +175,12 @@ impl DynamoOutbox {
     }
 
     /// Walk shard `shard`'s due entries oldest first (going on from an unfinished
-    /// pass), renewing what needs it, until the entries are younger than a quarter of
-    /// `body_ttl` or `budget` messages were looked at. A message whose renewal fails is
+    /// pass), renewing what needs it, until the entries are younger than a sixteenth
+    /// of `body_ttl` or `budget` messages were looked at. A message whose renewal fails is
     /// logged, counted and passed; a failed index query keeps the pass's position.
     async fn sweep_shard(&self, shard: u16, budget: &mut usize) -> Result<Pass> {
         let now = now_us();
-        let cutoff = now.saturating_sub(self.body_ttl_us() / 4);
+        let cutoff = now.saturating_sub(self.body_ttl_us() / WAITING_LONG);
         let mut start = {
             let mut map = self.inner.sweep.shards();
             let sweep = map.entry(shard).or_default();

@@ -22,8 +22,9 @@ use crate::common;
 pub(crate) type Item = HashMap<String, AttributeValue>;
 
 pub(crate) const LEASE: Duration = Duration::from_secs(30);
-/// The shortest body TTL the config accepts: renewals select messages waiting over
-/// 15 minutes and renew bodies with under 30 minutes left.
+/// The shortest body TTL the config accepts: the sweep looks at messages waiting over
+/// 3¾ minutes and renews bodies with under 30 minutes left; claims, retries and
+/// releases renew bodies with under 30 minutes left past the new availability.
 pub(crate) const BODY_TTL: Duration = Duration::from_secs(3600);
 /// Long enough to be at risk: 20 minutes of body left.
 pub(crate) const AT_RISK: Duration = Duration::from_secs(40 * 60);
@@ -216,21 +217,37 @@ async fn a_message_waiting_past_half_its_body_ttl_is_renewed_by_the_sweep() {
 }
 
 /// A message waiting long enough to be looked at but with more than half its body TTL
-/// left, and a fresh one, are not written by the sweep; the at-risk one beside them is.
-/// A claim then renews the waiting one (too little left past its lease), not the fresh.
+/// left, and a fresh one, are not written by the sweep; the at-risk one beside them is,
+/// and so is one waiting only a little over a sixteenth of the TTL whose body is at
+/// risk. A claim renews a body only when less than half the TTL would be left past its
+/// lease: not the waiting one under a short lease, the waiting one (not the fresh)
+/// under a long one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_not_at_risk_is_not_renewed() {
     let Some(client) = common::client("outbox-dynamodb body not at risk").await else {
         return;
     };
     let outbox = common::outbox(&client, config()).await.unwrap();
-    let messages: Vec<NewMessage> = (0..3)
+    let messages: Vec<NewMessage> = (0..4)
         .map(|i| NewMessage::builder(format!("m{i}")).build().unwrap())
         .collect();
     common::enqueue_all(&outbox, &messages).await.unwrap();
     let (waiting, fresh, at_risk) = (messages[0].id(), messages[1].id(), messages[2].id());
     age(&outbox, waiting, WAITING).await;
     age(&outbox, at_risk, AT_RISK).await;
+    // Waiting 5 minutes (over a sixteenth of the TTL, under a quarter), with a body
+    // that has only 20 minutes left (as after a clock jump): the sweep must look.
+    let recent = messages[3].id();
+    age(&outbox, recent, Duration::from_secs(5 * 60)).await;
+    let at_risk_body = AT_RISK - Duration::from_secs(5 * 60);
+    age_body(&outbox, recent, at_risk_body).await;
+    let mut recent_state = state(&outbox, recent).await.unwrap();
+    shift(
+        &mut recent_state,
+        "body_exp",
+        u128::from(at_risk_body.as_secs()),
+    );
+    put(&outbox, recent_state).await;
     let waiting_before = (
         body_ttls(&outbox, waiting).await,
         body_exp(&outbox, waiting).await,
@@ -241,7 +258,8 @@ async fn a_message_not_at_risk_is_not_renewed() {
     );
     let at_risk_before = body_ttls(&outbox, at_risk).await;
 
-    assert_eq!(outbox.renew_bodies().await.unwrap(), 1);
+    assert_eq!(outbox.renew_bodies().await.unwrap(), 2);
+    assert!(body_ttls(&outbox, recent).await[0] >= now_s() + BODY_TTL.as_secs() - 1);
     assert_eq!(
         (
             body_ttls(&outbox, waiting).await,
@@ -257,15 +275,60 @@ async fn a_message_not_at_risk_is_not_renewed() {
         fresh_before
     );
     assert!(body_ttls(&outbox, at_risk).await[0] > at_risk_before[0] + 30 * 60);
-    assert_eq!(outbox.metrics().bodies_renewed, 1);
-
-    // A claim keeps three quarters of the TTL past its lease: the waiting message (40
-    // minutes left) is renewed by the claim, the fresh one is not.
-    let start = now_s();
-    assert_eq!(claim(&outbox, 10).await.len(), 3);
-    assert!(body_ttls(&outbox, waiting).await[0] >= start + LEASE.as_secs() + BODY_TTL.as_secs());
-    assert_eq!(body_ttls(&outbox, fresh).await, fresh_before.0);
     assert_eq!(outbox.metrics().bodies_renewed, 2);
+
+    // A claim keeps half the TTL past its lease. Under a 30-second lease the waiting
+    // message (40 minutes left) has enough, and a release (availability now) too.
+    let got = claim(&outbox, 10).await;
+    assert_eq!(got.len(), 4);
+    let leases: Vec<outbox_core::Lease> = got.iter().map(|c| c.lease).collect();
+    assert!(outbox.release(&leases).await.unwrap().lost.is_empty());
+    assert_eq!(body_ttls(&outbox, waiting).await, waiting_before.0);
+    assert_eq!(outbox.metrics().bodies_renewed, 2);
+    // Under a 15-minute lease it has not (40 < 15 + 30): renewed past the lease; the
+    // fresh one (60 minutes left) is not.
+    let long = Duration::from_secs(15 * 60);
+    let start = now_s();
+    let got = outbox
+        .claim(ClaimRequest::new(10, long).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 4);
+    assert!(body_ttls(&outbox, waiting).await[0] >= start + long.as_secs() + BODY_TTL.as_secs());
+    assert_eq!(body_ttls(&outbox, fresh).await, fresh_before.0);
+    assert_eq!(outbox.metrics().bodies_renewed, 3);
+}
+
+/// The sweep's renewals wait for the store's renewal budget: at 2 write units per
+/// second, two at-risk 1 KB bodies (each a body write and a state write) cannot all be
+/// renewed from the first second's balance, so some renewal waits; both are renewed.
+/// Without a budget nothing waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_waits_for_its_renewal_budget() {
+    let Some(client) = common::client("outbox-dynamodb body renewal budget").await else {
+        return;
+    };
+    for (budget, waits) in [(Some(2), true), (None, false)] {
+        let outbox = common::outbox(&client, config().with_renewal_budget(budget))
+            .await
+            .unwrap();
+        let messages: Vec<NewMessage> = (0..2)
+            .map(|i| {
+                NewMessage::builder(format!("m{i}"))
+                    .payload(vec![1u8; 1024])
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        common::enqueue_all(&outbox, &messages).await.unwrap();
+        for m in &messages {
+            age(&outbox, m.id(), AT_RISK).await;
+        }
+        assert_eq!(outbox.renew_bodies().await.unwrap(), 2, "{budget:?}");
+        let m = outbox.metrics();
+        assert!(m.body_renewal_units >= 4.0, "{m:?}");
+        assert_eq!(m.sweep_budget_waits > 0, waits, "{budget:?}: {m:?}");
+    }
 }
 
 /// Under per-key order, a message blocked behind its key's head is never claimed while
