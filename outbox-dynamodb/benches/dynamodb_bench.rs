@@ -368,12 +368,16 @@ struct CapacityRow {
     dead_letter: f64,
     requeue: f64,
     discard: f64,
+    /// A body renewal by the sweep: its share of the index pages, the state read, the
+    /// body items' writes and the state write recording the expiry.
+    renewal: f64,
 }
 
 /// Units per message of each operation for `payload`-byte messages: `messages` are
 /// enqueued one per transaction and claimed; a quarter are completed, a quarter retried,
-/// a quarter released and a quarter dead-lettered; the dead letters are requeued,
-/// dead-lettered again and discarded. A per-key store with unkeyed messages, so
+/// a quarter released and a quarter dead-lettered; the released ones are made to look
+/// as if they had waited long with little body left and renewed by a sweep; the dead
+/// letters are requeued, dead-lettered again and discarded. A per-key store with unkeyed messages, so
 /// completes are one `DeleteItem` each and report their capacity (an unordered store's
 /// PartiQL batch reports none on DynamoDB Local).
 async fn capacity_row(client: &Client, payload: usize, messages: usize) -> CapacityRow {
@@ -443,6 +447,12 @@ async fn capacity_row(client: &Client, payload: usize, messages: usize) -> Capac
     let leases: Vec<_> = released.iter().map(|c| c.lease).collect();
     assert_eq!(outbox.release(&leases).await.unwrap().applied, quarter);
     let release = per(settle(outbox.metrics()));
+    let before = outbox.metrics().body_renewal_units;
+    for c in released {
+        at_risk(client, &outbox, c.message.id).await;
+    }
+    assert_eq!(outbox.renew_bodies().await.unwrap(), quarter as u64);
+    let renewal = (outbox.metrics().body_renewal_units - before) / quarter as f64;
     for c in &dead[..quarter] {
         outbox
             .fail_one(Failure::new(c.lease, "bench", Disposition::DeadLetter))
@@ -490,6 +500,59 @@ async fn capacity_row(client: &Client, payload: usize, messages: usize) -> Capac
         dead_letter,
         requeue,
         discard,
+        renewal,
+    }
+}
+
+/// Make message `id` look as if it had waited two days with a minute of body left:
+/// its availability and `due` two days back, its body's expiry (on the state and on
+/// every body item) a minute from now. Raw writes, not counted by the store.
+async fn at_risk(client: &Client, outbox: &DynamoOutbox, id: MessageId) {
+    let pk = AttributeValue::S(format!("m#{}", id.as_uuid().hyphenated()));
+    let back_us: u128 = 2 * 24 * 3600 * 1_000_000;
+    let soon = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 60;
+    let n = |v: u128| AttributeValue::N(v.to_string());
+    let sk = |s: &str| AttributeValue::S(s.to_owned());
+    client
+        .update_item()
+        .table_name(outbox.config().table())
+        .key("pk", pk.clone())
+        .key("sk", sk("s"))
+        .update_expression(
+            "SET avail_us = avail_us - :back, #due = #due - :dueback, body_exp = :soon",
+        )
+        .expression_attribute_names("#due", "due")
+        .expression_attribute_values(":back", n(back_us))
+        .expression_attribute_values(":dueback", n(back_us * 10_u128.pow(16)))
+        .expression_attribute_values(":soon", n(u128::from(soon)))
+        .send()
+        .await
+        .unwrap();
+    let parts = client
+        .query()
+        .table_name(outbox.config().table())
+        .key_condition_expression("pk = :pk AND begins_with(sk, :b)")
+        .expression_attribute_values(":pk", pk.clone())
+        .expression_attribute_values(":b", sk("b#"))
+        .send()
+        .await
+        .unwrap();
+    for part in parts.items() {
+        client
+            .update_item()
+            .table_name(outbox.config().table())
+            .key("pk", pk.clone())
+            .key("sk", part["sk"].clone())
+            .update_expression("SET #ttl = :soon")
+            .expression_attribute_names("#ttl", "ttl")
+            .expression_attribute_values(":soon", n(u128::from(soon)))
+            .send()
+            .await
+            .unwrap();
     }
 }
 
@@ -522,12 +585,15 @@ fn design_row(payload: usize) -> CapacityRow {
         // index entries once, the body items twice.
         requeue: 1.0 + 2.0 + 1.0 + 1.0 + 2.0 * b,
         discard: 1.0 + 2.0 + 1.0 + 2.0 * b,
+        // The state read (eventually consistent), the body items, the state write; the
+        // index pages' share is not in the minimum.
+        renewal: 0.5 + b + 1.0,
     }
 }
 
 fn print_row(payload: usize, what: &str, r: &CapacityRow) {
     println!(
-        "| {} KB | {what} | {:.1} | {:.1} | {:.2} + {:.2} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
+        "| {} KB | {what} | {:.1} | {:.1} | {:.2} + {:.2} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
         payload / 1024,
         r.enqueue,
         r.claim_write,
@@ -539,6 +605,7 @@ fn print_row(payload: usize, what: &str, r: &CapacityRow) {
         r.dead_letter,
         r.requeue,
         r.discard,
+        r.renewal,
     );
 }
 
@@ -581,13 +648,14 @@ async fn capacity_bench(client: &Client) -> f64 {
     println!(
         "Measured: the `ConsumedCapacity` the endpoint returns (TOTAL: table and index \
          writes), per message. Claim reads: index pages and state reads + body reads. \
-         Requeue: the state read and the writes. Design minimum: the crate README's table \
-         (S = 1).\n"
+         Requeue and discard: the state read and the writes. Renewal (by the sweep): its \
+         share of the index pages, the state read and the writes. Design minimum: the \
+         crate README's table (S = 1).\n"
     );
     println!(
-        "| payload | row | enqueue | claim write | claim read (index + body) | complete | retry | release | dead-letter | requeue | discard |"
+        "| payload | row | enqueue | claim write | claim read (index + body) | complete | retry | release | dead-letter | requeue | discard | renewal |"
     );
-    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut rows = Vec::new();
     for payload in [1024, 100 * 1024, 400 * 1024] {
         let row = capacity_row(client, payload, 20).await;
