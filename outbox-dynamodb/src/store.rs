@@ -420,7 +420,18 @@ impl DynamoOutbox {
     /// [`MAX_TRANSACTION_BYTES`] or an item over [`MAX_ITEM_BYTES`];
     /// [`ErrorKind::Conflict`](outbox_core::ErrorKind::Conflict) naming ids already
     /// stored (see [`Error::ids`]) or when one of your own conditions failed; mapped
-    /// SDK errors otherwise. In every error case nothing was written.
+    /// SDK errors otherwise. An error DynamoDB answered (a refusal, a cancelled
+    /// transaction, a throttle past the SDK's retries) wrote nothing. An ambiguous one
+    /// (a timeout, a connection lost after sending) may have committed: the SDK's own
+    /// retries reuse the request's idempotency token, but a retry of this call sends a
+    /// new transaction, and when the first did commit it fails with
+    /// [`ErrorKind::Conflict`](outbox_core::ErrorKind::Conflict) naming every message
+    /// id. So after an ambiguous error, a retry refused with every id of your messages
+    /// in [`Error::ids`] means the first attempt committed, and with it your writes (a
+    /// transaction commits whole). The ids are named only when none of your own writes'
+    /// conditions failed too: with a condition that the first attempt's commit makes
+    /// fail (a put of a new order, say), the retry's error names no ids, and your own
+    /// write's effect tells whether the first attempt committed.
     pub async fn enqueue(
         &self,
         writes: Vec<TransactWriteItem>,

@@ -89,6 +89,31 @@ async fn enqueue_commits_with_the_callers_writes_or_not_at_all() {
     assert_eq!(err.ids(), &[first.id()]);
     assert!(!order_exists(&outbox, "2").await);
     assert_eq!(outbox.stats().await.unwrap().pending, 1);
+
+    // A retry of an enqueue that committed (as after a timeout) names every id: the
+    // sign the documentation gives callers that the first attempt was stored. With a
+    // condition of the caller's own failing too, it names none.
+    let pair = [
+        NewMessage::builder("a").build().unwrap(),
+        NewMessage::builder("b").build().unwrap(),
+    ];
+    outbox
+        .enqueue(vec![order_put(&outbox, "3")], &pair)
+        .await
+        .unwrap();
+    let err = outbox.enqueue(Vec::new(), &pair).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+    let mut named = err.ids().to_vec();
+    named.sort();
+    let mut ids = vec![pair[0].id(), pair[1].id()];
+    ids.sort();
+    assert_eq!(named, ids, "{err}");
+    let err = outbox
+        .enqueue(vec![order_put(&outbox, "3")], &pair)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+    assert!(err.ids().is_empty(), "{err}");
 }
 
 /// Two claimers racing for the same message: one conditional write passes, the other
