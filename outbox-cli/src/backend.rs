@@ -107,7 +107,7 @@ impl Db {
                 Pool::MySql(open_mysql(url, reach, global.connect_timeout).await?)
             }
             Target::Dynamo(target) => Pool::Dynamo {
-                client: crate::dynamo::client(target, global.connect_timeout),
+                client: crate::dynamo::client(target, global.connect_timeout).await,
                 shards: target.shards,
             },
         };

@@ -26,6 +26,14 @@ pub(crate) struct DynamoTarget {
 }
 
 impl DynamoTarget {
+    /// Whether the endpoint is plain HTTP (DynamoDB Local, or another emulator), not
+    /// AWS.
+    fn is_local(&self) -> bool {
+        self.endpoint
+            .as_deref()
+            .is_some_and(|e| e.starts_with("http://"))
+    }
+
     /// Read `dynamodb://HOST[:PORT][?region=R&shards=N]` (plain HTTP, as DynamoDB Local
     /// serves), `dynamodb+https://HOST[...]`, or `dynamodb://aws[?region=R]` for AWS's
     /// own endpoint of the region.
@@ -83,14 +91,72 @@ impl DynamoTarget {
     }
 }
 
-/// A client for `target`, with the credentials of `AWS_ACCESS_KEY_ID` /
-/// `AWS_SECRET_ACCESS_KEY` (and `AWS_SESSION_TOKEN`) when set, and the placeholder
-/// key `outbox` otherwise (AWS then refuses with a clear error). DynamoDB Local keeps
-/// a database per access key and region unless started with `-sharedDb`: pass the key
-/// the service uses.
-/// Each request gives up after `timeout`.
-pub(crate) fn client(target: &DynamoTarget, timeout: Duration) -> Client {
-    let credentials = match (
+/// A client for `target`; each request gives up after `timeout`.
+///
+/// On AWS (`dynamodb://aws`, `dynamodb+https://`), credentials come from the SDK's
+/// default chain, as any AWS tool finds them: `AWS_ACCESS_KEY_ID` /
+/// `AWS_SECRET_ACCESS_KEY` (and `AWS_SESSION_TOKEN`), the shared config and credentials
+/// files (`AWS_PROFILE`), web identity (EKS service accounts), the container's role
+/// (ECS) and the instance profile (EC2). On a plain-HTTP endpoint (DynamoDB Local), the
+/// environment's keys when set and the placeholder key `outbox` otherwise, without
+/// asking the chain (whose instance-metadata probe only adds a delay there): DynamoDB
+/// Local keeps a database per access key and region unless started with `-sharedDb`,
+/// so pass the key the service uses.
+pub(crate) async fn client(target: &DynamoTarget, timeout: Duration) -> Client {
+    client_with(
+        target,
+        timeout,
+        aws_config::defaults(BehaviorVersion::latest()),
+    )
+    .await
+}
+
+/// [`client`], with the credential chain of `loader` on AWS (tests give it their own
+/// profile files).
+async fn client_with(
+    target: &DynamoTarget,
+    timeout: Duration,
+    loader: aws_config::ConfigLoader,
+) -> Client {
+    let timeouts = TimeoutConfig::builder()
+        .connect_timeout(timeout)
+        .operation_timeout(timeout)
+        .build();
+    let mut config = match shared_config(target, loader).await {
+        Some(shared) => aws_sdk_dynamodb::config::Builder::from(&shared),
+        None => aws_sdk_dynamodb::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .credentials_provider(local_credentials()),
+    };
+    config = config
+        .region(Region::new(target.region.clone()))
+        .timeout_config(timeouts);
+    if let Some(endpoint) = &target.endpoint {
+        config = config.endpoint_url(endpoint);
+    }
+    Client::from_conf(config.build())
+}
+
+/// On AWS, what `loader` finds for `target`'s region: the default credential chain
+/// and the rest of the shared configuration. `None` for a plain-HTTP endpoint.
+async fn shared_config(
+    target: &DynamoTarget,
+    loader: aws_config::ConfigLoader,
+) -> Option<aws_config::SdkConfig> {
+    if target.is_local() {
+        return None;
+    }
+    Some(
+        loader
+            .region(Region::new(target.region.clone()))
+            .load()
+            .await,
+    )
+}
+
+/// The environment's keys, or the placeholder key `outbox`.
+fn local_credentials() -> Credentials {
+    match (
         std::env::var("AWS_ACCESS_KEY_ID"),
         std::env::var("AWS_SECRET_ACCESS_KEY"),
     ) {
@@ -102,21 +168,7 @@ pub(crate) fn client(target: &DynamoTarget, timeout: Duration) -> Client {
             "environment",
         ),
         _ => Credentials::new("outbox", "outbox", None, None, "placeholder"),
-    };
-    let mut config = aws_sdk_dynamodb::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new(target.region.clone()))
-        .credentials_provider(credentials)
-        .timeout_config(
-            TimeoutConfig::builder()
-                .connect_timeout(timeout)
-                .operation_timeout(timeout)
-                .build(),
-        );
-    if let Some(endpoint) = &target.endpoint {
-        config = config.endpoint_url(endpoint);
     }
-    Client::from_conf(config.build())
 }
 
 #[cfg(test)]
@@ -140,6 +192,50 @@ mod tests {
         let aws = parse("dynamodb://aws?region=ap-south-1").unwrap();
         assert_eq!(aws.endpoint, None);
         assert_eq!(aws.region, "ap-south-1");
+    }
+
+    /// On AWS the SDK's default chain finds the credentials (here, in a profile file,
+    /// unless the environment has keys: the chain asks it first); before, the CLI knew
+    /// only the environment's keys and signed with the placeholder otherwise, so it
+    /// could not run under an IAM role. DynamoDB Local gets the environment's keys or
+    /// the placeholder, never the chain.
+    #[tokio::test]
+    async fn aws_credentials_come_from_the_default_chain() {
+        use aws_runtime::env_config::file::{EnvConfigFileKind, EnvConfigFiles};
+        use aws_sdk_dynamodb::config::ProvideCredentials;
+        let loader = || {
+            let files = EnvConfigFiles::builder()
+                .with_contents(
+                    EnvConfigFileKind::Credentials,
+                    "[default]\naws_access_key_id = AKIDPROFILE\naws_secret_access_key = s\n",
+                )
+                .build();
+            aws_config::defaults(BehaviorVersion::latest()).profile_files(files)
+        };
+        let environment = std::env::var("AWS_ACCESS_KEY_ID")
+            .ok()
+            .filter(|_| std::env::var("AWS_SECRET_ACCESS_KEY").is_ok());
+        let expected = environment
+            .clone()
+            .unwrap_or_else(|| "AKIDPROFILE".to_owned());
+        for url in [
+            "dynamodb://aws?region=eu-west-1",
+            "dynamodb+https://dynamo.example.com",
+        ] {
+            let target = parse(url).unwrap();
+            let shared = shared_config(&target, loader()).await.unwrap();
+            assert_eq!(
+                shared.region().map(ToString::to_string).as_deref(),
+                Some(target.region.as_str())
+            );
+            let provider = shared.credentials_provider().unwrap();
+            let credentials = provider.provide_credentials().await.unwrap();
+            assert_eq!(credentials.access_key_id(), expected, "{url}");
+        }
+        let local = parse("dynamodb://127.0.0.1:8000").unwrap();
+        assert!(shared_config(&local, loader()).await.is_none());
+        let expected = environment.unwrap_or_else(|| "outbox".to_owned());
+        assert_eq!(local_credentials().access_key_id(), expected);
     }
 
     #[test]
