@@ -119,22 +119,15 @@ impl DynamoOutbox {
                     failure = Some(e);
                     break 'rounds;
                 }
-                let Some(next) = cursors
-                    .iter_mut()
-                    .filter(|c| !c.buffered.is_empty())
-                    .min_by_key(|c| c.buffered[0].due)
-                else {
-                    break;
-                };
-                let Some(c) = next.buffered.pop_front() else {
-                    break;
-                };
-                if self.recently_taken(&c) {
+                let tranche = self.next_tranche(&mut cursors, window - batch.len());
+                if tranche.is_empty() {
+                    if cursors.iter().all(|c| c.buffered.is_empty() && c.exhausted) {
+                        break;
+                    }
                     continue;
                 }
-                match self.is_head(&c, &mut heads).await {
-                    Ok(true) => batch.push(c),
-                    Ok(false) => {}
+                match self.heads_only(tranche, &mut heads).await {
+                    Ok(heads) => batch.extend(heads),
                     Err(e) => {
                         failure = Some(e);
                         break 'rounds;
@@ -283,23 +276,74 @@ impl DynamoOutbox {
         Ok(())
     }
 
-    /// Whether `c` may be claimed under the store's ordering: always when unordered or
-    /// unkeyed; under per-key order only when it is the oldest undelivered message of
-    /// its key (the first live order marker of the key).
-    async fn is_head(
-        &self,
-        c: &Candidate,
-        heads: &mut HashMap<String, Option<MessageId>>,
-    ) -> Result<bool> {
-        let (true, Some(key)) = (self.per_key(), c.key.as_deref()) else {
-            return Ok(true);
-        };
-        if let Some(head) = heads.get(key) {
-            return Ok(head.is_none_or(|h| h == c.id));
+    /// Up to `n` candidates in `due` order across `cursors`, leaving out those this
+    /// store took moments ago; fewer when a shard still being read runs out of
+    /// buffered entries (the merge stays in order only while every such shard has one).
+    fn next_tranche(&self, cursors: &mut [Cursor], n: usize) -> Vec<Candidate> {
+        let mut tranche = Vec::new();
+        while tranche.len() < n {
+            if cursors
+                .iter()
+                .any(|c| c.buffered.is_empty() && !c.exhausted)
+            {
+                break;
+            }
+            let Some(next) = cursors
+                .iter_mut()
+                .filter(|c| !c.buffered.is_empty())
+                .min_by_key(|c| c.buffered[0].due)
+            else {
+                break;
+            };
+            let Some(c) = next.buffered.pop_front() else {
+                break;
+            };
+            if !self.recently_taken(&c) {
+                tranche.push(c);
+            }
         }
-        let head = self.head_of(key, c.id).await?;
-        heads.insert(key.to_owned(), head);
-        Ok(head.is_none_or(|h| h == c.id))
+        tranche
+    }
+
+    /// The candidates of `tranche` (in order) that may be claimed under the store's
+    /// ordering: all when unordered or unkeyed; under per-key order, a key's head only.
+    /// The heads of keys not yet in `heads` are read concurrently (one strongly
+    /// consistent marker query each) and remembered for the rest of the claim.
+    async fn heads_only(
+        &self,
+        tranche: Vec<Candidate>,
+        heads: &mut HashMap<String, Option<MessageId>>,
+    ) -> Result<Vec<Candidate>> {
+        if !self.per_key() {
+            return Ok(tranche);
+        }
+        let mut unknown: Vec<(&str, MessageId)> = Vec::new();
+        for c in &tranche {
+            if let Some(key) = c.key.as_deref() {
+                if !heads.contains_key(key) && unknown.iter().all(|(k, _)| *k != key) {
+                    unknown.push((key, c.id));
+                }
+            }
+        }
+        let found: Vec<Option<MessageId>> = bounded(
+            unknown
+                .iter()
+                .map(|(key, id)| self.head_of(key, *id))
+                .collect(),
+        )
+        .await?;
+        for ((key, _), head) in unknown.iter().zip(found) {
+            heads.insert((*key).to_owned(), head);
+        }
+        Ok(tranche
+            .into_iter()
+            .filter(|c| {
+                c.key
+                    .as_deref()
+                    .and_then(|key| heads.get(key))
+                    .is_none_or(|head| head.is_none_or(|h| h == c.id))
+            })
+            .collect())
     }
 
     /// The oldest undelivered message of `key` by its order markers, removing markers
@@ -560,13 +604,7 @@ impl DynamoOutbox {
             }
         }
         due.sort_by_key(|c| c.due);
-        let mut heads = HashMap::new();
-        let mut batch = Vec::new();
-        for c in due {
-            if self.is_head(&c, &mut heads).await? {
-                batch.push(c);
-            }
-        }
+        let batch = self.heads_only(due, &mut HashMap::new()).await?;
         let lease = request.lease();
         let taken: Vec<Taken> =
             bounded_all(batch.into_iter().map(|c| self.take(c, lease)).collect()).await;
