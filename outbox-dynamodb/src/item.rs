@@ -66,6 +66,26 @@ pub(crate) const DONE_INDEX: &str = "done";
 /// body items (the split layout), each well under the 400 KB item limit.
 pub(crate) const PART_BYTES: usize = 300 * 1024;
 
+/// Room a body item keeps for what is not payload, headers or content type: its key,
+/// attribute names and time to live (about 100 bytes), with margin.
+const BODY_ITEM_OVERHEAD: usize = 1024;
+
+/// `payload` split into the payloads of the body items: one part when it is empty,
+/// otherwise parts of [`PART_BYTES`], except that the first, which also carries
+/// `first_extra` bytes (the headers and content type), is made smaller when both would
+/// not fit one item. So large headers never refuse a message the split can carry.
+pub(crate) fn body_parts(payload: &[u8], first_extra: usize) -> Vec<&[u8]> {
+    if payload.is_empty() {
+        return vec![payload];
+    }
+    let room = MAX_ITEM_BYTES.saturating_sub(BODY_ITEM_OVERHEAD + first_extra);
+    let first = PART_BYTES.min(room).max(1).min(payload.len());
+    let (head, rest) = payload.split_at(first);
+    let mut parts = vec![head];
+    parts.extend(rest.chunks(PART_BYTES));
+    parts
+}
+
 /// Stable 64-bit FNV-1a: shard numbers must not change between builds or processes.
 pub(crate) fn fnv1a(parts: &[&[u8]]) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
@@ -405,6 +425,33 @@ pub(crate) fn decode_lossy(state: &Item, body: &[Item]) -> Option<Message> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn payloads_split_into_parts_of_300_kib_the_first_smaller_under_large_headers() {
+        let lens = |payload: &[u8], extra| -> Vec<usize> {
+            body_parts(payload, extra).iter().map(|p| p.len()).collect()
+        };
+        assert_eq!(lens(&[], 0), vec![0]);
+        assert_eq!(lens(&[1; 10], 0), vec![10]);
+        assert_eq!(lens(&[1; PART_BYTES], 50_000), vec![PART_BYTES]);
+        let large = vec![1u8; 2 * PART_BYTES + 5];
+        assert_eq!(lens(&large, 0), vec![PART_BYTES, PART_BYTES, 5]);
+        // Headers leaving less than a part's room: the first part shrinks to fit.
+        let extra = 150_000;
+        let room = MAX_ITEM_BYTES - BODY_ITEM_OVERHEAD - extra;
+        assert_eq!(
+            lens(&large, extra),
+            vec![room, PART_BYTES, PART_BYTES + 5 - room]
+        );
+        // Exactly at the edge: nothing to shrink.
+        let edge = MAX_ITEM_BYTES - BODY_ITEM_OVERHEAD - PART_BYTES;
+        assert_eq!(lens(&large, edge), vec![PART_BYTES, PART_BYTES, 5]);
+        assert_eq!(lens(&large, edge + 1)[0], PART_BYTES - 1);
+        // Headers filling the whole item still give a part of one byte (the item check
+        // refuses the message), never an empty one that would loop.
+        assert_eq!(lens(&[1; 3], MAX_ITEM_BYTES)[0], 1);
+        assert_eq!(body_parts(&large, extra).concat(), large);
+    }
 
     #[test]
     fn shards_are_stable_and_in_range() {

@@ -25,7 +25,7 @@ use crate::item::{
     self, b, body_key, id_text, item_size, marker_partition, marker_prefix, n, now_us, s, shard_of,
     shard_value, state_key, Item, ATTEMPTS, AVAILABLE, BODY_EXP, CONTENT_TYPE, CREATED,
     DESTINATION, DUE, DUE_SCALE, HEADERS, MARKED_ID, MAX_ITEM_BYTES, MAX_TRANSACTION_ACTIONS,
-    MAX_TRANSACTION_BYTES, PARTITION_KEY, PARTS, PART_BYTES, PAYLOAD, PK, SEQ, SHARD, SK, TTL,
+    MAX_TRANSACTION_BYTES, PARTITION_KEY, PARTS, PAYLOAD, PK, SEQ, SHARD, SK, TTL,
 };
 use crate::metrics::{Metrics, OutboxMetrics};
 use crate::settle::MAX_BATCH_STATEMENTS;
@@ -339,11 +339,9 @@ impl DynamoOutbox {
         for m in messages {
             let seq = next_seq();
             let avail = now.saturating_add(item::duration_us(m.delay()));
-            let chunks: Vec<&[u8]> = if m.payload().is_empty() {
-                vec![&[]]
-            } else {
-                m.payload().chunks(PART_BYTES).collect()
-            };
+            let headers = m.headers().to_json().to_string();
+            let first_extra = headers.len() + m.content_type().map_or(0, str::len);
+            let chunks = item::body_parts(m.payload(), first_extra);
             let mut state = self.key_of(m.id());
             state.insert(SHARD.into(), s(shard_value(m.id(), table.shards)));
             state.insert(DESTINATION.into(), s(m.destination()));
@@ -367,7 +365,7 @@ impl DynamoOutbox {
                 part.insert(PAYLOAD.into(), b(chunk));
                 part.insert(TTL.into(), n(expires));
                 if i == 0 {
-                    part.insert(HEADERS.into(), s(m.headers().to_json().to_string()));
+                    part.insert(HEADERS.into(), s(&headers));
                     if let Some(ct) = m.content_type() {
                         part.insert(CONTENT_TYPE.into(), s(ct));
                     }

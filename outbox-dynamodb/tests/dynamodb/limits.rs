@@ -102,6 +102,40 @@ async fn payloads_past_the_400_kb_item_limit_are_split() {
     );
 }
 
+/// Large headers beside a full first part: the first body item carries less payload
+/// so the headers fit, instead of the message being refused for an item over 400 KB
+/// (300 KiB of payload and 150 KB of headers made one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_headers_shrink_the_first_part_instead_of_refusing_the_message() {
+    let Some(client) = common::client("outbox-dynamodb large headers").await else {
+        return;
+    };
+    let limits = MessageLimits::default().with_max_payload_bytes(1024 * 1024);
+    let outbox = common::outbox(&client, DynamoOutboxConfig::default().with_limits(limits))
+        .await
+        .unwrap();
+    let mut builder = NewMessage::builder("headers")
+        .limits(MessageLimits::default().with_max_payload_bytes(usize::MAX))
+        .payload(vec![3u8; 350 * 1024]);
+    for i in 0..37 {
+        builder = builder.header(format!("h{i:02}"), "v".repeat(4000));
+    }
+    let m = builder.build().unwrap();
+    let writes = outbox.enqueue_writes(std::slice::from_ref(&m)).unwrap();
+    assert_eq!(writes.len(), 1 + 2, "state and two body items");
+    outbox
+        .enqueue(Vec::new(), std::slice::from_ref(&m))
+        .await
+        .unwrap();
+    let got = outbox
+        .claim(outbox_core::ClaimRequest::new(1, std::time::Duration::from_secs(30)).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].message.payload, m.payload(), "payload intact");
+    assert_eq!(&got[0].message.headers, m.headers(), "headers intact");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transactions_over_100_actions_or_4_mb_are_refused_before_sending() {
     let Some(client) = common::client("outbox-dynamodb transaction limits").await else {
