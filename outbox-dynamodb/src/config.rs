@@ -210,7 +210,7 @@ impl DynamoOutboxConfig {
     }
     /// What the store built from this config does.
     pub fn capabilities(&self) -> StoreCapabilities {
-        StoreCapabilities::new(self.ordering, self.retention)
+        StoreCapabilities::new(self.ordering, self.retention).with_lease_renewal(true)
     }
 
     /// Check every setting.

@@ -18,6 +18,7 @@ mod lock;
 mod markers;
 mod meta;
 mod metrics;
+mod renew;
 mod renewal_budget;
 mod schema;
 mod schema_check;

@@ -16,7 +16,7 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use outbox_core::backend::{check_enqueue, in_id_order};
 use outbox_core::{
     ClaimIds, ClaimRequest, Claimed, Error, Failure, KeyOrder, Lease, MessageId, NewMessage,
-    OutboxStore, Result, Retention, Settled, StoreCapabilities,
+    OutboxStore, Renewed, Result, Retention, Settled, StoreCapabilities,
 };
 
 use crate::config::DynamoOutboxConfig;
@@ -576,6 +576,10 @@ impl OutboxStore for DynamoOutbox {
     async fn release(&self, leases: &[Lease]) -> Result<Settled> {
         self.settle_all(leases, |l| l.id, |l| self.release_one(l))
             .await
+    }
+
+    async fn renew(&self, leases: &[Lease], lease: std::time::Duration) -> Result<Renewed> {
+        self.renew_leases(leases, lease).await
     }
 }
 

@@ -10,4 +10,4 @@ async fn harness() -> Option<common::DynamoHarness> {
     Some(common::DynamoHarness::plain(client))
 }
 
-outbox_testkit::conformance_suite!(harness; lacks(row_locks, lease_renewal));
+outbox_testkit::conformance_suite!(harness; lacks(row_locks));

@@ -21,4 +21,4 @@ async fn harness() -> Option<common::DynamoHarness> {
     Some(common::DynamoHarness::under_faults(&client, what))
 }
 
-outbox_testkit::conformance_suite!(harness; lacks(row_locks, lease_renewal));
+outbox_testkit::conformance_suite!(harness; lacks(row_locks));

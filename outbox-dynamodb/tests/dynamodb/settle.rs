@@ -79,3 +79,44 @@ async fn completing_a_message_another_relay_completed_reports_the_lease_lost() {
     );
     assert_eq!(settled.applied, 1, "the live lease completes");
 }
+
+/// A lease renewal writes the small state item and moves its `due` entry, whatever the
+/// payload: 3 write units per lease (S = 1 under 1 KB), no body write while the body
+/// has more than half its time to live left past the new expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_renewal_costs_three_write_units_whatever_the_payload() {
+    let Some(client) = common::client("outbox-dynamodb renewal cost").await else {
+        return;
+    };
+    let outbox = common::outbox(&client, DynamoOutboxConfig::default())
+        .await
+        .unwrap();
+    let messages: Vec<outbox_core::NewMessage> = [10, 200 * 1024]
+        .into_iter()
+        .map(|size| {
+            outbox_core::NewMessage::builder("renewed")
+                .payload(vec![5u8; size])
+                .build()
+                .unwrap()
+        })
+        .collect();
+    common::enqueue_all(&outbox, &messages).await.unwrap();
+    let held = claim(&outbox, 2, SHORT).await;
+    assert_eq!(held.len(), 2);
+    let leases: Vec<_> = held.iter().map(|c| c.lease).collect();
+    let before = outbox.metrics();
+    let renewed = outbox.renew(&leases, LONG).await.unwrap();
+    assert!(renewed.lost.is_empty(), "{renewed:?}");
+    let after = outbox.metrics();
+    assert_eq!(
+        after.settle_units - before.settle_units,
+        2.0 * 3.0,
+        "{after:?}"
+    );
+    assert_eq!(after.bodies_renewed, before.bodies_renewed);
+    assert_eq!(after.body_renewal_units, before.body_renewal_units);
+    assert!(renewed
+        .leases
+        .iter()
+        .all(|l| l.expires_at > leases[0].expires_at));
+}
