@@ -202,19 +202,24 @@ async fn sigkilled_workers_lose_nothing_on_mariadb() {
 /// throttles of every data-plane attempt, 1% of transactions cancelled for a conflict,
 /// 5% of index queries answered from before): four per-key workers with 2-second shard
 /// leases drain 1500 messages over 40 keys while a random one is SIGKILLed and
-/// restarted ten times. Nothing is lost, dead-lettered or left undelivered, duplicates
-/// stay within what the kills explain, and first publishes keep per-key order.
-/// Publishes are still recorded on PostgreSQL.
+/// restarted ten times. The last 300 messages are enqueued during the drain, one per
+/// transaction, under the same fault mix, so cancelled transactions meet the caller's
+/// retries (the workers send few transactions of their own). Nothing is lost,
+/// dead-lettered or left undelivered, duplicates stay within what the kills explain,
+/// and first publishes keep per-key order. Publishes are still recorded on PostgreSQL.
 ///
 /// The run's seed (`OUTBOX_FAULT_SEED`, random when unset, printed) picks the keys,
 /// the kill points and the victims, and seeds the workers' injectors (worker process
-/// `n`, restarts counted, gets the seed plus `n`). DynamoDB Local is slow: the case
-/// takes about 90 s on 2 idle cores (measured 85-93 s: 5-7 s to enqueue, then a drain
-/// of about 17 messages a second through the kills), and 121-136 s while a neighbour
-/// compiled on the same cores.
+/// `n`, restarts counted, gets the seed plus `n`; the late enqueue the seed minus 1).
+/// DynamoDB Local is slow: the case takes 85-140 s on 2 idle cores (measured 85-93 s on
+/// one machine, 132-137 s on another, the same with or without the late enqueue, which
+/// takes 7-8 s beside the drain: 5-7 s to enqueue, then a drain of 11-17 messages a
+/// second through the kills).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkilled_workers_lose_nothing_on_dynamodb() {
     const MESSAGES: usize = 1500;
+    /// Enqueued during the drain, under the faults.
+    const LATE: usize = 300;
     const KEYS: usize = 40;
     const WORKERS: usize = 4;
     const KILLS: usize = 10;
@@ -244,8 +249,27 @@ async fn sigkilled_workers_lose_nothing_on_dynamodb() {
     .expect("create the published table");
     // DynamoDB has no schemas: the table is named like the test's schema.
     let outbox = support::dynamodb::install(&dynamodb_url, &schema, KeyOrder::PerKey).await;
-    let sent = support::dynamodb::enqueue_keyed(&outbox, MESSAGES, KEYS, &mut rng).await;
+    let (mut messages, sent) = support::keyed_messages(MESSAGES, KEYS, &mut rng);
+    let later = messages.split_off(MESSAGES - LATE);
+    support::dynamodb::enqueue_all(&outbox, &messages).await;
     let enqueued = started.elapsed();
+    // The rest while the workers drain, one message per transaction under the faults.
+    let late = tokio::spawn({
+        let (url, table) = (dynamodb_url.clone(), schema.clone());
+        let seed = seed.wrapping_sub(1);
+        async move {
+            let began = Instant::now();
+            let faults = support::dynamodb::enqueue_under_faults(
+                &url,
+                &table,
+                KeyOrder::PerKey,
+                later,
+                seed,
+            )
+            .await;
+            (faults, began.elapsed())
+        }
+    });
     let spec = WorkerSpec {
         url: url.clone(),
         schema: schema.clone(),
@@ -290,6 +314,8 @@ async fn sigkilled_workers_lose_nothing_on_dynamodb() {
         );
         workers[victim] = spawn(format!("d{victim}.{kill}"));
     }
+    let (late_faults, late_took) = late.await.expect("the late enqueue");
+    faults += late_faults;
     // Drained when the outbox counts nothing undelivered and `published` confirms it:
     // the counts come from eventually consistent indexes, so they may say so early.
     // They cost a query per shard and index, so they are read at most once a second
@@ -329,7 +355,9 @@ async fn sigkilled_workers_lose_nothing_on_dynamodb() {
     println!(
         "chaos sigkill dynamodb: messages={MESSAGES} keys={KEYS} workers={WORKERS} \
          kills={KILLS} lost={} duplicates={} bound={bound} dead={} stranded={stranded} \
-         injected: {faults} worker_warnings={warnings} seed={seed} (workers {seed}+0..{spawned}) enqueue={enqueued:.1?} \
+         injected: {faults} (the late enqueue's: {late_faults}) worker_warnings={warnings} seed={seed} \
+         (workers {seed}+0..{spawned}, the late enqueue {seed}-1) enqueue={enqueued:.1?} \
+         late_enqueue={late_took:.1?} \
          elapsed={:.1?}",
         delivery.lost,
         delivery.duplicates,

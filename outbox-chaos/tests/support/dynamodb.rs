@@ -3,13 +3,13 @@
 //! the counts the checks read from it.
 
 use outbox_chaos::dynamodb::{self, FaultCounts};
-use outbox_core::{KeyOrder, OutboxAdmin, OutboxStats};
+use outbox_core::{ErrorKind, KeyOrder, NewMessage, OutboxAdmin, OutboxStats};
 use outbox_dynamodb::aws_sdk_dynamodb::config::retry::RetryConfig;
 use outbox_dynamodb::aws_sdk_dynamodb::Client;
 use outbox_dynamodb::DynamoOutbox;
 use outbox_testkit::isolation;
 
-use super::{Sent, Worker};
+use super::Worker;
 
 /// The variable the test reads its fault seed from (as the `outbox-dynamodb` suites
 /// do); worker process `n` of a run gets the seed plus `n`.
@@ -70,19 +70,43 @@ async fn drop_stale_tables(client: &Client) {
     }
 }
 
-/// `count` messages over `keys` keys (every key used, then keys drawn from `rng`),
-/// enqueued in order, [`CHUNK`] to a transaction.
-pub(crate) async fn enqueue_keyed(
-    outbox: &DynamoOutbox,
-    count: usize,
-    keys: usize,
-    rng: &mut fastrand::Rng,
-) -> Vec<Sent> {
-    let (messages, sent) = super::keyed_messages(count, keys, rng);
+/// Enqueue `messages` in order, [`CHUNK`] to a transaction, without faults.
+pub(crate) async fn enqueue_all(outbox: &DynamoOutbox, messages: &[NewMessage]) {
     for chunk in messages.chunks(CHUNK) {
         outbox.enqueue(Vec::new(), chunk).await.expect("enqueue");
     }
-    sent
+}
+
+/// Enqueue `messages` in order, one per transaction, into table `table` at `url`
+/// through a client under the workers' fault mix (seeded with `seed`), as a service
+/// enqueues while the relays drain: throttles past the SDK's retries and transactions
+/// cancelled for a conflict wrote nothing and are sent again, as a caller retries; a
+/// retry refused because every id is already stored finds the first attempt
+/// committed. What the injector injected is returned.
+pub(crate) async fn enqueue_under_faults(
+    url: &str,
+    table: &str,
+    order: KeyOrder,
+    messages: Vec<NewMessage>,
+    seed: u64,
+) -> FaultCounts {
+    let faults = dynamodb::fault_mix(seed);
+    let client = faults.client(&dynamodb::client(url, dynamodb::retries()));
+    let outbox = DynamoOutbox::new(client, dynamodb::outbox_config(table, order))
+        .expect("a valid outbox config");
+    for m in &messages {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match outbox.enqueue(Vec::new(), std::slice::from_ref(m)).await {
+                Ok(()) => break,
+                Err(e) if e.kind() == ErrorKind::Conflict && e.ids() == [m.id()] => break,
+                Err(e) if e.is_retryable() && attempts < 50 => continue,
+                Err(e) => panic!("enqueue {} failed after {attempts} attempts: {e}", m.id()),
+            }
+        }
+    }
+    FaultCounts::of(&faults)
 }
 
 /// The outbox's counts (from its eventually consistent indexes).
