@@ -578,6 +578,11 @@ async fn a_requeue_or_discard_never_leaves_a_body_behind() {
         ttls.first().copied(),
         "{faults}: the requeued body has the time to live its state records"
     );
+    assert_eq!(
+        faults.count("UpdateItem"),
+        0,
+        "{faults}: the body's time to live went in the transaction, not in a write after it"
+    );
 
     dead_letter().await;
     fail_body_and_transaction("DeleteItem");
@@ -592,4 +597,58 @@ async fn a_requeue_or_discard_never_leaves_a_body_behind() {
         "{faults}: the discarded message's body is gone"
     );
     assert_eq!(outbox.stats().await.unwrap().dead, 0);
+}
+
+/// A requeue whose transaction is refused on the state item (it stopped being a dead
+/// letter between the read and the write) changes nothing and counts nothing; one
+/// refused only on a body part (the part is missing) goes back with the state write
+/// alone, and the parts that exist get their time to live after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_requeue_is_decided_by_which_item_refused_it() {
+    let Some(client) = common::client("outbox-dynamodb faults: refused requeue").await else {
+        return;
+    };
+    let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
+    let outbox = outbox_with(&client, &faults).await;
+    let id = enqueue(&outbox, 1).await[0];
+    let held = claim(&outbox, 1).await.remove(0);
+    let dead = Failure::new(held.lease, "poison", Disposition::DeadLetter);
+    OutboxStoreExt::fail_one(&outbox, dead).await.unwrap();
+    let selection = outbox_core::DeadLetterSelection::Ids(vec![id]);
+
+    // The state action (the only one naming `attempts`) refused.
+    faults.add(
+        Rule::cancel_transaction(CancelReason::ConditionalCheckFailed)
+            .matching("attempts")
+            .times(1),
+    );
+    assert_eq!(
+        outbox.requeue_dead(&selection).await.unwrap(),
+        0,
+        "{faults}"
+    );
+    assert_eq!(outbox.stats().await.unwrap().dead, 1, "still a dead letter");
+    assert!(
+        !crate::bodies::body(&outbox, id).await[0].contains_key("ttl"),
+        "the dead letter's body keeps no time to live"
+    );
+
+    // A body action refused: the state goes back alone, then the body's time to live.
+    faults.add(
+        Rule::cancel_transaction(CancelReason::ConditionalCheckFailed)
+            .matching("b#000")
+            .times(1),
+    );
+    assert_eq!(
+        outbox.requeue_dead(&selection).await.unwrap(),
+        1,
+        "{faults}"
+    );
+    assert_eq!(outbox.stats().await.unwrap().dead, 0);
+    let ttls = crate::bodies::body_ttls(&outbox, id).await;
+    assert_eq!(
+        crate::bodies::body_exp(&outbox, id).await,
+        ttls.first().copied()
+    );
+    assert_eq!(claim(&outbox, 1).await[0].message.id, id);
 }

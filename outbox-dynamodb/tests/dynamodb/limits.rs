@@ -202,3 +202,44 @@ async fn transactions_over_100_actions_or_4_mb_are_refused_before_sending() {
     assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
     nothing_stored(&roomy).await;
 }
+
+/// A split message (two body items) goes through dead-lettering, requeue and discard
+/// whole: each is one transaction with every body item.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_message_is_requeued_and_discarded_whole() {
+    let Some(client) = common::client("outbox-dynamodb split dead letter").await else {
+        return;
+    };
+    let limits = MessageLimits::default().with_max_payload_bytes(1024 * 1024);
+    let outbox = common::outbox(&client, DynamoOutboxConfig::default().with_limits(limits))
+        .await
+        .unwrap();
+    let m = big(MAX_ITEM_BYTES);
+    outbox
+        .enqueue(Vec::new(), std::slice::from_ref(&m))
+        .await
+        .unwrap();
+    let lease = std::time::Duration::from_secs(30);
+    let dead_letter = || async {
+        let got = outbox
+            .claim(outbox_core::ClaimRequest::new(1, lease).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(got.messages[0].message.payload, m.payload());
+        let failure = outbox_core::Failure::new(
+            got.messages[0].lease,
+            "poison",
+            outbox_core::Disposition::DeadLetter,
+        );
+        assert!(outbox.fail(&[failure]).await.unwrap().lost.is_empty());
+    };
+    let selection = outbox_core::DeadLetterSelection::Ids(vec![m.id()]);
+    dead_letter().await;
+    assert_eq!(outbox.requeue_dead(&selection).await.unwrap(), 1);
+    let body = crate::bodies::body_ttls(&outbox, m.id()).await;
+    assert_eq!(body.len(), 2, "both parts have a time to live again");
+    dead_letter().await;
+    assert_eq!(outbox.discard_dead(&selection).await.unwrap(), 1);
+    assert!(crate::bodies::body(&outbox, m.id()).await.is_empty());
+    nothing_stored(&outbox).await;
+}

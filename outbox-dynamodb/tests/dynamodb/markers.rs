@@ -155,3 +155,55 @@ async fn requeue_racing_claims_keeps_per_key_order() {
         outbox.complete_one(&got[0].lease).await.unwrap();
     }
 }
+
+/// A requeued dead letter goes back to its original place in its key's order (its
+/// marker put back in the requeue's transaction: a message of its key enqueued after
+/// it waits behind it again), and to the end of the due order of its shards (due now,
+/// not at the start of time): an unkeyed message enqueued before the requeue is
+/// claimed first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requeued_dead_letter_goes_back_to_its_place() {
+    let Some(client) = common::client("outbox-dynamodb requeue place").await else {
+        return;
+    };
+    let outbox = common::outbox(
+        &client,
+        DynamoOutboxConfig::default().with_ordering(KeyOrder::PerKey),
+    )
+    .await
+    .unwrap();
+    let claim = |n: usize| {
+        let outbox = outbox.clone();
+        async move {
+            outbox
+                .claim(ClaimRequest::new(n, LEASE).unwrap())
+                .await
+                .unwrap()
+                .into_messages()
+        }
+    };
+    let (first, plain) = (keyed("order-7"), NewMessage::builder("u").build().unwrap());
+    common::enqueue_all(&outbox, &[first.clone(), plain.clone()])
+        .await
+        .unwrap();
+    for c in claim(2).await {
+        let dead = Failure::new(c.lease, "poison", Disposition::DeadLetter);
+        outbox.fail_one(dead).await.unwrap();
+    }
+    let (later, waiting) = (keyed("order-7"), NewMessage::builder("w").build().unwrap());
+    common::enqueue_all(&outbox, &[later.clone(), waiting.clone()])
+        .await
+        .unwrap();
+    let selection = DeadLetterSelection::Ids(vec![first.id(), plain.id()]);
+    assert_eq!(outbox.requeue_dead(&selection).await.unwrap(), 2);
+
+    // `waiting` (due before the requeue) comes first, then the requeued two; `later`
+    // waits behind `first`, its key's head again.
+    let got: Vec<_> = claim(10).await.iter().map(|c| c.message.id).collect();
+    assert_eq!(got.first(), Some(&waiting.id()), "{got:?}");
+    let mut rest = got[1..].to_vec();
+    rest.sort();
+    let mut requeued = vec![first.id(), plain.id()];
+    requeued.sort();
+    assert_eq!(rest, requeued, "{got:?}: `later` is blocked behind `first`");
+}
