@@ -43,11 +43,16 @@ pub async fn delayed_messages_wait(h: &dyn Harness) {
         .delay(Duration::from_secs(3600))
         .build()
         .unwrap();
+    // A second: the claim below must start before it passes, on a loaded machine too
+    // (200 ms did not always, against DynamoDB Local under the whole suite).
     let soon = NewMessage::builder("d")
-        .delay(Duration::from_millis(200))
+        .delay(Duration::from_secs(1))
         .build()
         .unwrap();
     let soon_id = soon.id();
+    // A first claim may do the store's own setup (DynamoDB takes its shard leases,
+    // which took over a second on a loaded machine): done before the clock starts.
+    assert!(claim(&*store, 1, LONG_LEASE).await.is_empty());
     f.enqueue(vec![much_later, soon, msg("d", 1)])
         .await
         .unwrap();
