@@ -60,6 +60,13 @@ async fn claim(outbox: &DynamoOutbox, n: usize) -> Vec<ClaimedMessage> {
         .into_messages()
 }
 
+/// Claim the one due message of `outbox` and dead-letter it.
+async fn dead_letter_next(outbox: &DynamoOutbox) {
+    let held = claim(outbox, 1).await.remove(0);
+    let dead = Failure::new(held.lease, "poison", Disposition::DeadLetter);
+    OutboxStoreExt::fail_one(outbox, dead).await.unwrap();
+}
+
 fn ids(claimed: &[ClaimedMessage]) -> HashSet<MessageId> {
     claimed.iter().map(|c| c.message.id).collect()
 }
@@ -546,11 +553,6 @@ async fn a_requeue_or_discard_never_leaves_a_body_behind() {
     let outbox = outbox_with(&client, &faults).await;
     let id = enqueue(&outbox, 1).await[0];
     let selection = outbox_core::DeadLetterSelection::Ids(vec![id]);
-    let dead_letter = || async {
-        let held = claim(&outbox, 1).await.remove(0);
-        let dead = Failure::new(held.lease, "poison", Disposition::DeadLetter);
-        OutboxStoreExt::fail_one(&outbox, dead).await.unwrap();
-    };
     let fail_body_and_transaction = |body_operation: &str| {
         faults.add(
             Rule::throttle(body_operation, Fault::Throttling)
@@ -564,7 +566,7 @@ async fn a_requeue_or_discard_never_leaves_a_body_behind() {
         );
     };
 
-    dead_letter().await;
+    dead_letter_next(&outbox).await;
     fail_body_and_transaction("UpdateItem");
     assert!(
         outbox.requeue_dead(&selection).await.is_err(),
@@ -584,7 +586,7 @@ async fn a_requeue_or_discard_never_leaves_a_body_behind() {
         "{faults}: the body's time to live went in the transaction, not in a write after it"
     );
 
-    dead_letter().await;
+    dead_letter_next(&outbox).await;
     fail_body_and_transaction("DeleteItem");
     assert!(
         outbox.discard_dead(&selection).await.is_err(),
@@ -611,9 +613,7 @@ async fn a_refused_requeue_is_decided_by_which_item_refused_it() {
     let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
     let outbox = outbox_with(&client, &faults).await;
     let id = enqueue(&outbox, 1).await[0];
-    let held = claim(&outbox, 1).await.remove(0);
-    let dead = Failure::new(held.lease, "poison", Disposition::DeadLetter);
-    OutboxStoreExt::fail_one(&outbox, dead).await.unwrap();
+    dead_letter_next(&outbox).await;
     let selection = outbox_core::DeadLetterSelection::Ids(vec![id]);
 
     // The state action (the only one naming `attempts`) refused.
