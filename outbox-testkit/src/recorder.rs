@@ -1,14 +1,16 @@
-//! [`TestRecorder`]: a `metrics` recorder that keeps counters, gauges and descriptions
-//! in memory, for tests of what a relay or a store records.
+//! [`TestRecorder`]: a `metrics` recorder that keeps counters, gauges, histogram sample
+//! counts and descriptions in memory, for tests of what a relay or a store records.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use metrics::{
+    Counter, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+};
 
-/// Keeps every counter and gauge by name and labels, and every described name.
-/// Histograms are dropped.
+/// Keeps every counter and gauge by name and labels, the number of samples each
+/// histogram got (not their values), and every described name.
 ///
 /// Handles are registered with the recorder installed when they are made: relays take
 /// theirs when constructed, so construct them inside
@@ -16,17 +18,44 @@ use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, Share
 #[derive(Debug, Default)]
 pub struct TestRecorder {
     values: Mutex<HashMap<String, Arc<AtomicU64>>>,
+    samples: Mutex<HashMap<String, Arc<SampleCount>>>,
     described: Mutex<HashSet<String>>,
+}
+
+/// A histogram that counts its samples.
+#[derive(Debug, Default)]
+struct SampleCount(AtomicU64);
+
+impl HistogramFn for SampleCount {
+    fn record(&self, _value: f64) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// `name{label=value,...}`, the key every map here uses.
+fn key_text(key: &Key) -> String {
+    let labels: Vec<String> = key
+        .labels()
+        .map(|l| format!("{}={}", l.key(), l.value()))
+        .collect();
+    format!("{}{{{}}}", key.name(), labels.join(","))
 }
 
 impl TestRecorder {
     fn slot(&self, key: &Key) -> Arc<AtomicU64> {
-        let labels: Vec<String> = key
-            .labels()
-            .map(|l| format!("{}={}", l.key(), l.value()))
-            .collect();
-        let name = format!("{}{{{}}}", key.name(), labels.join(","));
-        Arc::clone(self.lock_values().entry(name).or_default())
+        Arc::clone(self.lock_values().entry(key_text(key)).or_default())
+    }
+
+    fn lock_samples(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<SampleCount>>> {
+        self.samples.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How many samples the histogram `name` with `labels` got, 0 when never
+    /// registered.
+    pub fn samples(&self, name: &str, labels: &str) -> u64 {
+        self.lock_samples()
+            .get(&format!("{name}{{{labels}}}"))
+            .map_or(0, |h| h.0.load(Ordering::Relaxed))
     }
 
     fn lock_values(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<AtomicU64>>> {
@@ -84,7 +113,9 @@ impl Recorder for TestRecorder {
     fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
         Gauge::from_arc(self.slot(key))
     }
-    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
-        Histogram::noop()
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::from_arc(Arc::clone(
+            self.lock_samples().entry(key_text(key)).or_default(),
+        ))
     }
 }

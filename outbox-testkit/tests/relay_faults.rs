@@ -11,7 +11,10 @@ use outbox_core::{
     NewMessage, OutboxAdmin, OutboxStore, PublishOutcome, Publisher, Relay, RelayConfig, Result,
     RetryPolicy, Settled, StoreCapabilities,
 };
-use outbox_testkit::{within, Fault, FaultyStore, MemoryStore, Op, RecordingPublisher};
+use outbox_testkit::{
+    assert_recovered_from_faults, within, Fault, FaultyPublisher, FaultyStore, MemoryStore, Op,
+    PublishFault, RecordingPublisher, TestRecorder,
+};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
@@ -765,4 +768,70 @@ async fn the_idle_poll_doubles_to_its_cap_and_starts_over() {
     assert!(jittered(after_wake[0], 100), "then 100 ms: {gaps:?}");
     assert!(jittered(after_wake[1], 200), "then 200 ms: {gaps:?}");
     within("shutdown", handle.shutdown()).await.unwrap();
+}
+
+/// A relay over two messages whose first publish call fails with `fault`, retrying
+/// after 10 ms: the totals once both were published, the publisher and the recorder.
+async fn first_call_fails(fault: PublishFault) -> (DispatchReport, FaultyPublisher, TestRecorder) {
+    let memory = memory_with(2);
+    let store = FaultyStore::new(Arc::new(memory.clone()));
+    let publisher = FaultyPublisher::new(RecordingPublisher::new());
+    publisher.inject(fault, 1);
+    let config = config()
+        .name("faulty")
+        .publish_timeout(Duration::from_millis(200))
+        .retry(
+            RetryPolicy::with_max_attempts(3)
+                .backoff(Duration::from_millis(10), Duration::from_millis(10)),
+        );
+    let recorder = TestRecorder::default();
+    let relay = metrics::with_local_recorder(&recorder, || {
+        relay(&store, Arc::new(publisher.clone()), config)
+    });
+    let handle = relay.spawn();
+    publisher
+        .recording()
+        .wait_for_unique(2, DEADLINE)
+        .await
+        .unwrap();
+    let report = within("shutdown", handle.shutdown()).await.unwrap();
+    (report, publisher, recorder)
+}
+
+/// The polling relay's own checks after one faulty call, and the ones every relay
+/// shares.
+fn check_retried_after(
+    (report, publisher, recorder): &(DispatchReport, FaultyPublisher, TestRecorder),
+    reason: &str,
+) {
+    assert_recovered_from_faults(publisher, recorder, "faulty", 2);
+    assert_eq!(
+        (report.retried, report.dispatched, report.dead_lettered),
+        (2, 2, 0)
+    );
+    for m in publisher.recording().published() {
+        let error = m.last_error.as_deref().unwrap_or_default();
+        assert!(error.contains(reason), "{error:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_hung_publish_times_out_and_its_messages_are_retried() {
+    let run = first_call_fails(PublishFault::Hang).await;
+    check_retried_after(&run, "publish timed out after 200ms");
+    assert_eq!(run.0.panics, 0);
+}
+
+#[tokio::test]
+async fn a_panicking_publish_is_caught_counted_and_its_messages_retried() {
+    let run = first_call_fails(PublishFault::Panic).await;
+    check_retried_after(&run, "publisher panicked: injected publisher panic");
+    assert_eq!(run.0.panics, 1);
+}
+
+#[tokio::test]
+async fn outcomes_of_the_wrong_count_are_refused() {
+    let run = first_call_fails(PublishFault::WrongCount).await;
+    check_retried_after(&run, "publisher returned 3 outcomes for 2 messages");
+    assert_eq!(run.0.panics, 0);
 }

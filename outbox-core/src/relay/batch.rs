@@ -1,16 +1,13 @@
 //! One claimed batch, from publish to settled leases: [`Batch`].
 
-use std::any::Any;
 use std::collections::HashSet;
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use super::settler::Deferred;
 use super::{DispatchReport, Inner};
@@ -235,31 +232,16 @@ impl<'r> Batch<'r> {
             return (report, None);
         }
         self.mark_started(leases);
-        let span = tracing::info_span!(
-            "outbox.publish",
-            relay = %config.name,
-            count = messages.len(),
-            first_id = %messages[0].id,
-        );
-        #[cfg(feature = "otel")]
-        crate::otel::link_messages(&span, messages);
         let mut report = DispatchReport::default();
-        let outcomes = self.outcomes(messages, &mut report).instrument(span).await;
-
-        let now = SystemTime::now();
+        let published = inner.stage.publish(messages).await;
+        if published.panicked {
+            report.panics += 1;
+        }
         let mut done = Vec::with_capacity(leases.len());
         let mut failures = Vec::new();
-        for ((message, &lease), outcome) in messages.iter().zip(leases).zip(outcomes) {
+        for ((message, &lease), outcome) in messages.iter().zip(leases).zip(published.outcomes) {
             match outcome {
-                PublishOutcome::Published => {
-                    if let Ok(lag) = now.duration_since(message.created_at) {
-                        inner
-                            .metrics
-                            .commit_to_publish_seconds
-                            .record(lag.as_secs_f64());
-                    }
-                    done.push(lease);
-                }
+                PublishOutcome::Published => done.push(lease),
                 PublishOutcome::Retryable(error) => failures.push(Failure::new(
                     lease,
                     error,
@@ -290,46 +272,6 @@ impl<'r> Batch<'r> {
         // The renewal's counts are in the totals already: only the report gets them.
         report.add(&renewal);
         (report, None)
-    }
-
-    /// The publisher's outcome for every message, whatever the publisher does: an
-    /// error, a wrong count, a timeout or a panic becomes a failure of every message
-    /// (a panic is also counted in `report`).
-    async fn outcomes(
-        &self,
-        messages: &[Message],
-        report: &mut DispatchReport,
-    ) -> Vec<PublishOutcome> {
-        let config = &self.inner.config;
-        tracing::debug!(ids = ?messages.iter().map(|m| m.id).collect::<Vec<_>>(), "publishing");
-        let publish = AssertUnwindSafe(self.inner.publisher.publish(messages)).catch_unwind();
-        let all = |outcome: PublishOutcome| vec![outcome; messages.len()];
-        match tokio::time::timeout(config.publish_timeout, publish).await {
-            Ok(Ok(Ok(outcomes))) if outcomes.len() == messages.len() => outcomes,
-            Ok(Ok(Ok(outcomes))) => {
-                let why = format!(
-                    "publisher returned {} outcomes for {} messages",
-                    outcomes.len(),
-                    messages.len()
-                );
-                tracing::error!("{why}");
-                all(PublishOutcome::Retryable(why))
-            }
-            Ok(Ok(Err(err))) if err.is_retryable() => {
-                all(PublishOutcome::Retryable(err.report().to_string()))
-            }
-            Ok(Ok(Err(err))) => all(PublishOutcome::Permanent(err.report().to_string())),
-            Ok(Err(panic)) => {
-                let why = format!("publisher panicked: {}", panic_message(&*panic));
-                tracing::error!(count = messages.len(), "{why}");
-                report.panics += 1;
-                all(PublishOutcome::Retryable(why))
-            }
-            Err(_) => all(PublishOutcome::Retryable(format!(
-                "publish timed out after {:?}",
-                config.publish_timeout
-            ))),
-        }
     }
 
     /// Complete what was published and fail the rest, both at once.
@@ -553,16 +495,5 @@ impl SettleOutcome {
         } else {
             self.settled.lost.len() as u64
         }
-    }
-}
-
-/// The text of a panic's payload (`panic!("...")` carries a `&str` or a `String`).
-pub(super) fn panic_message(payload: &(dyn Any + Send)) -> String {
-    if let Some(text) = payload.downcast_ref::<&str>() {
-        (*text).to_owned()
-    } else if let Some(text) = payload.downcast_ref::<String>() {
-        text.clone()
-    } else {
-        "a panic without a message".to_owned()
     }
 }

@@ -43,7 +43,6 @@ pub(crate) struct Handles {
     pub(crate) store_errors: Counter,
     pub(crate) panics: Counter,
     pub(crate) claim_seconds: Histogram,
-    pub(crate) commit_to_publish_seconds: Histogram,
 }
 
 impl Handles {
@@ -58,7 +57,6 @@ impl Handles {
             store_errors: ::metrics::counter!(STORE_ERRORS, &[label()]),
             panics: ::metrics::counter!(PANICS, &[label()]),
             claim_seconds: ::metrics::histogram!(CLAIM_SECONDS, &[label()]),
-            commit_to_publish_seconds: ::metrics::histogram!(COMMIT_TO_PUBLISH_SECONDS, &[label()]),
         }
     }
 }

@@ -107,6 +107,7 @@ mod batch;
 mod config;
 pub mod metrics;
 mod pacer;
+mod publish_stage;
 mod settler;
 mod wake;
 
@@ -125,14 +126,16 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 pub use config::{RelayConfig, DEFAULT_PIPELINE_DEPTH, MAX_PIPELINE_DEPTH};
+pub use publish_stage::{PublishStage, Published};
 pub use wake::Wakeup;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::message::MessageId;
 use crate::publisher::Publisher;
 use crate::store::{ClaimIds, ClaimRequest, Claimed, ClaimedMessage, OutboxStore};
-use batch::{panic_message, Batch};
+use batch::Batch;
 use pacer::{Next, Pacer};
+use publish_stage::panic_message;
 use settler::{settle_and_claim, Deferred, Settler};
 
 /// Counts of what a relay (or one dispatch call) did.
@@ -198,7 +201,8 @@ impl Tally {
 #[derive(Debug)]
 struct Inner {
     store: Arc<dyn OutboxStore>,
-    publisher: Arc<dyn Publisher>,
+    /// The publisher, behind the publish timeout and the panic guard.
+    stage: PublishStage,
     config: RelayConfig,
     wakeup: Wakeup,
     /// Cancelled when the relay is to stop.
@@ -262,7 +266,7 @@ impl Relay {
         Ok(Relay {
             inner: Arc::new(Inner {
                 store,
-                publisher,
+                stage: PublishStage::new(publisher, &config.name, config.publish_timeout),
                 config,
                 wakeup: Wakeup::new(),
                 stop: CancellationToken::new(),
