@@ -160,10 +160,13 @@ pub fn relay_config(name: &str) -> RelayConfig {
 }
 
 /// How often a log-tailing worker reports its confirmed position: with
-/// [`WAL_BATCH_SIZE`] and the test's transactions, what bounds its duplicate window.
+/// [`WAL_BATCH_SIZE`], [`WAL_PUBLISH_CONCURRENCY`] and the test's transactions, what
+/// bounds its duplicate window.
 pub const WAL_STATUS_INTERVAL: Duration = Duration::from_millis(20);
 /// Messages per publish call of a log-tailing worker.
 pub const WAL_BATCH_SIZE: usize = 10;
+/// Publish calls a log-tailing worker has in flight at once (the default).
+pub const WAL_PUBLISH_CONCURRENCY: usize = 4;
 
 /// The log-tailing outbox of a chaos schema: slot, publication and message prefix are
 /// all named after the schema, dead letters live in its `outbox_messages` table.
@@ -180,6 +183,7 @@ pub fn wal_outbox_config(schema: &str) -> outbox_postgres_wal::WalOutboxConfig {
 pub fn wal_relay_config() -> outbox_postgres_wal::WalRelayConfig {
     outbox_postgres_wal::WalRelayConfig::default()
         .with_batch_size(WAL_BATCH_SIZE)
+        .with_publish_concurrency(WAL_PUBLISH_CONCURRENCY)
         .with_status_interval(WAL_STATUS_INTERVAL)
         .with_reconnect_backoff(Duration::from_millis(20), Duration::from_millis(500))
         .with_lock_retry(Duration::from_millis(50))

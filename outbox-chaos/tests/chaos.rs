@@ -477,9 +477,10 @@ const TXN: usize = 100;
 /// stays up: what it published after the last position the server received. That
 /// position lags by the messages of a transaction not yet wholly settled (confirmed
 /// positions are transaction ends) and by those settled during the last status
-/// interval, plus the batch in flight: bounded here by two transactions and a batch.
+/// interval, plus the calls in flight: bounded here by two transactions and a batch
+/// per call in flight.
 fn wal_window() -> usize {
-    2 * TXN + outbox_chaos::WAL_BATCH_SIZE
+    2 * TXN + outbox_chaos::WAL_BATCH_SIZE * outbox_chaos::WAL_PUBLISH_CONCURRENCY
 }
 
 /// The log-tailing relay (`chaos-wal-worker`, one active and one standby on the lock)

@@ -130,6 +130,10 @@ impl WalOutboxConfig {
     }
 }
 
+/// The most publish calls a log-tailing relay may have in flight
+/// ([`WalRelayConfig::publish_concurrency`]).
+pub const MAX_PUBLISH_CONCURRENCY: usize = 64;
+
 /// How a [`WalRelay`](crate::WalRelay) publishes and keeps its place.
 ///
 /// ```
@@ -147,6 +151,12 @@ impl WalOutboxConfig {
 pub struct WalRelayConfig {
     /// Most messages handed to one `Publisher::publish` call. Default 256.
     pub batch_size: usize,
+    /// Publish calls in flight at once: the relay hands the next batch to the
+    /// publisher while earlier ones await the broker's acknowledgements, as the polling
+    /// relay's `publish_concurrency`. Together with `batch_size` it bounds what a killed
+    /// relay publishes again (`batch_size × publish_concurrency` in flight). 1 to
+    /// [`MAX_PUBLISH_CONCURRENCY`]; default 4.
+    pub publish_concurrency: usize,
     /// How often the confirmed position is reported to the server (standby status
     /// updates). A relay killed between two reports republishes what it published since
     /// the last one. Default 200 ms.
@@ -168,12 +178,18 @@ pub struct WalRelayConfig {
     /// the relay abandons it (unconfirmed: the next relay publishes its messages
     /// again). Default 10 s, as the polling relay's.
     pub shutdown_grace: Duration,
+    /// The longest one `Publisher::publish` call may take: a call still unanswered then
+    /// is dropped and its messages fail retryably (counted as attempts, then resumed
+    /// from the confirmed position, as any retryable failure). Default 10 s, as the
+    /// polling relay's.
+    pub publish_timeout: Duration,
 }
 
 impl Default for WalRelayConfig {
     fn default() -> Self {
         WalRelayConfig {
             batch_size: 256,
+            publish_concurrency: 4,
             status_interval: Duration::from_millis(200),
             retry: RetryPolicy::default(),
             reconnect_backoff: (Duration::from_millis(100), Duration::from_secs(30)),
@@ -181,6 +197,7 @@ impl Default for WalRelayConfig {
             lag_interval: Duration::from_secs(5),
             application_name: "outbox-wal-relay".to_owned(),
             shutdown_grace: Duration::from_secs(10),
+            publish_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -190,6 +207,13 @@ impl WalRelayConfig {
     #[must_use]
     pub fn with_batch_size(mut self, batch_size: usize) -> Self {
         self.batch_size = batch_size;
+        self
+    }
+
+    /// Set [`publish_concurrency`](Self::publish_concurrency).
+    #[must_use]
+    pub fn with_publish_concurrency(mut self, calls: usize) -> Self {
+        self.publish_concurrency = calls;
         self
     }
 
@@ -235,13 +259,21 @@ impl WalRelayConfig {
         self
     }
 
+    /// Set [`publish_timeout`](Self::publish_timeout).
+    #[must_use]
+    pub fn with_publish_timeout(mut self, timeout: Duration) -> Self {
+        self.publish_timeout = timeout;
+        self
+    }
+
     /// Check the values.
     ///
     /// # Errors
     /// [`ErrorKind::Config`](outbox_core::ErrorKind::Config) for a zero batch size,
-    /// a batch above [`outbox_core::store::MAX_CLAIM_BATCH`], a zero interval, a
-    /// backoff whose first wait exceeds its longest, an invalid retry policy or an
-    /// empty application name.
+    /// a batch above [`outbox_core::store::MAX_CLAIM_BATCH`], a publish concurrency
+    /// outside `1..=`[`MAX_PUBLISH_CONCURRENCY`], a zero interval or
+    /// publish timeout, a backoff whose first wait exceeds its longest, an invalid retry
+    /// policy or an empty application name.
     pub fn validate(&self) -> Result<()> {
         if self.batch_size == 0 || self.batch_size > outbox_core::store::MAX_CLAIM_BATCH {
             return Err(Error::config(format!(
@@ -249,11 +281,17 @@ impl WalRelayConfig {
                 outbox_core::store::MAX_CLAIM_BATCH
             )));
         }
+        if !(1..=MAX_PUBLISH_CONCURRENCY).contains(&self.publish_concurrency) {
+            return Err(Error::config(format!(
+                "publish concurrency must be within 1..={MAX_PUBLISH_CONCURRENCY}"
+            )));
+        }
         for (what, d) in [
             ("status interval", self.status_interval),
             ("lock retry interval", self.lock_retry),
             ("lag interval", self.lag_interval),
             ("first reconnect wait", self.reconnect_backoff.0),
+            ("publish timeout", self.publish_timeout),
         ] {
             if d.is_zero() {
                 return Err(Error::config(format!("{what} must be above zero")));
@@ -531,6 +569,9 @@ mod tests {
             WalRelayConfig::default().with_retry(RetryPolicy::with_max_attempts(0)),
             WalRelayConfig::default().with_lock_retry(Duration::ZERO),
             WalRelayConfig::default().with_lag_interval(Duration::ZERO),
+            WalRelayConfig::default().with_publish_timeout(Duration::ZERO),
+            WalRelayConfig::default().with_publish_concurrency(0),
+            WalRelayConfig::default().with_publish_concurrency(MAX_PUBLISH_CONCURRENCY + 1),
         ] {
             assert_eq!(bad.validate().unwrap_err().kind(), ErrorKind::Config);
         }
@@ -539,6 +580,9 @@ mod tests {
         for good in [
             WalRelayConfig::default().with_batch_size(outbox_core::store::MAX_CLAIM_BATCH),
             WalRelayConfig::default().with_reconnect_backoff(second, second),
+            WalRelayConfig::default().with_publish_timeout(Duration::from_millis(1)),
+            WalRelayConfig::default().with_publish_concurrency(1),
+            WalRelayConfig::default().with_publish_concurrency(MAX_PUBLISH_CONCURRENCY),
         ] {
             assert!(good.validate().is_ok());
         }

@@ -7,10 +7,8 @@ mod meters;
 mod outbox;
 mod relay;
 
-pub use config::{ReplicationTarget, WalOutboxConfig, WalRelayConfig};
-pub use meters::{
-    describe_metrics, DEAD_LETTERED, PUBLISHED, RECONNECTS, SLOT_LAG_BYTES, SLOT_LAG_SECONDS,
-};
+pub use config::{ReplicationTarget, WalOutboxConfig, WalRelayConfig, MAX_PUBLISH_CONCURRENCY};
+pub use meters::{describe_metrics, RECONNECTS, SLOT_LAG_BYTES, SLOT_LAG_SECONDS};
 pub use outbox::{SlotStatus, WalOutbox, POSITIONS_TABLE};
 pub use relay::{WalRelay, WalRelayReport, NON_TRANSACTIONAL_DESTINATION, UNDECODABLE_DESTINATION};
 

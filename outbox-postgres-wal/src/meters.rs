@@ -1,8 +1,15 @@
 //! The relay's metrics: names, and the handles a relay registers when it is made.
+//!
+//! What both relays do (publish, retry, dead-letter, catch a panic, the commit to
+//! publish latency) is counted under the polling relay's names
+//! ([`outbox_core::relay::metrics`]), labelled `relay` with the slot's name, so one
+//! dashboard and one alert serve both; what only this relay has (the slot's lag, its
+//! reconnects) is named here, labelled `slot`.
 
 use std::time::SystemTime;
 
 use metrics::{counter, describe_counter, describe_gauge, gauge, Counter, Gauge, Unit};
+use outbox_core::relay::metrics::{DEAD_LETTERED, DISPATCHED, PANICS, RETRIED};
 
 /// Gauge, bytes: log between the server's current position and the slot's confirmed
 /// position (label `slot`).
@@ -10,16 +17,12 @@ pub const SLOT_LAG_BYTES: &str = "outbox_wal_slot_lag_bytes";
 /// Gauge, seconds: age of the oldest committed message the relay has read but not yet
 /// settled, 0 when it is caught up (label `slot`).
 pub const SLOT_LAG_SECONDS: &str = "outbox_wal_slot_lag_seconds";
-/// Counter: messages the broker accepted (label `slot`).
-pub const PUBLISHED: &str = "outbox_wal_messages_published_total";
-/// Counter: messages written to the dead letters (label `slot`).
-pub const DEAD_LETTERED: &str = "outbox_wal_messages_dead_lettered_total";
 /// Counter: stream sessions ended by an error and resumed (label `slot`).
 pub const RECONNECTS: &str = "outbox_wal_reconnects_total";
 
-/// Describe every metric of this crate (help text and unit) to the installed `metrics`
-/// recorder, as `outbox_core::monitor::describe_metrics` does for the polling relay's.
-/// Call once after installing the recorder.
+/// Describe the metrics named in this crate (help text and unit) to the installed
+/// `metrics` recorder; `outbox_core::monitor::describe_metrics` describes the shared
+/// ones. Call both once after installing the recorder.
 pub fn describe_metrics() {
     describe_gauge!(
         SLOT_LAG_BYTES,
@@ -30,12 +33,6 @@ pub fn describe_metrics() {
         SLOT_LAG_SECONDS,
         Unit::Seconds,
         "Age of the oldest committed message read but not yet published or dead-lettered."
-    );
-    describe_counter!(PUBLISHED, Unit::Count, "Messages the broker accepted.");
-    describe_counter!(
-        DEAD_LETTERED,
-        Unit::Count,
-        "Messages written to the dead letters."
     );
     describe_counter!(
         RECONNECTS,
@@ -51,8 +48,11 @@ pub fn describe_metrics() {
 pub(crate) struct Meters {
     lag_bytes: Gauge,
     lag_seconds: Gauge,
-    pub(crate) published: Counter,
+    /// The shared `outbox_messages_dispatched_total`: published and settled.
+    pub(crate) dispatched: Counter,
+    pub(crate) retried: Counter,
     pub(crate) dead_lettered: Counter,
+    pub(crate) panics: Counter,
     pub(crate) reconnects: Counter,
 }
 
@@ -62,8 +62,10 @@ impl Meters {
         Meters {
             lag_bytes: gauge!(SLOT_LAG_BYTES, "slot" => slot.clone()),
             lag_seconds: gauge!(SLOT_LAG_SECONDS, "slot" => slot.clone()),
-            published: counter!(PUBLISHED, "slot" => slot.clone()),
-            dead_lettered: counter!(DEAD_LETTERED, "slot" => slot.clone()),
+            dispatched: counter!(DISPATCHED, "relay" => slot.clone()),
+            retried: counter!(RETRIED, "relay" => slot.clone()),
+            dead_lettered: counter!(DEAD_LETTERED, "relay" => slot.clone()),
+            panics: counter!(PANICS, "relay" => slot.clone()),
             reconnects: counter!(RECONNECTS, "slot" => slot),
         }
     }
@@ -95,13 +97,7 @@ mod tests {
     fn every_metric_is_described() {
         let recorder = outbox_testkit::TestRecorder::default();
         metrics::with_local_recorder(&recorder, describe_metrics);
-        for name in [
-            SLOT_LAG_BYTES,
-            SLOT_LAG_SECONDS,
-            PUBLISHED,
-            DEAD_LETTERED,
-            RECONNECTS,
-        ] {
+        for name in [SLOT_LAG_BYTES, SLOT_LAG_SECONDS, RECONNECTS] {
             assert!(recorder.is_described(name), "{name} has no description");
         }
     }

@@ -5,8 +5,10 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use futures::FutureExt;
+use futures::stream::FuturesOrdered;
+use futures::{FutureExt, StreamExt};
 use outbox_core::backend::Backoff;
+use outbox_core::relay::PublishStage;
 use outbox_core::{
     DistributedLock, Error, ErrorKind, LockGuard, LockName, Message, MessageId, PublishOutcome,
     Publisher, Result,
@@ -42,6 +44,10 @@ pub struct WalRelayReport {
     pub published: u64,
     /// Messages written to the dead letters.
     pub dead_lettered: u64,
+    /// Retryable publish failures (each counts as an attempt of its message).
+    pub retried: u64,
+    /// Publisher panics caught (each fails its call's messages retryably).
+    pub panics: u64,
     /// Stream sessions opened.
     pub sessions: u64,
 }
@@ -65,11 +71,17 @@ pub struct WalRelayReport {
 ///    (decoded even when its transaction rolled back), is written to the dead letters
 ///    at once ([`UNDECODABLE_DESTINATION`], [`NON_TRANSACTIONAL_DESTINATION`]) and
 ///    never published.
-/// 4. Publish in batches of up to [`batch_size`](WalRelayConfig::batch_size), one
-///    batch at a time, each holding at most one message per partition key, until
-///    nothing is ready. A permanent refusal is written to the dead letters; a
+/// 4. Publish in batches of up to [`batch_size`](WalRelayConfig::batch_size), up to
+///    [`publish_concurrency`](WalRelayConfig::publish_concurrency) calls in flight at
+///    once (the next batch goes out while earlier ones await the broker), the answers
+///    taken in order, until nothing is ready. The calls in flight together hold at
+///    most one message per partition key. A permanent refusal is written to the dead letters; a
 ///    retryable one is counted against that message (dead-lettered after
-///    `retry.max_attempts`).
+///    `retry.max_attempts`). Every call goes through the guards the polling relay's
+///    calls do ([`PublishStage`]): a call unanswered after
+///    [`publish_timeout`](WalRelayConfig::publish_timeout), a panicking publisher
+///    (counted in [`WalRelayReport::panics`]) and a wrong number of outcomes fail
+///    every message of the batch retryably.
 /// 5. Confirm (standby status update) the end position of the last transaction all of
 ///    whose messages, and all before them, were published or dead-lettered; a
 ///    position past which nothing of the outbox is waiting (other transactions,
@@ -107,16 +119,17 @@ pub struct WalRelayReport {
 /// So a relay killed (or cut off) publishes again what it published after the last
 /// position it reported: the messages of the transaction it was in (positions are
 /// confirmed at transaction ends), those settled during the last `status_interval`
-/// and the batch in flight. A retryable failure republishes the messages of the
-/// failing message's transaction published before it, and the batch's messages after
-/// it. Publishers pass the message id as the broker's dedup id; consumers deduplicate.
+/// and the calls in flight (up to `batch_size × publish_concurrency` messages). A
+/// retryable failure republishes the messages of the failing message's transaction
+/// published before it, and the messages after it that were in flight. Publishers pass the message id as the broker's dedup id; consumers deduplicate.
 ///
 /// ## Ordering
 ///
 /// Messages are handed to the publisher in commit order, and within a transaction in
-/// enqueue order, one batch at a time; a batch is cut before a partition key's second
-/// message. Per-key order holds for every key, also when the broker accepts part of a
-/// batch: a key's next message is published only after the earlier one settled.
+/// enqueue order; what is in flight at once (one or several calls) is cut before a
+/// partition key's second message. Per-key order holds for every key, also when the
+/// broker accepts part of a batch: a key's next message is published only after the
+/// earlier one settled.
 /// Across keys, first publishes are in commit order; when a batch partly fails, its
 /// other keys' messages accepted by the broker may precede the retried one (and are
 /// published again after the resume). A message that keeps failing holds every later
@@ -126,7 +139,9 @@ pub struct WalRelayReport {
 pub struct WalRelay {
     outbox: WalOutbox,
     target: ReplicationTarget,
-    publisher: Arc<dyn Publisher>,
+    /// The publisher behind the publish timeout and the panic guard the polling relay
+    /// uses too.
+    stage: PublishStage,
     config: WalRelayConfig,
     /// Retryable failures per message not yet settled, across sessions (lost with the
     /// process).
@@ -181,11 +196,13 @@ impl WalRelay {
         config: WalRelayConfig,
     ) -> Result<Self> {
         config.validate()?;
-        let meters = Meters::new(outbox.config().slot());
+        let slot = outbox.config().slot();
+        let meters = Meters::new(slot);
+        let stage = PublishStage::new(publisher, slot, config.publish_timeout);
         Ok(WalRelay {
             outbox,
             target,
-            publisher,
+            stage,
             config,
             failures: HashMap::new(),
             report: WalRelayReport::default(),
@@ -564,17 +581,25 @@ impl WalRelay {
         Ok(())
     }
 
-    /// Publish the first batch of `stream.ready` and settle it.
+    /// Publish the first wave of `stream.ready` and settle it: up to
+    /// [`publish_concurrency`](WalRelayConfig::publish_concurrency) calls of
+    /// [`batch_size`](WalRelayConfig::batch_size) messages in flight at once, a call
+    /// starting as soon as an earlier one answers, the answers taken in order.
     ///
-    /// A batch holds at most one message per partition key: it is cut before a key's
+    /// A wave holds at most one message per partition key: it is cut before a key's
     /// second message. A broker accepting a later message of a key while refusing an
-    /// earlier one (to retry) would otherwise put the later one first.
+    /// earlier one (to retry), or two calls in flight at once, would otherwise put the
+    /// later one first.
     async fn publish_batch(
         &mut self,
         stream: &mut Stream,
         shutdown: &CancellationToken,
     ) -> Result<BatchEnd> {
-        let n = batch_len(&stream.ready, self.config.batch_size);
+        let wave = self
+            .config
+            .batch_size
+            .saturating_mul(self.config.publish_concurrency);
+        let n = batch_len(&stream.ready, wave);
         // `attempts`: this hand-over, counted from 1, after the retryable failures
         // this relay (since it started) met publishing the message.
         for message in stream.ready.range_mut(..n) {
@@ -585,7 +610,13 @@ impl WalRelay {
         let grace = self.config.shutdown_grace;
         // The publish future borrows the batch: it ends with this block.
         let published = {
-            let mut publish = std::pin::pin!(self.publisher.publish(batch));
+            let mut publish = std::pin::pin!(publish_wave(
+                &self.stage,
+                batch,
+                self.config.batch_size,
+                self.config.publish_concurrency,
+                self.config.retry.max_attempts,
+            ));
             let mut grace_over = std::pin::pin!(async {
                 shutdown.cancelled().await;
                 tokio::time::sleep(grace).await;
@@ -614,20 +645,18 @@ impl WalRelay {
                 }
             }
         };
-        let mut outcomes = match published {
-            Ok(outcomes) if outcomes.len() == n => outcomes,
-            Ok(outcomes) => vec![
-                PublishOutcome::Retryable(format!(
-                    "publisher returned {} outcomes for {n} messages",
-                    outcomes.len()
-                ));
-                n
-            ],
-            Err(e) if e.is_retryable() => {
-                vec![PublishOutcome::Retryable(e.report().to_string()); n]
-            }
-            Err(e) => vec![PublishOutcome::Permanent(e.report().to_string()); n],
-        };
+        let Wave {
+            mut outcomes,
+            panics,
+        } = published;
+        if panics > 0 {
+            self.report.panics += panics;
+            self.meters.panics.increment(panics);
+        }
+        // The messages that got an answer: the calls after a retryable failure were
+        // dropped, and theirs are published again after the resume.
+        let n = outcomes.len();
+        let batch = &batch[..n];
         // Settled: the prefix before the first message to retry.
         let mut settled = n;
         let mut retry = None;
@@ -645,6 +674,8 @@ impl WalRelay {
             // Only a retryable failure counts against a message: one accepted in a
             // batch that failed elsewhere is not charged for the other's failure.
             *self.failures.entry(batch[i].id).or_insert(0) += 1;
+            self.report.retried += 1;
+            self.meters.retried.increment(1);
             if retry.is_none() {
                 settled = i;
                 retry = Some((
@@ -674,7 +705,7 @@ impl WalRelay {
         let published = (settled - dead.len()) as u64;
         self.report.published += published;
         self.report.dead_lettered += dead.len() as u64;
-        self.meters.published.increment(published);
+        self.meters.dispatched.increment(published);
         if !dead.is_empty() {
             self.meters.dead_lettered.increment(dead.len() as u64);
         }
@@ -793,6 +824,59 @@ impl Stream {
     fn oldest(&self) -> Option<SystemTime> {
         self.ready.front().map(|m| m.created_at)
     }
+}
+
+/// The answers of one wave: an outcome for each message from the first up to the end
+/// of the first call with a failure to retry (the calls after it are dropped), and
+/// the panics caught.
+struct Wave {
+    outcomes: Vec<PublishOutcome>,
+    panics: u64,
+}
+
+/// Publish `batch` in calls of `size` messages, `concurrency` in flight at once, the
+/// answers taken in order, until a call fails a message retryably that has attempts
+/// left (below `max_attempts`): the session then resumes, and the calls after it would
+/// only publish again what the resume publishes anyway.
+async fn publish_wave(
+    stage: &PublishStage,
+    batch: &[Message],
+    size: usize,
+    concurrency: usize,
+    max_attempts: u32,
+) -> Wave {
+    let mut chunks = batch.chunks(size);
+    let mut calls = FuturesOrdered::new();
+    for chunk in chunks.by_ref().take(concurrency) {
+        calls.push_back(publish_call(stage, chunk));
+    }
+    let mut wave = Wave {
+        outcomes: Vec::with_capacity(batch.len()),
+        panics: 0,
+    };
+    while let Some((chunk, published)) = calls.next().await {
+        wave.panics += u64::from(published.panicked);
+        let retry = chunk
+            .iter()
+            .zip(&published.outcomes)
+            .any(|(m, o)| matches!(o, PublishOutcome::Retryable(_)) && m.attempts < max_attempts);
+        wave.outcomes.extend(published.outcomes);
+        if retry {
+            break;
+        }
+        if let Some(next) = chunks.next() {
+            calls.push_back(publish_call(stage, next));
+        }
+    }
+    wave
+}
+
+/// One guarded call, with the messages it carried.
+async fn publish_call<'a>(
+    stage: &PublishStage,
+    chunk: &'a [Message],
+) -> (&'a [Message], outbox_core::relay::Published) {
+    (chunk, stage.publish(chunk).await)
 }
 
 /// A lag interval that skips the ticks it missed (a long publish or a slow check must

@@ -10,15 +10,18 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use common::*;
+use outbox_core::relay::metrics::{DEAD_LETTERED, DISPATCHED};
 use outbox_core::{
     DeadLetterFilter, DeadLetterPage, DeadLetterSelection, ErrorKind, MessageId, NewMessage,
     OutboxAdmin, PublishOutcome,
 };
 use outbox_postgres_wal::{
-    WalOutbox, WalRelay, DEAD_LETTERED, NON_TRANSACTIONAL_DESTINATION, PUBLISHED, SLOT_LAG_BYTES,
+    WalOutbox, WalRelay, WalRelayReport, NON_TRANSACTIONAL_DESTINATION, SLOT_LAG_BYTES,
     SLOT_LAG_SECONDS, UNDECODABLE_DESTINATION,
 };
-use outbox_testkit::{RecordingPublisher, TestRecorder};
+use outbox_testkit::{
+    assert_recovered_from_faults, FaultyPublisher, PublishFault, RecordingPublisher, TestRecorder,
+};
 use tokio_util::sync::CancellationToken;
 
 fn ids(messages: &[NewMessage]) -> Vec<MessageId> {
@@ -541,9 +544,11 @@ async fn lag_gauges_and_counters_follow_the_stream() {
         .expect("the relay stops")
         .unwrap()
         .unwrap();
-    assert_eq!(recorder.counter(PUBLISHED, &slot), report.published);
+    // What both relays do is counted under the polling relay's names, `relay` = slot.
+    let relay = format!("relay={}", outbox.config().slot());
+    assert_eq!(recorder.counter(DISPATCHED, &relay), report.published);
     assert!(report.published >= 4);
-    assert_eq!(recorder.counter(DEAD_LETTERED, &slot), 0);
+    assert_eq!(recorder.counter(DEAD_LETTERED, &relay), 0);
 }
 
 /// Install refuses a server without `wal_level = logical`: a private cluster with
@@ -1074,4 +1079,102 @@ async fn confirms_past_transactions_without_outbox_messages() {
     .await;
     relay.shutdown().await;
     assert_eq!(publisher.calls(), 0);
+}
+
+/// The publish-fault cases the polling relay runs too (`outbox-testkit`'s
+/// `relay_faults`): one committed transaction of two messages whose first publish call
+/// fails with `fault`; the relay resumes and publishes both. Returns the report.
+async fn first_call_fails(fault: PublishFault) -> Option<WalRelayReport> {
+    let env = Env::start(&[]).await?;
+    let outbox = env.outbox().await;
+    let publisher = FaultyPublisher::new(RecordingPublisher::new());
+    publisher.inject(fault, 1);
+    let recorder = TestRecorder::default();
+    let config = fast().with_publish_timeout(Duration::from_millis(300));
+    let relay = metrics::with_local_recorder(&recorder, || {
+        spawn(&env, &outbox, Arc::new(publisher.clone()), config)
+    });
+    commit(&outbox, &messages("faulty", 2, 2)).await;
+    publisher
+        .recording()
+        .wait_for_unique(2, DEADLINE)
+        .await
+        .unwrap();
+    let report = relay.shutdown().await;
+    assert_recovered_from_faults(&publisher, &recorder, outbox.config().slot(), 2);
+    assert_eq!((report.published, report.retried), (2, 2));
+    assert!(report.sessions > 1, "the failed call resumed a new session");
+    Some(report)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    outbox_service_unset,
+    ignore = "no PostgreSQL server binaries when built: see the build warning"
+)]
+async fn a_hung_publish_times_out_and_its_messages_are_retried() {
+    if let Some(report) = first_call_fails(PublishFault::Hang).await {
+        assert_eq!(report.panics, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    outbox_service_unset,
+    ignore = "no PostgreSQL server binaries when built: see the build warning"
+)]
+async fn a_panicking_publish_is_caught_counted_and_its_messages_retried() {
+    if let Some(report) = first_call_fails(PublishFault::Panic).await {
+        assert_eq!(report.panics, 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    outbox_service_unset,
+    ignore = "no PostgreSQL server binaries when built: see the build warning"
+)]
+async fn outcomes_of_the_wrong_count_are_refused() {
+    if let Some(report) = first_call_fails(PublishFault::WrongCount).await {
+        assert_eq!(report.panics, 0);
+    }
+}
+
+/// One message to `destination` keyed `key`.
+fn keyed(destination: &str, key: &str) -> NewMessage {
+    NewMessage::builder(destination)
+        .partition_key(key)
+        .build()
+        .unwrap()
+}
+
+/// Calls overlap: while the broker holds the first call, the next ones are published
+/// (what pipelining is for), and a key's later message still waits for its earlier one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    outbox_service_unset,
+    ignore = "no PostgreSQL server binaries when built: see the build warning"
+)]
+async fn publish_calls_overlap_and_keep_per_key_order() {
+    let Some(env) = Env::start(&[]).await else {
+        return;
+    };
+    let outbox = env.outbox().await;
+    let (publisher, gate) = RecordingPublisher::new().hold_destination("held");
+    let config = fast().with_batch_size(1).with_publish_concurrency(3);
+    let relay = spawn(&env, &outbox, Arc::new(publisher.clone()), config);
+    let first = vec![keyed("held", "a"), keyed("free", "b"), keyed("free", "c")];
+    let later = vec![keyed("after", "a")];
+    commit(&outbox, &first).await;
+    commit(&outbox, &later).await;
+    // `b` and `c` are published while the call carrying `a` is held.
+    publisher.wait_for_unique(2, DEADLINE).await.unwrap();
+    let early: Vec<MessageId> = publisher.published().iter().map(|m| m.id).collect();
+    assert_eq!(early, vec![first[1].id(), first[2].id()]);
+    gate.open();
+    publisher.wait_for_unique(4, DEADLINE).await.unwrap();
+    let report = relay.shutdown().await;
+    assert_eq!(report.published, 4);
+    let order = publisher.first_publish_order_by_key();
+    assert_eq!(order["a"], vec![first[0].id(), later[0].id()]);
 }
