@@ -22,7 +22,8 @@
 //! 2. **Log-tailing relay** (`outbox-postgres-wal`), in the same rounds: one `WalRelay`
 //!    streams the same messages, enqueued with `WalOutbox::enqueue` 1,000 per
 //!    transaction (not timed), from a fresh replication slot into the same publisher,
-//!    batch [`BATCHES`]; timed until the publisher has accepted every message. It runs
+//!    batch [`BATCHES`], with [`WAL_CONCURRENCY`] calls in flight and with one; timed
+//!    until the publisher has accepted every message. It runs
 //!    on a private PostgreSQL cluster with `wal_level = logical` (and `fsync = on`, as
 //!    the shared server), started by the bench; without PostgreSQL server binaries it
 //!    is skipped. Ratios to the library's publisher alone and to the raw client, and
@@ -85,6 +86,8 @@ const DEPTHS: [usize; 3] = [1, 2, 4];
 
 /// The relays' claim and publish batches; the raw loop keeps as many unacknowledged.
 const BATCHES: [usize; 2] = [100, 1_000];
+/// The log-tailing relay's publish calls in flight (its default), beside one.
+const WAL_CONCURRENCY: usize = 4;
 /// The latency scenario's offered rate, transactions (and messages) per second.
 const RATE: u32 = 1_000;
 /// Transactions in flight at most in the latency scenario: the producer's pool.
@@ -636,6 +639,7 @@ async fn wal_drain(
     wal: &Wal,
     broker: &dyn Broker,
     batch: usize,
+    concurrency: usize,
     messages: &[NewMessage],
 ) -> Res<(Duration, cpu::Spent, Duration)> {
     // A slot streams only what is committed after it was created: install first.
@@ -654,7 +658,9 @@ async fn wal_drain(
         wal.outbox.clone(),
         ReplicationTarget::from_url(&wal.url)?,
         seen.clone(),
-        WalRelayConfig::default().with_batch_size(batch),
+        WalRelayConfig::default()
+            .with_batch_size(batch)
+            .with_publish_concurrency(concurrency),
     )?;
     let n = u64::try_from(messages.len())?;
     let stop = CancellationToken::new();
@@ -784,6 +790,7 @@ async fn throughput(
     for broker in brokers {
         for batch in BATCHES {
             let (mut raw, mut alone, mut tailed) = (Vec::new(), Runs::default(), Runs::default());
+            let mut tailed_one = Runs::default();
             let mut startups = Vec::new();
             let mut relayed = vec![Vec::new(); runs_of.len()];
             for _ in 0..runs {
@@ -806,9 +813,14 @@ async fn throughput(
                 }
                 if let Some(wal) = wal {
                     let sent = messages()?;
-                    let (took, spent, startup) = wal_drain(wal, &**broker, batch, &sent).await?;
+                    let (took, spent, startup) =
+                        wal_drain(wal, &**broker, batch, WAL_CONCURRENCY, &sent).await?;
                     tailed.push(sent.len(), took, spent);
                     startups.push(ms(startup));
+                    broker.clear().await?;
+                    let sent = messages()?;
+                    let (took, spent, _) = wal_drain(wal, &**broker, batch, 1, &sent).await?;
+                    tailed_one.push(sent.len(), took, spent);
                     broker.clear().await?;
                 }
             }
@@ -828,12 +840,14 @@ async fn throughput(
                 println!();
             }
             let (tailed, tailed_client, tailed_server) = tailed.medians();
+            let (tailed_one, _, _) = tailed_one.medians();
             wal_rows.push(format!(
-                "| {:<15} | {batch:>5} | {:>10} | {:>10} | {:>11} | {:>6} | {:>6} | {:>8} | \
-                 {:>8} | {:>8} | {:>11} |",
+                "| {:<15} | {batch:>5} | {:>10} | {:>10} | {:>10} | {:>11} | {:>6} | {:>6} | \
+                 {:>8} | {:>8} | {:>8} | {:>11} |",
                 broker.name(),
                 cell(raw, 0),
                 cell(alone, 0),
+                cell(tailed_one, 0),
                 cell(tailed, 0),
                 cell(tailed / alone, 2),
                 cell(tailed / raw, 2),
@@ -870,12 +884,13 @@ async fn throughput(
         }
     );
     println!(
-        "| {:<15} | {:>5} | {:>10} | {:>10} | {:>11} | {:>6} | {:>6} | {:>8} | {:>8} | {:>8} | \
-         {:>11} |",
+        "| {:<15} | {:>5} | {:>10} | {:>10} | {:>10} | {:>11} | {:>6} | {:>6} | {:>8} | {:>8} | \
+         {:>8} | {:>11} |",
         "broker",
         "batch",
         "raw msg/s",
         "publisher",
+        "1 call",
         "log-tailing",
         "/ pub.",
         "/ raw",
@@ -885,15 +900,17 @@ async fn throughput(
         "relay PG µs"
     );
     println!(
-        "|{:-<17}|{:->7}|{:->12}|{:->12}|{:->13}|{:->8}|{:->8}|{:->10}|{:->10}|{:->10}|{:->13}|",
-        "", "", "", "", "", "", "", "", "", "", ""
+        "|{:-<17}|{:->7}|{:->12}|{:->12}|{:->12}|{:->13}|{:->8}|{:->8}|{:->10}|{:->10}|{:->10}|{:->13}|",
+        "", "", "", "", "", "", "", "", "", "", "", ""
     );
     for row in wal_rows {
         println!("{row}");
     }
     println!(
-        "\nlog-tailing = one WalRelay (batch as shown) into the broker's publisher, msgs/s \
-         from its start until the publisher accepted every message; / pub. = over the \
+        "\nlog-tailing = one WalRelay (batch as shown, {WAL_CONCURRENCY} calls in flight, \
+         the default) into the broker's publisher, msgs/s from its start until the publisher \
+         accepted every message; 1 call = the same with publish_concurrency 1 (one call at \
+         a time, as before the relay pipelined); / pub. = over the \
          library's publisher alone (target: at least 0.80); / raw = over the raw client; \
          start = from the relay's start to its first publish call (lock, slot checks, \
          replication session: a fixed cost inside the msgs/s, heavier in short runs); \
