@@ -770,13 +770,13 @@ async fn the_idle_poll_doubles_to_its_cap_and_starts_over() {
     within("shutdown", handle.shutdown()).await.unwrap();
 }
 
-/// A relay over two messages whose first publish call fails with `fault`, retrying
+/// A relay over two messages whose first two publish calls fail with `fault`, retrying
 /// after 10 ms: the totals once both were published, the publisher and the recorder.
-async fn first_call_fails(fault: PublishFault) -> (DispatchReport, FaultyPublisher, TestRecorder) {
+async fn first_calls_fail(fault: PublishFault) -> (DispatchReport, FaultyPublisher, TestRecorder) {
     let memory = memory_with(2);
     let store = FaultyStore::new(Arc::new(memory.clone()));
     let publisher = FaultyPublisher::new(RecordingPublisher::new());
-    publisher.inject(fault, 1);
+    publisher.inject(fault, 2);
     let config = config()
         .name("faulty")
         .publish_timeout(Duration::from_millis(200))
@@ -807,7 +807,7 @@ fn check_retried_after(
     assert_recovered_from_faults(publisher, recorder, "faulty", 2);
     assert_eq!(
         (report.retried, report.dispatched, report.dead_lettered),
-        (2, 2, 0)
+        (4, 2, 0)
     );
     for m in publisher.recording().published() {
         let error = m.last_error.as_deref().unwrap_or_default();
@@ -817,21 +817,21 @@ fn check_retried_after(
 
 #[tokio::test]
 async fn a_hung_publish_times_out_and_its_messages_are_retried() {
-    let run = first_call_fails(PublishFault::Hang).await;
+    let run = first_calls_fail(PublishFault::Hang).await;
     check_retried_after(&run, "publish timed out after 200ms");
     assert_eq!(run.0.panics, 0);
 }
 
 #[tokio::test]
 async fn a_panicking_publish_is_caught_counted_and_its_messages_retried() {
-    let run = first_call_fails(PublishFault::Panic).await;
+    let run = first_calls_fail(PublishFault::Panic).await;
     check_retried_after(&run, "publisher panicked: injected publisher panic");
-    assert_eq!(run.0.panics, 1);
+    assert_eq!(run.0.panics, 2);
 }
 
 #[tokio::test]
 async fn outcomes_of_the_wrong_count_are_refused() {
-    let run = first_call_fails(PublishFault::WrongCount).await;
+    let run = first_calls_fail(PublishFault::WrongCount).await;
     check_retried_after(&run, "publisher returned 3 outcomes for 2 messages");
     assert_eq!(run.0.panics, 0);
 }

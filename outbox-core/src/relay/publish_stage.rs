@@ -77,11 +77,6 @@ impl PublishStage {
         }
     }
 
-    /// The longest a call may take.
-    pub fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
     /// Hand `messages` (not empty) to the publisher once, guarded; see the type's docs.
     pub async fn publish(&self, messages: &[Message]) -> Published {
         let span = tracing::info_span!(
@@ -262,6 +257,15 @@ mod tests {
         let p = call(Does::Hang, 2).await;
         assert!(!p.panicked);
         assert!(retryable_with(&p, "publish timed out after 50ms"), "{p:?}");
+    }
+
+    #[test]
+    fn debug_names_the_publisher_relay_and_timeout() {
+        let stage = PublishStage::new(Arc::new(Does::Hang), "orders", Duration::from_secs(3));
+        let text = format!("{stage:?}");
+        for part in ["Hang", "orders", "3s"] {
+            assert!(text.contains(part), "{text}");
+        }
     }
 
     #[test]
