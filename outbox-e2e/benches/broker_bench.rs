@@ -39,6 +39,9 @@
 //! `OUTBOX_BENCH_ONLY=wal` runs only the raw client, the publisher alone and the
 //! log-tailing relay, taking turns (no polling relays, no latency).
 //!
+//! `OUTBOX_BENCH_PROFILE=nats:publisher:20000:1000` runs one workload alone, for
+//! counting instructions per message with callgrind (see [`profile`]).
+//!
 //! Reads `OUTBOX_PG_URL`, `OUTBOX_NATS_URL`, `OUTBOX_AMQP_URL`. Everything it creates
 //! (an `obx_bench_broker_*` schema, stream, exchange and queue, the private cluster) is
 //! removed at the end. It reports figures and asserts none.
@@ -1103,7 +1106,62 @@ async fn run(mode: Mode, cluster: Option<&Cluster>) -> Res<()> {
     result
 }
 
+/// `OUTBOX_BENCH_PROFILE=<nats|rabbitmq>:<raw|publisher>:<messages>:<batch>`: only that
+/// workload, once, with nothing else in the process (no PostgreSQL, no cluster), for a
+/// profiler or an instruction counter. Run it at two message counts under
+/// `valgrind --tool=callgrind` and divide the difference in instructions by the
+/// difference in messages: the set-up cancels out and what is left is the cost of one
+/// message, repeatable on a busy machine.
+async fn profile(spec: &str) -> Res<()> {
+    let parts: Vec<&str> = spec.split(':').collect();
+    let [broker, who, n, batch] = parts[..] else {
+        return Err(
+            format!("OUTBOX_BENCH_PROFILE={spec}: expected broker:who:messages:batch").into(),
+        );
+    };
+    let (n, batch): (u64, usize) = (n.parse()?, batch.parse()?);
+    let broker: Box<dyn Broker> = match broker {
+        "nats" => Box::new(Nats::setup(&var("OUTBOX_NATS_URL")?).await?),
+        "rabbitmq" => Box::new(Rabbit::setup(&var("OUTBOX_AMQP_URL")?).await?),
+        other => return Err(format!("unknown broker {other}: nats or rabbitmq").into()),
+    };
+    let messages = (0..n).map(order).collect::<Res<Vec<_>>>()?;
+    let before = cpu::sample(Server::None);
+    let start = Instant::now();
+    let result = match who {
+        "raw" => broker.raw(&messages, batch).await.map(|_| ()),
+        "publisher" => publisher_alone(&*broker, batch, &messages)
+            .await
+            .map(|_| ()),
+        other => Err(format!("unknown workload {other}: raw or publisher").into()),
+    };
+    let (took, spent) = (start.elapsed(), cpu::since(before));
+    broker.teardown().await?;
+    result?;
+    // The publisher's CPU includes converting each message as a claim would; the
+    // instruction counts are the precise figure.
+    println!(
+        "{spec}: {:.0} msgs/s, {:.2} µs CPU per message",
+        rate(messages.len(), took),
+        spent.per(n).0
+    );
+    Ok(())
+}
+
 fn main() -> ExitCode {
+    if let Ok(spec) = std::env::var("OUTBOX_BENCH_PROFILE") {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        return match runtime.block_on(profile(&spec)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("broker_bench profile failed: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let quick = std::env::args().any(|a| a == "--quick");
     let only_wal = match std::env::var("OUTBOX_BENCH_ONLY") {
         Ok(only) if only.trim() == "wal" => true,

@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::{HeaderMap, HeaderName, HeaderValue};
+use async_nats::{HeaderMap, HeaderName, HeaderValue, Subject};
 use async_trait::async_trait;
 use futures::stream::{self, StreamExt};
 use outbox_core::{Error, Message, PublishOutcome, Publisher, Result};
@@ -22,6 +22,12 @@ pub const CONTENT_TYPE_HEADER: &str = "Content-Type";
 pub const PARTITION_KEY_HEADER: &str = "Outbox-Partition-Key";
 /// The header carrying [`Message::id`], JetStream's dedup id.
 pub const MESSAGE_ID_HEADER: &str = "Nats-Msg-Id";
+
+/// The names the publisher sets on every message, parsed at compile time rather than
+/// per message.
+const CONTENT_TYPE_NAME: HeaderName = HeaderName::from_static(CONTENT_TYPE_HEADER);
+const PARTITION_KEY_NAME: HeaderName = HeaderName::from_static(PARTITION_KEY_HEADER);
+const MESSAGE_ID_NAME: HeaderName = HeaderName::from_static(MESSAGE_ID_HEADER);
 
 /// Publishes outbox messages to NATS JetStream.
 ///
@@ -136,8 +142,8 @@ impl NatsPublisher {
         &self.config
     }
 
-    async fn publish_one(&self, message: &Message) -> Attempt {
-        let subject = match self.config.subject_for(&message.destination) {
+    async fn publish_one(&self, message: &Message, subject: Result<Subject>) -> Attempt {
+        let subject = match subject {
             Ok(subject) => subject,
             Err(e) => return Attempt::Failed(e),
         };
@@ -161,7 +167,10 @@ impl NatsPublisher {
             }
             Err(e) if e.kind() == PublishErrorKind::StreamNotFound => {
                 let error = error::publish_error(&subject, e);
-                Attempt::NoResponders { subject, error }
+                Attempt::NoResponders {
+                    subject: subject.to_string(),
+                    error,
+                }
             }
             Err(e) => Attempt::Failed(error::publish_error(&subject, e)),
         }
@@ -191,32 +200,54 @@ impl NatsPublisher {
     }
 }
 
-/// The NATS headers of `message`.
+/// The subject of each message of `batch`, each destination checked and formatted
+/// once per call (a batch mostly has one or a few): a destination that is not a
+/// subject fails its messages only.
+fn subjects(config: &NatsPublisherConfig, batch: &[Message]) -> Vec<Result<Subject>> {
+    let mut known: Vec<(&str, Subject)> = Vec::new();
+    batch
+        .iter()
+        .map(|m| {
+            let destination = m.destination.as_str();
+            if let Some((_, subject)) = known.iter().find(|(d, _)| *d == destination) {
+                return Ok(subject.clone());
+            }
+            let subject = Subject::from(config.subject_for(destination)?);
+            known.push((destination, subject.clone()));
+            Ok(subject)
+        })
+        .collect()
+}
+
+/// The NATS headers of `message`. The message's own names and values, its content type
+/// and its key are checked (an error, never a panic); the id's text (a UUID) needs none.
 fn headers(message: &Message) -> Result<HeaderMap> {
     let mut map = HeaderMap::new();
-    let mut insert = |name: &str, value: &str| -> Result<()> {
+    for (name, value) in message.headers.iter() {
         let header = HeaderName::from_str(name).map_err(|e| {
             Error::invalid_input(format!("header name {name:?} cannot be a NATS header"))
                 .with_source(e)
         })?;
-        let value = HeaderValue::from_str(value).map_err(|e| {
-            Error::invalid_input(format!("the value of header {name:?} cannot be sent"))
-                .with_source(e)
-        })?;
-        map.insert(header, value);
-        Ok(())
-    };
-    for (name, value) in message.headers.iter() {
-        insert(name, value)?;
+        map.insert(header, header_value(name, value)?);
     }
     if let Some(content_type) = &message.content_type {
-        insert(CONTENT_TYPE_HEADER, content_type)?;
+        map.insert(
+            CONTENT_TYPE_NAME,
+            header_value(CONTENT_TYPE_HEADER, content_type)?,
+        );
     }
     if let Some(key) = &message.partition_key {
-        insert(PARTITION_KEY_HEADER, key)?;
+        map.insert(PARTITION_KEY_NAME, header_value(PARTITION_KEY_HEADER, key)?);
     }
-    insert(MESSAGE_ID_HEADER, &message.id.to_string())?;
+    map.insert(MESSAGE_ID_NAME, HeaderValue::from(message.id.to_string()));
     Ok(map)
+}
+
+/// `value` as the value of header `name`, refused when NATS cannot carry it.
+fn header_value(name: &str, value: &str) -> Result<HeaderValue> {
+    HeaderValue::from_str(value).map_err(|e| {
+        Error::invalid_input(format!("the value of header {name:?} cannot be sent")).with_source(e)
+    })
 }
 
 #[async_trait]
@@ -232,7 +263,11 @@ impl Publisher for NatsPublisher {
         async move {
             // Futures made up front (they start only when polled): a closure in
             // `map` trips the Send check of the boxed future over its lifetimes.
-            let pending: Vec<_> = batch.iter().map(|m| self.publish_one(m)).collect();
+            let pending: Vec<_> = batch
+                .iter()
+                .zip(subjects(&self.config, batch))
+                .map(|(m, subject)| self.publish_one(m, subject))
+                .collect();
             let attempts: Vec<Attempt> = stream::iter(pending)
                 .buffered(self.config.max_in_flight())
                 .collect()
@@ -298,6 +333,29 @@ mod tests {
         assert_eq!(
             map.get(MESSAGE_ID_HEADER).unwrap().as_str(),
             m.id.to_string()
+        );
+    }
+
+    #[test]
+    fn each_destination_becomes_a_subject_once_and_a_bad_one_fails_alone() {
+        let config = NatsPublisherConfig::new("nats://x").with_subject_prefix("p");
+        let batch: Vec<Message> = ["a", "b..c", "a", "b"]
+            .into_iter()
+            .map(|d| {
+                let mut m = message(Headers::new());
+                m.destination = d.into();
+                m
+            })
+            .collect();
+        let subjects = subjects(&config, &batch);
+        let text: Vec<Option<&str>> = subjects
+            .iter()
+            .map(|s| s.as_ref().ok().map(Subject::as_str))
+            .collect();
+        assert_eq!(text, [Some("p.a"), None, Some("p.a"), Some("p.b")]);
+        assert_eq!(
+            subjects[1].as_ref().unwrap_err().kind(),
+            outbox_core::ErrorKind::InvalidInput
         );
     }
 
