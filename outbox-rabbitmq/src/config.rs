@@ -175,13 +175,13 @@ impl RabbitPublisherConfig {
     /// Settings for the broker at `url`, an AMQP URI such as
     /// `amqp://guest:guest@127.0.0.1:5672/%2f` (the vhost is URL-encoded: `%2f` is `/`).
     ///
-    /// Defaults: [`Routing::default_exchange`], 256 confirms in flight, 5 s to connect,
+    /// Defaults: [`Routing::default_exchange`], 1,024 confirms in flight, 5 s to connect,
     /// 5 s to publish a batch, connection name `outbox-rabbitmq`.
     pub fn new(url: impl Into<String>) -> Self {
         RabbitPublisherConfig {
             url: url.into(),
             routing: Routing::default(),
-            max_in_flight: 256,
+            max_in_flight: 1024,
             connect_timeout: Duration::from_secs(5),
             publish_timeout: Duration::from_secs(5),
             connection_name: "outbox-rabbitmq".to_owned(),
