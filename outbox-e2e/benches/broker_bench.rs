@@ -152,6 +152,8 @@ fn order(i: u64) -> Res<NewMessage> {
 #[async_trait]
 trait Broker: Send + Sync {
     fn name(&self) -> &'static str;
+    /// The broker's processes, for its CPU per message.
+    fn server(&self) -> Server;
     /// A publisher as one relay process would hold.
     async fn publisher(&self) -> Res<Arc<dyn Publisher>>;
     /// Publish `messages` with the raw client, `window` unacknowledged at most;
@@ -181,6 +183,10 @@ impl Publisher for Noop {
 impl Broker for NoBroker {
     fn name(&self) -> &'static str {
         "none (no-op)"
+    }
+
+    fn server(&self) -> Server {
+        Server::None
     }
 
     async fn publisher(&self) -> Res<Arc<dyn Publisher>> {
@@ -231,6 +237,10 @@ impl Nats {
 impl Broker for Nats {
     fn name(&self) -> &'static str {
         "NATS JetStream"
+    }
+
+    fn server(&self) -> Server {
+        Server::Nats
     }
 
     async fn publisher(&self) -> Res<Arc<dyn Publisher>> {
@@ -337,6 +347,10 @@ impl Rabbit {
 impl Broker for Rabbit {
     fn name(&self) -> &'static str {
         "RabbitMQ"
+    }
+
+    fn server(&self) -> Server {
+        Server::RabbitMq
     }
 
     async fn publisher(&self) -> Res<Arc<dyn Publisher>> {
@@ -480,7 +494,7 @@ async fn publisher_alone(
     broker: &dyn Broker,
     batch: usize,
     messages: &[NewMessage],
-) -> Res<(Duration, cpu::Spent)> {
+) -> Res<(Duration, Cpu)> {
     let publisher = broker.publisher().await?;
     let claimed: Vec<Message> = messages
         .iter()
@@ -498,7 +512,7 @@ async fn publisher_alone(
             })
         })
         .collect();
-    let before = cpu::sample(Server::Postgres);
+    let meter = Meter::start(broker);
     let start = Instant::now();
     for chunk in claimed.chunks(batch) {
         let outcomes = publisher.publish(chunk).await?;
@@ -507,7 +521,7 @@ async fn publisher_alone(
         }
     }
     let took = start.elapsed();
-    Ok((took, cpu::since(before)))
+    Ok((took, meter.per(messages.len())))
 }
 
 /// Pre-load `messages` and drain them with `relays` relays, each with its own
@@ -520,7 +534,7 @@ async fn relay_drain(
     depth: usize,
     batch: usize,
     messages: &[NewMessage],
-) -> Res<Duration> {
+) -> Res<(Duration, Cpu)> {
     preload(outbox, messages).await?;
     // A pipelined relay may have a claim and a settle on the wire for each batch.
     let pool = pg.pool(u32::try_from(relays * depth)? + 1).await?;
@@ -540,6 +554,7 @@ async fn relay_drain(
         )?);
     }
     let n = u64::try_from(messages.len())?;
+    let meter = Meter::start(broker);
     let start = Instant::now();
     let handles: Vec<_> = running.iter().map(Relay::spawn).collect();
     let dispatched = || running.iter().map(|r| r.report().dispatched).sum::<u64>();
@@ -550,6 +565,7 @@ async fn relay_drain(
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let took = start.elapsed();
+    let spent = meter.per(messages.len());
     for handle in handles {
         let report = handle.shutdown().await?;
         if report.retried + report.dead_lettered + report.leases_lost > 0 {
@@ -557,7 +573,7 @@ async fn relay_drain(
         }
     }
     pool.close().await;
-    Ok(took)
+    Ok((took, spent))
 }
 
 /// The log-tailing relay's PostgreSQL: a private cluster with `wal_level = logical`,
@@ -644,7 +660,7 @@ async fn wal_drain(
     batch: usize,
     concurrency: usize,
     messages: &[NewMessage],
-) -> Res<(Duration, cpu::Spent, Duration)> {
+) -> Res<(Duration, Cpu, Duration)> {
     // A slot streams only what is committed after it was created: install first.
     wal.outbox.install().await?;
     for chunk in messages.chunks(1_000) {
@@ -667,7 +683,7 @@ async fn wal_drain(
     )?;
     let n = u64::try_from(messages.len())?;
     let stop = CancellationToken::new();
-    let before = cpu::sample(Server::Postgres);
+    let meter = Meter::start(broker);
     let start = Instant::now();
     let mut task = tokio::spawn(relay.run(stop.clone()));
     // On an early return the relay is told to stop, too.
@@ -687,7 +703,7 @@ async fn wal_drain(
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let took = start.elapsed();
-    let spent = cpu::since(before);
+    let spent = meter.per(messages.len());
     let startup = seen
         .first
         .get()
@@ -714,29 +730,59 @@ fn rate(n: usize, took: Duration) -> f64 {
     n as f64 / took.as_secs_f64()
 }
 
+/// CPU per message, µs: this process, every PostgreSQL process, the broker's.
+#[derive(Debug, Clone, Copy, Default)]
+struct Cpu {
+    client: f64,
+    pg: f64,
+    broker: f64,
+}
+
+/// The CPU counters of this process, PostgreSQL and one broker, from one moment.
+struct Meter {
+    pg: cpu::Sample,
+    broker: cpu::Sample,
+}
+
+impl Meter {
+    fn start(broker: &dyn Broker) -> Self {
+        Meter {
+            pg: cpu::sample(Server::Postgres),
+            broker: cpu::sample(broker.server()),
+        }
+    }
+
+    /// What was spent since the start, per message of `n`.
+    fn per(self, n: usize) -> Cpu {
+        let n = n as u64;
+        let (client, pg) = cpu::since(self.pg).per(n);
+        let (_, broker) = cpu::since(self.broker).per(n);
+        Cpu { client, pg, broker }
+    }
+}
+
 /// Medians of one system's runs: msgs/s and CPU per message.
 #[derive(Debug, Default)]
 struct Runs {
     rates: Vec<f64>,
-    client_us: Vec<f64>,
-    server_us: Vec<f64>,
+    cpu: Vec<Cpu>,
 }
 
 impl Runs {
-    fn push(&mut self, n: usize, took: Duration, spent: cpu::Spent) {
+    fn push(&mut self, n: usize, took: Duration, cpu: Cpu) {
         self.rates.push(rate(n, took));
-        let (client, server) = spent.per(n as u64);
-        self.client_us.push(client);
-        self.server_us.push(server);
+        self.cpu.push(cpu);
     }
 
-    /// (msgs/s, client µs/msg, PostgreSQL µs/msg), each the median of the runs.
-    fn medians(self) -> (f64, f64, f64) {
-        (
-            median(self.rates),
-            median(self.client_us),
-            median(self.server_us),
-        )
+    /// msgs/s and each CPU figure, each the median of the runs.
+    fn medians(self) -> (f64, Cpu) {
+        let of = |f: fn(&Cpu) -> f64| median(self.cpu.iter().map(f).collect());
+        let cpu = Cpu {
+            client: of(|c| c.client),
+            pg: of(|c| c.pg),
+            broker: of(|c| c.broker),
+        };
+        (median(self.rates), cpu)
     }
 }
 
@@ -788,30 +834,32 @@ async fn throughput(
     }
     let outbox = pg.outbox("drain", Notify::Off).await?;
     let messages = || (0..n).map(order).collect::<Res<Vec<_>>>();
-    // The log-tailing table, printed after the polling relays' table.
-    let mut wal_rows = Vec::new();
+    // The CPU table and the log-tailing table, printed after the polling relays' table.
+    let (mut cpu_rows, mut wal_rows) = (Vec::new(), Vec::new());
     for broker in brokers {
         for batch in BATCHES {
-            let (mut raw, mut alone, mut tailed) = (Vec::new(), Runs::default(), Runs::default());
+            let (mut raw, mut alone, mut tailed) =
+                (Runs::default(), Runs::default(), Runs::default());
             let mut tailed_one = Runs::default();
             let mut startups = Vec::new();
-            let mut relayed = vec![Vec::new(); runs_of.len()];
+            let mut relayed: Vec<Runs> = runs_of.iter().map(|_| Runs::default()).collect();
             for _ in 0..runs {
                 let sent = messages()?;
                 // With no broker there is no raw client, and the publisher alone is free.
+                let meter = Meter::start(&**broker);
                 if let Some(took) = broker.raw(&sent, batch).await? {
-                    raw.push(rate(sent.len(), took));
+                    raw.push(sent.len(), took, meter.per(sent.len()));
                     broker.clear().await?;
                     let sent = messages()?;
                     let (took, spent) = publisher_alone(&**broker, batch, &sent).await?;
                     alone.push(sent.len(), took, spent);
                     broker.clear().await?;
                 }
-                for (&(relays, depth), rates) in runs_of.iter().zip(&mut relayed) {
+                for (&(relays, depth), runs) in runs_of.iter().zip(&mut relayed) {
                     let sent = messages()?;
-                    let took =
+                    let (took, spent) =
                         relay_drain(pg, &outbox, &**broker, relays, depth, batch, &sent).await?;
-                    rates.push(rate(sent.len(), took));
+                    runs.push(sent.len(), took, spent);
                     broker.clear().await?;
                 }
                 if let Some(wal) = wal {
@@ -827,8 +875,8 @@ async fn throughput(
                     broker.clear().await?;
                 }
             }
-            let raw = median(raw);
-            let (alone, alone_client, _) = alone.medians();
+            let (raw, raw_cpu) = raw.medians();
+            let (alone, alone_cpu) = alone.medians();
             if !mode.only_wal {
                 print!(
                     "| {:<15} | {batch:>5} | {:>10} | {:>10} |",
@@ -836,17 +884,33 @@ async fn throughput(
                     cell(raw, 0),
                     cell(alone, 0),
                 );
-                for rates in relayed {
-                    let relayed = median(rates);
+                let mut default_cpu = Cpu::default();
+                for (&run, runs) in runs_of.iter().zip(relayed) {
+                    let (relayed, cpu) = runs.medians();
+                    if run == (1, DEFAULT_PIPELINE_DEPTH) {
+                        default_cpu = cpu;
+                    }
                     print!(" {relayed:>10.0} | {:>5} |", cell(relayed / raw, 2));
                 }
                 println!();
+                cpu_rows.push(format!(
+                    "| {:<15} | {batch:>5} | {:>8} | {:>8} | {:>8} | {:>8} | {:>8} | {:>8} | \
+                     {:>8} |",
+                    broker.name(),
+                    cell(raw_cpu.client, 2),
+                    cell(raw_cpu.broker, 2),
+                    cell(alone_cpu.client, 2),
+                    cell(alone_cpu.broker, 2),
+                    cell(default_cpu.client, 2),
+                    cell(default_cpu.pg, 2),
+                    cell(default_cpu.broker, 2),
+                ));
             }
-            let (tailed, tailed_client, tailed_server) = tailed.medians();
-            let (tailed_one, _, _) = tailed_one.medians();
+            let (tailed, tailed_cpu) = tailed.medians();
+            let (tailed_one, _) = tailed_one.medians();
             wal_rows.push(format!(
                 "| {:<15} | {batch:>5} | {:>10} | {:>10} | {:>10} | {:>11} | {:>6} | {:>6} | \
-                 {:>8} | {:>8} | {:>8} | {:>11} |",
+                 {:>8} | {:>8} | {:>8} | {:>11} | {:>9} |",
                 broker.name(),
                 cell(raw, 0),
                 cell(alone, 0),
@@ -855,9 +919,10 @@ async fn throughput(
                 cell(tailed / alone, 2),
                 cell(tailed / raw, 2),
                 cell(median(startups), 1),
-                cell(alone_client, 2),
-                cell(tailed_client, 2),
-                cell(tailed_server, 2),
+                cell(alone_cpu.client, 2),
+                cell(tailed_cpu.client, 2),
+                cell(tailed_cpu.pg, 2),
+                cell(tailed_cpu.broker, 2),
             ));
         }
     }
@@ -869,6 +934,22 @@ async fn throughput(
              msgs/s / raw msgs/s (target for one relay: at least 0.80); the no-op rows are \
              relays with no broker: what PostgreSQL alone allows"
         );
+        println!(
+            "\nCPU per message, µs (the same runs, medians): bench = this process, broker = the \
+             broker's processes (nats-server, RabbitMQ's Erlang VM), PG = every postgres \
+             process; relay = one relay at the default depth ({DEFAULT_PIPELINE_DEPTH})\n"
+        );
+        println!(
+            "| {:<15} | {:>5} | {:>8} | {:>8} | {:>8} | {:>8} | {:>8} | {:>8} | {:>8} |",
+            "broker", "batch", "raw", "broker", "pub.", "broker", "relay", "PG", "broker"
+        );
+        println!(
+            "|{:-<17}|{:->7}|{:->10}|{:->10}|{:->10}|{:->10}|{:->10}|{:->10}|{:->10}|",
+            "", "", "", "", "", "", "", "", ""
+        );
+        for row in cpu_rows {
+            println!("{row}");
+        }
     }
     let Some(wal) = wal else {
         println!("\n## 2. Log-tailing relay: SKIPPED (no private PostgreSQL cluster)");
@@ -888,7 +969,7 @@ async fn throughput(
     );
     println!(
         "| {:<15} | {:>5} | {:>10} | {:>10} | {:>10} | {:>11} | {:>6} | {:>6} | {:>8} | {:>8} | \
-         {:>8} | {:>11} |",
+         {:>8} | {:>11} | {:>9} |",
         "broker",
         "batch",
         "raw msg/s",
@@ -900,11 +981,12 @@ async fn throughput(
         "start ms",
         "pub. µs",
         "relay µs",
-        "relay PG µs"
+        "relay PG µs",
+        "broker µs"
     );
     println!(
-        "|{:-<17}|{:->7}|{:->12}|{:->12}|{:->12}|{:->13}|{:->8}|{:->8}|{:->10}|{:->10}|{:->10}|{:->13}|",
-        "", "", "", "", "", "", "", "", "", "", "", ""
+        "|{:-<17}|{:->7}|{:->12}|{:->12}|{:->12}|{:->13}|{:->8}|{:->8}|{:->10}|{:->10}|{:->10}|{:->13}|{:->11}|",
+        "", "", "", "", "", "", "", "", "", "", "", "", ""
     );
     for row in wal_rows {
         println!("{row}");
@@ -919,8 +1001,9 @@ async fn throughput(
          replication session: a fixed cost inside the msgs/s, heavier in short runs); \
          CPU per message in µs: pub. = this process during the publisher alone, relay = \
          this process during the log-tailing drain (relay and publisher), relay PG = every \
-         postgres process meanwhile (walsender and the relay's sessions); the no-op rows are \
-         the log-tailing relay with no broker"
+         postgres process meanwhile (walsender and the relay's sessions), broker = the \
+         broker's processes meanwhile; the no-op rows are the log-tailing relay with no \
+         broker"
     );
     Ok(())
 }

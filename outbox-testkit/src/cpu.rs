@@ -29,6 +29,10 @@ pub enum Server {
     MySql,
     /// Every Java process running `DynamoDBLocal.jar`.
     DynamoDbLocal,
+    /// Every process named `nats-server`.
+    Nats,
+    /// Every Erlang VM (`beam.smp`) running RabbitMQ.
+    RabbitMq,
     /// No server on this machine: only this process is measured.
     None,
 }
@@ -42,6 +46,12 @@ impl Server {
             Server::MySql => matches!(comm(stat), Some("mariadbd" | "mysqld")),
             Server::DynamoDbLocal => fs::read(dir.join("cmdline"))
                 .is_ok_and(|c| c.windows(13).any(|w| w == b"DynamoDBLocal")),
+            Server::Nats => comm(stat) == Some("nats-server"),
+            Server::RabbitMq => {
+                comm(stat) == Some("beam.smp")
+                    && fs::read(dir.join("cmdline"))
+                        .is_ok_and(|c| c.windows(6).any(|w| w == b"rabbit"))
+            }
             Server::None => false,
         }
     }
