@@ -12,12 +12,13 @@ pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 16;
 pub const MAX_CONCURRENT_REQUESTS: usize = 1024;
 /// The default wait for one SQS request (`SendMessageBatch`, `GetQueueUrl`).
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// SQS's classic message size limit, 256 KiB: the body plus every message
-/// attribute's name, type and value, counted in bytes. It is also the limit of one
-/// `SendMessageBatch` request (the sum of its messages).
+/// The default size limit, 256 KiB: the body plus every message attribute's name,
+/// type and value, counted in bytes; also the limit of one `SendMessageBatch` request
+/// (the sum of its messages). It was SQS's maximum until 2025, when SQS raised the
+/// maximum to 1 MiB; a queue's `MaximumMessageSize` may still be 256 KiB or lower, so
+/// this is the size every queue created with defaults before or after takes.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 256 * 1024;
-/// The largest `max_message_bytes` accepted (1 MiB), for queues whose
-/// `MaximumMessageSize` is set above 256 KiB.
+/// The largest `max_message_bytes` accepted: SQS's maximum, 1 MiB.
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// The smallest `max_message_bytes` accepted (SQS's own minimum for a queue's
 /// `MaximumMessageSize`).
@@ -178,8 +179,8 @@ impl SqsPublisherConfig {
 
     /// The size limit checked before sending, per message and per request (default
     /// [`DEFAULT_MAX_MESSAGE_BYTES`]; between [`MIN_MESSAGE_BYTES`] and
-    /// [`MAX_MESSAGE_BYTES`]). Raise it only for queues whose `MaximumMessageSize`
-    /// allows it.
+    /// [`MAX_MESSAGE_BYTES`]). Set it to the queues' `MaximumMessageSize` when that is
+    /// higher; a message SQS refuses for its size anyway is permanent.
     #[must_use]
     pub fn with_max_message_bytes(mut self, max: usize) -> Self {
         self.max_message_bytes = max;

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use aws_sdk_sqs::error::ProvideErrorMetadata;
+use aws_sdk_sqs::operation::send_message_batch::SendMessageBatchOutput;
 use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
 use futures::future::join_all;
 use outbox_core::{Error, ErrorKind, Message, PublishOutcome, Publisher, Result};
@@ -412,38 +413,50 @@ impl SqsPublisher {
                 return request.iter().map(|&i| (i, outcome.clone())).collect();
             }
         };
-        let mut outcomes: Vec<Option<PublishOutcome>> = vec![None; request.len()];
-        for ok in output.successful() {
-            if let Some(slot) = slot_of(ok.id(), request.len()) {
-                outcomes[slot] = Some(PublishOutcome::Published);
-            }
-        }
-        for failed in output.failed() {
-            if let Some(slot) = slot_of(failed.id(), request.len()) {
-                let e = error::entry_error(
-                    name,
-                    failed.code(),
-                    failed.sender_fault(),
-                    failed.message(),
-                );
-                outcomes[slot] = Some(error::outcome(&e));
-            }
-        }
         request
             .iter()
-            .zip(outcomes)
-            .map(|(&i, outcome)| {
-                (
-                    i,
-                    outcome.unwrap_or_else(|| {
-                        PublishOutcome::Retryable(format!(
-                            "{what}: SQS reported neither success nor failure for the entry"
-                        ))
-                    }),
-                )
-            })
+            .copied()
+            .zip(entry_outcomes(&output, request.len(), name, &what))
             .collect()
     }
+}
+
+/// Each entry's outcome from a `SendMessageBatch` answer for `len` entries whose ids
+/// are their positions: `Successful` is published; a `Failed` entry is permanent on a
+/// sender fault and retryable otherwise; an entry in neither list is retryable.
+fn entry_outcomes(
+    output: &SendMessageBatchOutput,
+    len: usize,
+    queue: &str,
+    what: &str,
+) -> Vec<PublishOutcome> {
+    let mut outcomes: Vec<Option<PublishOutcome>> = vec![None; len];
+    for ok in output.successful() {
+        if let Some(slot) = slot_of(ok.id(), len) {
+            outcomes[slot] = Some(PublishOutcome::Published);
+        }
+    }
+    for failed in output.failed() {
+        if let Some(slot) = slot_of(failed.id(), len) {
+            let e = error::entry_error(
+                queue,
+                failed.code(),
+                failed.sender_fault(),
+                failed.message(),
+            );
+            outcomes[slot] = Some(error::outcome(&e));
+        }
+    }
+    outcomes
+        .into_iter()
+        .map(|outcome| {
+            outcome.unwrap_or_else(|| {
+                PublishOutcome::Retryable(format!(
+                    "{what}: SQS reported neither success nor failure for the entry"
+                ))
+            })
+        })
+        .collect()
 }
 
 /// The entry's position in its request, from its `Id` (the position itself).
@@ -523,5 +536,140 @@ impl Publisher for SqsPublisher {
         }
         .instrument(span)
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_sdk_sqs::types::{BatchResultErrorEntry, SendMessageBatchResultEntry};
+
+    fn ok(id: &str) -> SendMessageBatchResultEntry {
+        SendMessageBatchResultEntry::builder()
+            .id(id)
+            .message_id("m")
+            .md5_of_message_body("x")
+            .build()
+            .unwrap()
+    }
+
+    fn failed(id: &str, code: &str, sender_fault: bool) -> BatchResultErrorEntry {
+        BatchResultErrorEntry::builder()
+            .id(id)
+            .code(code)
+            .sender_fault(sender_fault)
+            .message("why")
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn each_entry_gets_its_own_outcome() {
+        // Entry 1 refused as the sender's fault, 3 failed on SQS's side, 4 missing,
+        // and an id out of range ignored.
+        let output = SendMessageBatchOutput::builder()
+            .successful(ok("2"))
+            .successful(ok("0"))
+            .failed(failed("1", "InvalidParameterValue", true))
+            .failed(failed("3", "InternalError", false))
+            .successful(ok("9"))
+            .build()
+            .unwrap();
+        let outcomes = entry_outcomes(&output, 5, "q", "SendMessageBatch to \"q\"");
+        assert_eq!(outcomes[0], PublishOutcome::Published);
+        assert!(
+            matches!(&outcomes[1], PublishOutcome::Permanent(r) if r.contains("InvalidParameterValue: why")),
+            "{:?}",
+            outcomes[1]
+        );
+        assert_eq!(outcomes[2], PublishOutcome::Published);
+        assert!(
+            matches!(&outcomes[3], PublishOutcome::Retryable(r) if r.contains("InternalError")),
+            "{:?}",
+            outcomes[3]
+        );
+        assert!(
+            matches!(&outcomes[4], PublishOutcome::Retryable(r) if r.contains("neither")),
+            "{:?}",
+            outcomes[4]
+        );
+    }
+
+    #[test]
+    fn entries_carry_dedup_and_group_ids_only_on_fifo() {
+        let prepared = Prepared {
+            body: "b".into(),
+            attributes: vec![("outbox-message-id".into(), "id-1".into())],
+            size: 1,
+        };
+        let standard = entry(
+            3,
+            &Ready {
+                position: 7,
+                id: "id-1".into(),
+                prepared: prepared.clone(),
+                group: None,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            standard.id(),
+            "3",
+            "the entry id is the position in its request"
+        );
+        assert_eq!(standard.message_deduplication_id(), None);
+        assert_eq!(standard.message_group_id(), None);
+        let fifo = entry(
+            0,
+            &Ready {
+                position: 7,
+                id: "id-1".into(),
+                prepared,
+                group: Some("key".into()),
+            },
+        )
+        .unwrap();
+        assert_eq!(fifo.message_deduplication_id(), Some("id-1"));
+        assert_eq!(fifo.message_group_id(), Some("key"));
+        assert_eq!(
+            fifo.message_attributes().unwrap()["outbox-message-id"].string_value(),
+            Some("id-1")
+        );
+    }
+
+    fn publisher(config: SqsPublisherConfig) -> SqsPublisher {
+        let conf = aws_sdk_sqs::Config::builder()
+            .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
+            .build();
+        SqsPublisher::from_conf(conf, config).unwrap()
+    }
+
+    fn keyed(key: Option<&str>) -> Message {
+        Message::from(outbox_core::backend::MessageParts {
+            id: outbox_core::MessageId::new(),
+            destination: "d".into(),
+            partition_key: key.map(str::to_owned),
+            payload: Vec::new(),
+            content_type: None,
+            headers: outbox_core::Headers::new(),
+            created_at: std::time::SystemTime::now(),
+            attempts: 1,
+            last_error: None,
+        })
+    }
+
+    #[test]
+    fn groups_are_the_key_or_the_unkeyed_rule() {
+        let default = publisher(SqsPublisherConfig::new());
+        assert_eq!(default.group_of(&keyed(Some("k-1"))).unwrap(), "k-1");
+        let unkeyed = keyed(None);
+        assert_eq!(default.group_of(&unkeyed).unwrap(), unkeyed.id.to_string());
+        let fixed = publisher(
+            SqsPublisherConfig::new().with_unkeyed_group(UnkeyedGroup::Fixed("all".into())),
+        );
+        assert_eq!(fixed.group_of(&keyed(None)).unwrap(), "all");
+        assert_eq!(fixed.group_of(&keyed(Some("k"))).unwrap(), "k");
+        let err = default.group_of(&keyed(Some("a b"))).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
     }
 }
