@@ -37,9 +37,12 @@ use crate::error;
 ///   messages). A key that is not a valid group id (1 to 128 ASCII letters, digits or
 ///   punctuation) is [`Permanent`](PublishOutcome::Permanent).
 /// - **Order on FIFO queues.** One call sends a FIFO queue's requests one after
-///   another, in the batch's order; when a message of a group fails, the later
-///   messages of that group in the same call are not sent and are
-///   [`Retryable`](PublishOutcome::Retryable), so a retry cannot overtake them.
+///   another, in the batch's order; when a message of a group fails, the messages of
+///   that group in the call's later requests are not sent and are
+///   [`Retryable`](PublishOutcome::Retryable), so they cannot overtake it. (Within one
+///   request SQS decides; the relay's per-key order keeps one message per key in
+///   flight, which makes the question moot.) A message refused before sending (size,
+///   group id) is permanent and holds nothing back, as a dead letter does not.
 ///   Standard queues promise no order, and their requests run concurrently.
 /// - **Requests.** Messages are sent with `SendMessageBatch`, at most ten per request
 ///   and at most [`SqsPublisherConfig::max_message_bytes`] per request in total, with
