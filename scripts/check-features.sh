@@ -11,7 +11,7 @@ check() {
 }
 check
 check --no-default-features
-for feature in sqlite postgres postgres-wal mysql sqlserver dynamodb nats rabbitmq testkit serde otel; do
+for feature in sqlite postgres postgres-wal mysql sqlserver dynamodb nats rabbitmq sqs testkit serde otel; do
     check --no-default-features --features "$feature"
 done
 check --all-features
@@ -19,7 +19,7 @@ check --all-features
 # What a plain `outbox = "0.1"` compiles: the core and SQLite, no PostgreSQL driver.
 tree=$(cargo tree -p outbox --locked -e normal --prefix none)
 grep -q '^outbox-sqlite ' <<<"$tree" || { echo "default features lack outbox-sqlite" >&2; exit 1; }
-for absent in outbox-postgres outbox-postgres-wal pgwire-replication sqlx-postgres outbox-mysql sqlx-mysql outbox-sqlserver tiberius outbox-dynamodb aws-sdk-dynamodb outbox-nats async-nats outbox-rabbitmq lapin outbox-testkit opentelemetry tracing-opentelemetry; do
+for absent in outbox-postgres outbox-postgres-wal pgwire-replication sqlx-postgres outbox-mysql sqlx-mysql outbox-sqlserver tiberius outbox-dynamodb aws-sdk-dynamodb outbox-nats async-nats outbox-rabbitmq lapin outbox-sqs aws-sdk-sqs outbox-testkit opentelemetry tracing-opentelemetry; do
     if grep -q "^$absent " <<<"$tree"; then
         echo "default features compile $absent" >&2
         exit 1
@@ -42,9 +42,12 @@ for absent in outbox-postgres-wal pgwire-replication; do
     fi
 done
 # And a publisher alone compiles no database driver and not the other broker's client.
-for feature in nats rabbitmq; do
+for feature in nats rabbitmq sqs; do
     tree=$(cargo tree -p outbox --locked -e normal --prefix none --no-default-features --features "$feature")
-    for absent in outbox-sqlite outbox-postgres sqlx-core $([ "$feature" = nats ] && echo lapin || echo async-nats); do
+    others=$(for client in async-nats lapin aws-sdk-sqs; do
+        case "$feature:$client" in nats:async-nats | rabbitmq:lapin | sqs:aws-sdk-sqs) ;; *) echo "$client" ;; esac
+    done)
+    for absent in outbox-sqlite outbox-postgres sqlx-core $others; do
         if grep -q "^$absent " <<<"$tree"; then
             echo "--features $feature compiles $absent" >&2
             exit 1

@@ -177,6 +177,49 @@ ensure_dynamodb() {
     }
 }
 
+sqs_host=127.0.0.1
+sqs_port=4566
+moto_version=5.2.1
+moto_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.services/moto
+moto_log=$moto_dir/moto.log
+moto_script=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/moto_server.py
+
+# moto's server answers its dashboard path with 200; any other HTTP server on the port
+# (or none) is not ready.
+sqs_ready() {
+    local line
+    line=$(timeout 2 bash -c 'exec 3<>"/dev/tcp/$1/$2" && printf "GET /moto-api/ HTTP/1.0\r\n\r\n" >&3 &&
+        IFS= read -r line <&3 && printf "%s" "$line"' _ "$sqs_host" "$sqs_port" 2>/dev/null) || return 1
+    [[ $line == HTTP/*' 200'* ]]
+}
+
+# A local SQS endpoint: moto in server mode (PyPI `moto[server]`), in a virtualenv in the
+# git-ignored .services/moto, state in memory, run through scripts/moto_server.py (one
+# speed fix, see there). outbox-sqs's tests start private servers the same way for their
+# restart cases.
+ensure_sqs() {
+    if sqs_ready; then
+        return
+    fi
+    if ! "$moto_dir/bin/python3" -c 'import moto.server, flask' 2>/dev/null; then
+        command -v python3 >/dev/null 2>&1 || apt_install python3
+        python3 -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
+        log "installing moto[server]==$moto_version (PyPI) into $moto_dir"
+        python3 -m venv "$moto_dir" >&2
+        "$moto_dir/bin/pip" install --quiet --disable-pip-version-check "moto[server]==$moto_version" >&2
+    fi
+    log "starting moto (SQS) on $sqs_host:$sqs_port"
+    mkdir -p "$moto_dir"
+    (
+        exec setsid nohup "$moto_dir/bin/python3" "$moto_script" -H "$sqs_host" -p "$sqs_port" \
+            >"$moto_log" 2>&1 </dev/null
+    ) >/dev/null 2>&1 </dev/null &
+    wait_for 60 sqs_ready || {
+        log "moto did not come up on $sqs_host:$sqs_port (see $moto_log)"
+        exit 1
+    }
+}
+
 mysql_host=127.0.0.1
 mysql_port=3306
 mysql_db=outbox_test
@@ -227,6 +270,8 @@ ensure_dynamodb
 log "DynamoDB Local ready at $dynamodb_host:$dynamodb_port"
 ensure_mysql
 log "MariaDB ready at $mysql_host:$mysql_port/$mysql_db"
+ensure_sqs
+log "SQS (moto $moto_version) ready at $sqs_host:$sqs_port"
 # CI runs no SQL Server (MSSQL): outbox-sqlserver's suites run when
 # OUTBOX_TEST_MSSQL_URL names a server (outbox-sqlserver/compose.yaml starts one with Docker).
 [ -n "${OUTBOX_TEST_MSSQL_URL:-}" ] || log "SQL Server: not started by this script; outbox-sqlserver's suites skip unless OUTBOX_TEST_MSSQL_URL is set"
@@ -235,3 +280,4 @@ echo "export OUTBOX_NATS_URL=nats://$nats_host:$nats_port"
 echo "export OUTBOX_AMQP_URL=amqp://guest:guest@$amqp_host:$amqp_port/%2f"
 echo "export OUTBOX_DYNAMODB_URL=http://$dynamodb_host:$dynamodb_port"
 echo "export OUTBOX_MYSQL_URL=mysql://root@$mysql_host:$mysql_port/$mysql_db"
+echo "export OUTBOX_SQS_URL=http://$sqs_host:$sqs_port"

@@ -80,6 +80,7 @@ const MEMBERS: &[(&str, Role)] = &[
     ("outbox-cli", Role::Other),
     ("outbox-nats", Role::Other),
     ("outbox-rabbitmq", Role::Other),
+    ("outbox-sqs", Role::Other),
     ("outbox-e2e", Role::Other),
 ];
 

@@ -52,6 +52,10 @@ pub use outbox_nats as nats;
 #[cfg(feature = "rabbitmq")]
 pub use outbox_rabbitmq as rabbitmq;
 
+/// The Amazon SQS publisher (feature `sqs`).
+#[cfg(feature = "sqs")]
+pub use outbox_sqs as sqs;
+
 /// Conformance suites and fault-injecting tools (feature `testkit`).
 #[cfg(feature = "testkit")]
 pub use outbox_testkit as testkit;
