@@ -196,17 +196,18 @@ sqs_ready() {
 # A local SQS endpoint: moto in server mode (PyPI `moto[server]`), in a virtualenv in the
 # git-ignored .services/moto, state in memory, run through scripts/moto_server.py (one
 # speed fix, see there). outbox-sqs's tests start private servers the same way for their
-# restart cases.
+# restart cases, so the checkout needs its own install even when a moto of another
+# checkout already answers on the port.
 ensure_sqs() {
-    if sqs_ready; then
-        return
-    fi
     if ! "$moto_dir/bin/python3" -c 'import moto.server, flask' 2>/dev/null; then
         command -v python3 >/dev/null 2>&1 || apt_install python3
         python3 -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
         log "installing moto[server]==$moto_version (PyPI) into $moto_dir"
         python3 -m venv "$moto_dir" >&2
         "$moto_dir/bin/pip" install --quiet --disable-pip-version-check "moto[server]==$moto_version" >&2
+    fi
+    if sqs_ready; then
+        return
     fi
     log "starting moto (SQS) on $sqs_host:$sqs_port"
     mkdir -p "$moto_dir"
