@@ -197,14 +197,18 @@ sqs_ready() {
 # git-ignored .services/moto, state in memory, run through scripts/moto_server.py (one
 # speed fix, see there). outbox-sqs's tests start private servers the same way for their
 # restart cases, so the checkout needs its own install even when a moto of another
-# checkout already answers on the port.
+# checkout already answers on the port. A marker written after pip succeeds says which
+# version is installed, so a run checks a file instead of starting Python, and a changed
+# moto_version (or a failed install) installs again into a cleared virtualenv.
 ensure_sqs() {
-    if ! "$moto_dir/bin/python3" -c 'import moto.server, flask' 2>/dev/null; then
+    local marker=$moto_dir/.installed-$moto_version
+    if [ ! -f "$marker" ]; then
         command -v python3 >/dev/null 2>&1 || apt_install python3
         python3 -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
         log "installing moto[server]==$moto_version (PyPI) into $moto_dir"
-        python3 -m venv "$moto_dir" >&2
+        python3 -m venv --clear "$moto_dir" >&2
         "$moto_dir/bin/pip" install --quiet --disable-pip-version-check "moto[server]==$moto_version" >&2
+        touch "$marker"
     fi
     if sqs_ready; then
         return
