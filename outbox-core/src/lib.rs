@@ -112,7 +112,7 @@ pub use lock::{DistributedLock, LockGuard};
 pub use message::{Headers, Message, MessageId, MessageLimits, NewMessage, NewMessageBuilder};
 pub use monitor::StatsReporter;
 pub use names::{ConsumerName, EntityKey, LockName};
-pub use publisher::{PublishOutcome, Publisher};
+pub use publisher::{OutcomeCounts, PublishOutcome, Publisher};
 pub use purge::{PurgeRun, Purger};
 pub use relay::{
     DispatchReport, Relay, RelayConfig, RelayHandle, Wakeup, DEFAULT_PIPELINE_DEPTH,

@@ -25,7 +25,7 @@ use async_nats::jetstream::context::{
 };
 use async_nats::jetstream::ErrorCode;
 use async_nats::{ConnectError, ConnectErrorKind};
-use outbox_core::{Error, ErrorKind, ErrorStatus, PublishOutcome};
+use outbox_core::{Error, ErrorKind, ErrorStatus};
 
 /// What a failed publish of one message to `subject` means.
 pub(crate) fn publish_error(subject: &str, err: PublishError) -> Error {
@@ -164,19 +164,10 @@ pub(crate) fn connect_error(err: ConnectError) -> Error {
     Error::new(kind, format!("connecting to NATS failed: {what}")).with_source(err)
 }
 
-/// The outcome a failed message gets from its error.
-pub(crate) fn outcome(err: &Error) -> PublishOutcome {
-    let reason = err.report().to_string();
-    if err.is_retryable() {
-        PublishOutcome::Retryable(reason)
-    } else {
-        PublishOutcome::Permanent(reason)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use outbox_core::PublishOutcome;
 
     fn js(code: usize, err_code: u64) -> async_nats::jetstream::Error {
         serde_json::from_value(serde_json::json!({
@@ -286,7 +277,7 @@ mod tests {
     #[test]
     fn outcomes_follow_the_status_and_print_the_cause_once() {
         let err = publish_error("a.b", PublishError::new(PublishErrorKind::TimedOut));
-        match outcome(&err) {
+        match PublishOutcome::of_error(&err) {
             PublishOutcome::Retryable(reason) => {
                 assert!(
                     reason.contains("a.b") && reason.contains("PubAck"),
@@ -299,6 +290,9 @@ mod tests {
             "a.b",
             PublishError::new(PublishErrorKind::MaxPayloadExceeded),
         );
-        assert!(matches!(outcome(&err), PublishOutcome::Permanent(_)));
+        assert!(matches!(
+            PublishOutcome::of_error(&err),
+            PublishOutcome::Permanent(_)
+        ));
     }
 }

@@ -10,7 +10,7 @@ use async_nats::jetstream::message::PublishMessage;
 use async_nats::{HeaderMap, HeaderName, HeaderValue, Subject};
 use async_trait::async_trait;
 use futures::stream::{self, StreamExt};
-use outbox_core::{Error, Message, PublishOutcome, Publisher, Result};
+use outbox_core::{Error, Message, OutcomeCounts, PublishOutcome, Publisher, Result};
 use tracing::Instrument;
 
 use crate::config::NatsPublisherConfig;
@@ -183,13 +183,14 @@ impl NatsPublisher {
         for attempt in attempts {
             outcomes.push(match attempt {
                 Attempt::Published => PublishOutcome::Published,
-                Attempt::Failed(e) => error::outcome(&e),
+                Attempt::Failed(e) => PublishOutcome::of_error(&e),
                 Attempt::NoResponders { subject, error } => {
                     if let Some(verdict) = verdicts.get(&subject) {
                         verdict.clone()
                     } else {
                         let probe = self.jetstream.stream_by_subject(subject.clone()).await;
-                        let verdict = error::outcome(&error::no_stream(&subject, error, probe));
+                        let verdict =
+                            PublishOutcome::of_error(&error::no_stream(&subject, error, probe));
                         verdicts.insert(subject, verdict.clone());
                         verdict
                     }
@@ -273,20 +274,7 @@ impl Publisher for NatsPublisher {
                 .collect()
                 .await;
             let outcomes = self.settle(attempts).await;
-            let count = |f: fn(&PublishOutcome) -> bool| outcomes.iter().filter(|o| f(o)).count();
-            let span = tracing::Span::current();
-            span.record(
-                "published",
-                count(|o| matches!(o, PublishOutcome::Published)),
-            );
-            span.record(
-                "retryable",
-                count(|o| matches!(o, PublishOutcome::Retryable(_))),
-            );
-            span.record(
-                "permanent",
-                count(|o| matches!(o, PublishOutcome::Permanent(_))),
-            );
+            OutcomeCounts::of(&outcomes).record(&tracing::Span::current());
             Ok(outcomes)
         }
         .instrument(span)

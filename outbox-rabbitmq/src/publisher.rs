@@ -10,7 +10,7 @@ use lapin::message::BasicReturnMessage;
 use lapin::options::BasicPublishOptions;
 use lapin::types::ShortString;
 use lapin::{BasicProperties, Confirmation, PublisherConfirm};
-use outbox_core::{Error, ErrorKind, Message, PublishOutcome, Publisher, Result};
+use outbox_core::{Error, ErrorKind, Message, OutcomeCounts, PublishOutcome, Publisher, Result};
 use tokio::time::{timeout_at, Instant};
 use tracing::Instrument;
 
@@ -135,23 +135,18 @@ impl Publisher for RabbitPublisher {
             .run(&self.connector)
             .instrument(span.clone())
             .await;
-        let count = |f: fn(&PublishOutcome) -> bool| outcomes.iter().filter(|o| f(o)).count();
-        let published = count(|o| matches!(o, PublishOutcome::Published));
-        let retryable = count(|o| matches!(o, PublishOutcome::Retryable(_)));
-        let permanent = count(|o| matches!(o, PublishOutcome::Permanent(_)));
-        span.record("published", published);
-        span.record("retryable", retryable);
-        span.record("permanent", permanent);
-        if published < outcomes.len() {
+        let counts = OutcomeCounts::of(&outcomes);
+        counts.record(&span);
+        if counts.published < outcomes.len() {
             let first = outcomes.iter().find_map(|o| match o {
                 PublishOutcome::Retryable(r) | PublishOutcome::Permanent(r) => Some(r.as_str()),
                 PublishOutcome::Published => None,
             });
             span.in_scope(|| {
                 tracing::warn!(
-                    published,
-                    retryable,
-                    permanent,
+                    published = counts.published,
+                    retryable = counts.retryable,
+                    permanent = counts.permanent,
                     first_reason = first.unwrap_or_default(),
                     "RabbitMQ did not take every message of the batch"
                 );

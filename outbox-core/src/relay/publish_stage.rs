@@ -120,10 +120,7 @@ impl PublishStage {
                 tracing::error!("{why}");
                 all(PublishOutcome::Retryable(why))
             }
-            Ok(Ok(Err(err))) if err.is_retryable() => {
-                all(PublishOutcome::Retryable(err.report().to_string()))
-            }
-            Ok(Ok(Err(err))) => all(PublishOutcome::Permanent(err.report().to_string())),
+            Ok(Ok(Err(err))) => all(PublishOutcome::of_error(&err)),
             Ok(Err(panic)) => {
                 let why = format!("publisher panicked: {}", panic_message(&*panic));
                 tracing::error!(count = messages.len(), "{why}");
