@@ -231,6 +231,7 @@ mod memory_harness;
 pub mod pg_cluster;
 mod plan_harness;
 mod plan_macros;
+mod ports;
 mod publisher_faults;
 mod publisher_harness;
 mod publisher_macros;
@@ -257,6 +258,7 @@ pub use harness::{Features, Fixture, Harness, RowLock};
 pub use memory::{MemoryStore, MemoryTx};
 pub use memory_harness::MemoryHarness;
 pub use plan_harness::{Access, History, PlanFixture, PlanHarness, PlannedStatement, RelayOp};
+pub use ports::free_port;
 pub use publisher_faults::{assert_recovered_from_faults, FaultyPublisher, PublishFault};
 pub use publisher_harness::{
     MemoryPublisherHarness, PublisherFeatures, PublisherHarness, PublisherNamespace, Received,

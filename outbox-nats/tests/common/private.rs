@@ -2,7 +2,7 @@
 //! its own port and store directory, started as a child process and killed (never the
 //! shared server on 4222, which `start-stop-daemon` manages by its path).
 
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -31,12 +31,7 @@ fn plumbing(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> Er
 
 /// A port nothing listens on right now.
 fn free_port() -> Result<u16> {
-    let listener =
-        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| plumbing("find a free port", e))?;
-    Ok(listener
-        .local_addr()
-        .map_err(|e| plumbing("read the port", e))?
-        .port())
+    outbox_testkit::free_port().map_err(|e| plumbing("find a free port", e))
 }
 
 fn accepts(port: u16) -> bool {

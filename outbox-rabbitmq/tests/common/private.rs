@@ -3,7 +3,7 @@
 //! group and killed whole (never the shared node on 5672).
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -39,12 +39,7 @@ fn plumbing(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> Er
 }
 
 fn free_port() -> Result<u16> {
-    let listener =
-        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| plumbing("find a free port", e))?;
-    Ok(listener
-        .local_addr()
-        .map_err(|e| plumbing("read the port", e))?
-        .port())
+    outbox_testkit::free_port().map_err(|e| plumbing("find a free port", e))
 }
 
 /// Whether the node answers an AMQP 0-9-1 protocol header with a method frame (its
