@@ -1,32 +1,42 @@
 //! The one place where SQS errors become [`outbox_core::Error`]s.
 //!
 //! A whole request (`SendMessageBatch`, `GetQueueUrl`) that fails gives every message
-//! it carried the same error, by the SDK's error kind and then SQS's error code (both
-//! the JSON protocol's names and the older `AWS.SimpleQueueService.*` query names):
+//! it carried the same error, by the SDK's error kind and then the error code the SDK
+//! reports. SQS answers in its JSON protocol with an `x-amzn-query-error` header, and
+//! the SDK takes the code from that header, so the codes are the query protocol's
+//! (`AWS.SimpleQueueService.NonExistentQueue`, `KMS.ThrottlingException`); the JSON
+//! protocol's shape names (`QueueDoesNotExist`, `KmsThrottled`), which an endpoint
+//! without the header reports, are matched too.
 //!
-//! | SQS | kind | status |
+//! | SQS (as the SDK reports it) | kind | status |
 //! |---|---|---|
-//! | `QueueDoesNotExist` / `AWS.SimpleQueueService.NonExistentQueue` | `Publish` | permanent |
-//! | `InvalidAddress`, `InvalidMessageContents`, `InvalidParameterValue`, `MissingParameter`, `UnsupportedOperation`, `InvalidAttributeName`, `InvalidAttributeValue` | `Publish` | permanent |
-//! | `RequestThrottled`, `ThrottlingException`, `Throttling`, `KmsThrottled`, HTTP 429 | `Contention` | temporary |
-//! | `AccessDenied` / `AccessDeniedException`, `InvalidSecurity`, `InvalidClientTokenId`, `UnrecognizedClientException`, `SignatureDoesNotMatch`, `KmsAccessDenied`, `KmsDisabled`, `KmsInvalidKeyUsage`, `KmsInvalidState`, `KmsNotFound`, `KmsOptInRequired` | `Config` | temporary |
-//! | `ServiceUnavailable`, `InternalError`, `InternalFailure`, `KmsUnavailable`, HTTP 5xx | `Unavailable` | temporary |
-//! | `BatchRequestTooLong` (the size check should prevent it; another batch may fit) | `Publish` | temporary |
+//! | `AWS.SimpleQueueService.NonExistentQueue` / `QueueDoesNotExist` | `Publish` | permanent |
+//! | `InvalidParameterValue`, `InvalidMessageContents`, `MissingParameter`, `InvalidAttributeName`, `InvalidAttributeValue`, `AWS.SimpleQueueService.BatchRequestTooLong`, `AWS.SimpleQueueService.BatchEntryIdsNotDistinct`, `AWS.SimpleQueueService.InvalidBatchEntryId`, `AWS.SimpleQueueService.TooManyEntriesInBatchRequest`, `AWS.SimpleQueueService.EmptyBatchRequest` (and their shape names) | `Publish` | permanent, per entry (below) |
+//! | `InvalidAddress`, `AWS.SimpleQueueService.UnsupportedOperation` / `UnsupportedOperation` | `Publish` | permanent |
+//! | `RequestThrottled`, `KMS.ThrottlingException` / `KmsThrottled`, `ThrottlingException`, `Throttling`, HTTP 429 | `Contention` | temporary |
+//! | `InvalidSecurity`, `AccessDenied` / `AccessDeniedException`, `InvalidClientTokenId`, `UnrecognizedClientException`, `SignatureDoesNotMatch`, `KMS.AccessDeniedException`, `KMS.DisabledException`, `KMS.InvalidKeyUsageException`, `KMS.InvalidStateException`, `KMS.NotFoundException`, `KMS.OptInRequired` (and their `Kms*` shape names) | `Config` | temporary |
+//! | `ServiceUnavailable`, `InternalError`, `InternalFailure`, `KMS.KeyUnavailableException` / `KmsUnavailable`, HTTP 5xx | `Unavailable` | temporary |
 //! | any other service error | `Publish` | temporary |
 //! | the SDK's timeout, or no response within the request timeout | `Timeout` | temporary |
 //! | dispatch failure (connection refused or reset, DNS), an unreadable response | `Unavailable` | temporary |
 //! | the request could not be built (no region, an endpoint that does not resolve) | `Config` | temporary |
 //!
+//! "Per entry": SQS refused the request for what it carries, which may be one entry's
+//! fault, so a request of several entries refused so is sent again one entry per
+//! request, and only the entries refused alone are permanent.
+//!
 //! Access and KMS errors are temporary on purpose: an operator fixes a policy or a key
 //! and the relay's retries then succeed; the relay still dead-letters after its last
 //! attempt.
 //!
-//! A failed entry of a batch (`BatchResultErrorEntry`) is permanent when SQS says the
-//! sender is at fault (`SenderFault: true`), retryable otherwise; it never fails the
-//! rest of its request.
+//! A failed entry of a batch (`BatchResultErrorEntry`) goes through the same table by
+//! its code first (a throttled entry is retryable even when SQS marks it a sender
+//! fault); a code the table does not know is permanent when SQS says the sender is at
+//! fault (`SenderFault: true`) and retryable otherwise. It never fails the rest of its
+//! request.
 //!
-//! Codes are from the SQS API reference (`SendMessageBatch`, `GetQueueUrl`, Common
-//! Errors).
+//! Codes are those the SDK (aws-sdk-sqs 1.119) matches in its error parsers for
+//! `SendMessageBatch`, `SendMessage` and `GetQueueUrl`, and SQS's Common Errors.
 
 use std::fmt;
 
@@ -37,8 +47,83 @@ use outbox_core::{Error, ErrorKind, ErrorStatus, PublishOutcome};
 pub(crate) fn is_queue_gone(code: Option<&str>) -> bool {
     matches!(
         code,
-        Some("QueueDoesNotExist" | "AWS.SimpleQueueService.NonExistentQueue")
+        Some("AWS.SimpleQueueService.NonExistentQueue" | "QueueDoesNotExist")
     )
+}
+
+/// Whether a service error code says SQS refused the request for what it carries,
+/// which may be the fault of one entry alone.
+pub(crate) fn blames_content(code: Option<&str>) -> bool {
+    matches!(
+        code,
+        Some(
+            "InvalidParameterValue"
+                | "InvalidMessageContents"
+                | "MissingParameter"
+                | "InvalidAttributeName"
+                | "InvalidAttributeValue"
+                | "AWS.SimpleQueueService.BatchRequestTooLong"
+                | "BatchRequestTooLong"
+                | "AWS.SimpleQueueService.BatchEntryIdsNotDistinct"
+                | "BatchEntryIdsNotDistinct"
+                | "AWS.SimpleQueueService.InvalidBatchEntryId"
+                | "InvalidBatchEntryId"
+                | "AWS.SimpleQueueService.TooManyEntriesInBatchRequest"
+                | "TooManyEntriesInBatchRequest"
+                | "AWS.SimpleQueueService.EmptyBatchRequest"
+                | "EmptyBatchRequest"
+        )
+    )
+}
+
+/// What a service error code means, when the table knows it.
+fn known_code(code: &str) -> Option<(ErrorKind, ErrorStatus, &'static str)> {
+    use ErrorKind as K;
+    use ErrorStatus::{Permanent, Temporary};
+    if is_queue_gone(Some(code)) {
+        return Some((K::Publish, Permanent, "the queue does not exist"));
+    }
+    if blames_content(Some(code)) {
+        return Some((K::Publish, Permanent, "SQS refused the request as invalid"));
+    }
+    Some(match code {
+        "InvalidAddress"
+        | "AWS.SimpleQueueService.UnsupportedOperation"
+        | "UnsupportedOperation" => (K::Publish, Permanent, "SQS refused the request as invalid"),
+        "RequestThrottled"
+        | "KMS.ThrottlingException"
+        | "KmsThrottled"
+        | "ThrottlingException"
+        | "Throttling" => (K::Contention, Temporary, "SQS throttled the request"),
+        "InvalidSecurity"
+        | "AccessDenied"
+        | "AccessDeniedException"
+        | "InvalidClientTokenId"
+        | "UnrecognizedClientException"
+        | "SignatureDoesNotMatch"
+        | "KMS.AccessDeniedException"
+        | "KmsAccessDenied"
+        | "KMS.DisabledException"
+        | "KmsDisabled"
+        | "KMS.InvalidKeyUsageException"
+        | "KmsInvalidKeyUsage"
+        | "KMS.InvalidStateException"
+        | "KmsInvalidState"
+        | "KMS.NotFoundException"
+        | "KmsNotFound"
+        | "KMS.OptInRequired"
+        | "KmsOptInRequired" => (
+            K::Config,
+            Temporary,
+            "SQS refused the credentials, the permissions or the queue's KMS key",
+        ),
+        "ServiceUnavailable"
+        | "InternalError"
+        | "InternalFailure"
+        | "KMS.KeyUnavailableException"
+        | "KmsUnavailable" => (K::Unavailable, Temporary, "SQS is unavailable"),
+        _ => return None,
+    })
 }
 
 /// What a service error with this code (and HTTP status) means.
@@ -47,53 +132,14 @@ pub(crate) fn service_status(
     http: Option<u16>,
 ) -> (ErrorKind, ErrorStatus, &'static str) {
     use ErrorKind as K;
-    use ErrorStatus::{Permanent, Temporary};
-    match code.unwrap_or_default() {
-        "QueueDoesNotExist" | "AWS.SimpleQueueService.NonExistentQueue" => {
-            (K::Publish, Permanent, "the queue does not exist")
-        }
-        "InvalidAddress"
-        | "InvalidMessageContents"
-        | "InvalidParameterValue"
-        | "MissingParameter"
-        | "UnsupportedOperation"
-        | "AWS.SimpleQueueService.UnsupportedOperation"
-        | "InvalidAttributeName"
-        | "InvalidAttributeValue" => (K::Publish, Permanent, "SQS refused the request as invalid"),
-        "RequestThrottled"
-        | "ThrottlingException"
-        | "Throttling"
-        | "KmsThrottled"
-        | "KMS.ThrottlingException" => (K::Contention, Temporary, "SQS throttled the request"),
-        "AccessDenied"
-        | "AccessDeniedException"
-        | "InvalidSecurity"
-        | "InvalidClientTokenId"
-        | "UnrecognizedClientException"
-        | "SignatureDoesNotMatch"
-        | "KmsAccessDenied"
-        | "KmsDisabled"
-        | "KmsInvalidKeyUsage"
-        | "KmsInvalidState"
-        | "KmsNotFound"
-        | "KmsOptInRequired" => (
-            K::Config,
-            Temporary,
-            "SQS refused the credentials, the permissions or the queue's KMS key",
-        ),
-        "ServiceUnavailable" | "InternalError" | "InternalFailure" | "KmsUnavailable" => {
-            (K::Unavailable, Temporary, "SQS is unavailable")
-        }
-        "BatchRequestTooLong" | "AWS.SimpleQueueService.BatchRequestTooLong" => (
-            K::Publish,
-            Temporary,
-            "the request was over SQS's size limit",
-        ),
-        _ => match http {
-            Some(429) => (K::Contention, Temporary, "SQS throttled the request"),
-            Some(500..=599) => (K::Unavailable, Temporary, "SQS is unavailable"),
-            _ => (K::Publish, Temporary, "SQS refused the request"),
-        },
+    use ErrorStatus::Temporary;
+    if let Some(known) = code.and_then(known_code) {
+        return known;
+    }
+    match http {
+        Some(429) => (K::Contention, Temporary, "SQS throttled the request"),
+        Some(500..=599) => (K::Unavailable, Temporary, "SQS is unavailable"),
+        _ => (K::Publish, Temporary, "SQS refused the request"),
     }
 }
 
@@ -162,7 +208,8 @@ pub(crate) fn timed_out(what: &str, timeout: std::time::Duration) -> Error {
     )
 }
 
-/// One failed entry of a `SendMessageBatch`.
+/// One failed entry of a `SendMessageBatch`: by the table when it knows the code,
+/// else by `sender_fault`.
 pub(crate) fn entry_error(
     queue: &str,
     code: &str,
@@ -173,16 +220,20 @@ pub(crate) fn entry_error(
         Some(message) if !message.is_empty() => format!("{code}: {message}"),
         _ => code.to_owned(),
     };
-    let (status, whose) = if sender_fault {
-        (ErrorStatus::Permanent, "refused the message (sender fault)")
-    } else {
-        (ErrorStatus::Temporary, "could not take the message now")
+    let (kind, status, whose) = match known_code(code) {
+        Some((kind, status, why)) => (kind, status, why),
+        None if sender_fault => (
+            ErrorKind::Publish,
+            ErrorStatus::Permanent,
+            "refused the message (sender fault)",
+        ),
+        None => (
+            ErrorKind::Publish,
+            ErrorStatus::Temporary,
+            "could not take the message now",
+        ),
     };
-    Error::new(
-        ErrorKind::Publish,
-        format!("SQS queue {queue} {whose}: {detail}"),
-    )
-    .with_status(status)
+    Error::new(kind, format!("SQS queue {queue}: {whose}: {detail}")).with_status(status)
 }
 
 /// The outcome a failed message gets from its error.
@@ -204,34 +255,83 @@ mod tests {
     #[test]
     fn service_codes_map_by_code() {
         use ErrorKind as K;
+        // (code as the SDK reports it, kind, retryable, per entry)
         let table = [
-            ("QueueDoesNotExist", K::Publish, false),
-            ("AWS.SimpleQueueService.NonExistentQueue", K::Publish, false),
-            ("InvalidAddress", K::Publish, false),
-            ("InvalidMessageContents", K::Publish, false),
-            ("InvalidParameterValue", K::Publish, false),
-            ("MissingParameter", K::Publish, false),
-            ("UnsupportedOperation", K::Publish, false),
-            ("InvalidAttributeName", K::Publish, false),
-            ("InvalidAttributeValue", K::Publish, false),
-            ("RequestThrottled", K::Contention, true),
-            ("ThrottlingException", K::Contention, true),
-            ("KmsThrottled", K::Contention, true),
-            ("AccessDenied", K::Config, true),
-            ("InvalidSecurity", K::Config, true),
-            ("KmsAccessDenied", K::Config, true),
-            ("KmsNotFound", K::Config, true),
-            ("ServiceUnavailable", K::Unavailable, true),
-            ("InternalError", K::Unavailable, true),
-            ("KmsUnavailable", K::Unavailable, true),
-            ("BatchRequestTooLong", K::Publish, true),
-            ("SomethingNew", K::Publish, true),
+            (
+                "AWS.SimpleQueueService.NonExistentQueue",
+                K::Publish,
+                false,
+                false,
+            ),
+            ("QueueDoesNotExist", K::Publish, false, false),
+            ("InvalidParameterValue", K::Publish, false, true),
+            ("InvalidMessageContents", K::Publish, false, true),
+            ("MissingParameter", K::Publish, false, true),
+            ("InvalidAttributeName", K::Publish, false, true),
+            ("InvalidAttributeValue", K::Publish, false, true),
+            (
+                "AWS.SimpleQueueService.BatchRequestTooLong",
+                K::Publish,
+                false,
+                true,
+            ),
+            (
+                "AWS.SimpleQueueService.BatchEntryIdsNotDistinct",
+                K::Publish,
+                false,
+                true,
+            ),
+            (
+                "AWS.SimpleQueueService.InvalidBatchEntryId",
+                K::Publish,
+                false,
+                true,
+            ),
+            (
+                "AWS.SimpleQueueService.TooManyEntriesInBatchRequest",
+                K::Publish,
+                false,
+                true,
+            ),
+            (
+                "AWS.SimpleQueueService.EmptyBatchRequest",
+                K::Publish,
+                false,
+                true,
+            ),
+            ("InvalidAddress", K::Publish, false, false),
+            (
+                "AWS.SimpleQueueService.UnsupportedOperation",
+                K::Publish,
+                false,
+                false,
+            ),
+            ("RequestThrottled", K::Contention, true, false),
+            ("KMS.ThrottlingException", K::Contention, true, false),
+            ("KmsThrottled", K::Contention, true, false),
+            ("InvalidSecurity", K::Config, true, false),
+            ("AccessDeniedException", K::Config, true, false),
+            ("KMS.AccessDeniedException", K::Config, true, false),
+            ("KMS.DisabledException", K::Config, true, false),
+            ("KMS.InvalidKeyUsageException", K::Config, true, false),
+            ("KMS.InvalidStateException", K::Config, true, false),
+            ("KMS.NotFoundException", K::Config, true, false),
+            ("KMS.OptInRequired", K::Config, true, false),
+            ("KmsNotFound", K::Config, true, false),
+            ("ServiceUnavailable", K::Unavailable, true, false),
+            ("InternalError", K::Unavailable, true, false),
+            ("KMS.KeyUnavailableException", K::Unavailable, true, false),
+            ("SomethingNew", K::Publish, true, false),
         ];
-        for (code, kind, retryable) in table {
+        for (code, kind, retryable, per_entry) in table {
             let (k, status, _) = service_status(Some(code), Some(400));
             assert_eq!(
-                (k, status == ErrorStatus::Temporary),
-                (kind, retryable),
+                (
+                    k,
+                    status == ErrorStatus::Temporary,
+                    blames_content(Some(code))
+                ),
+                (kind, retryable, per_entry),
                 "{code}"
             );
         }
@@ -254,7 +354,7 @@ mod tests {
                 .message("gone")
                 .meta(
                     aws_sdk_sqs::error::ErrorMetadata::builder()
-                        .code("QueueDoesNotExist")
+                        .code("AWS.SimpleQueueService.NonExistentQueue")
                         .message("gone")
                         .build(),
                 )
@@ -273,7 +373,7 @@ mod tests {
     }
 
     #[test]
-    fn entries_are_permanent_only_on_a_sender_fault() {
+    fn entries_go_through_the_table_then_by_sender_fault() {
         let e = entry_error("q", "InvalidParameterValue", true, Some("bad"));
         match outcome(&e) {
             PublishOutcome::Permanent(reason) => {
@@ -283,5 +383,26 @@ mod tests {
         }
         let e = entry_error("q", "InternalError", false, None);
         assert!(matches!(outcome(&e), PublishOutcome::Retryable(_)));
+        // A throttle is retryable whatever SenderFault says.
+        for code in [
+            "RequestThrottled",
+            "KMS.ThrottlingException",
+            "KMS.KeyUnavailableException",
+        ] {
+            let e = entry_error("q", code, true, Some("slow down"));
+            assert!(
+                matches!(outcome(&e), PublishOutcome::Retryable(_)),
+                "{code}"
+            );
+        }
+        // A code the table does not know: SenderFault decides.
+        assert!(matches!(
+            outcome(&entry_error("q", "SomethingNew", true, None)),
+            PublishOutcome::Permanent(_)
+        ));
+        assert!(matches!(
+            outcome(&entry_error("q", "SomethingNew", false, None)),
+            PublishOutcome::Retryable(_)
+        ));
     }
 }

@@ -57,11 +57,14 @@ use crate::error;
 ///   id, content type, key and trace context in message attributes; other headers as
 ///   attributes within SQS's ten, or as one JSON attribute.
 /// - **Outcomes.** One per message, in the batch's order; `publish` itself never
-///   returns `Err`. A failed entry is permanent when SQS blames the sender
-///   (`SenderFault`), retryable otherwise, and never fails the rest of its request. A
-///   whole request that fails (throttling, a timeout, the endpoint unreachable) makes
-///   its own messages retryable; a queue that does not exist makes them permanent. The
-///   mapping is the table in `error.rs`.
+///   returns `Err`. A failed entry goes by its code (a throttled entry is retryable),
+///   else is permanent when SQS blames the sender (`SenderFault`) and retryable
+///   otherwise; it never fails the rest of its request. A whole request that fails
+///   (throttling, a timeout, the endpoint unreachable) makes its own messages
+///   retryable; a queue that does not exist makes them permanent. A request of several
+///   entries that SQS refuses as invalid for what it carries is sent again one entry
+///   per request, so only an entry refused alone is permanent; an entry the SDK cannot
+///   build is permanent alone. The mapping is the table in `error.rs`.
 /// - **Cancellation.** Dropping a `publish` future abandons its requests; SQS may have
 ///   taken some. A later publish of the same messages is deduplicated on FIFO queues
 ///   within five minutes, and delivered again on standard queues (consumers
@@ -361,7 +364,8 @@ impl SqsPublisher {
         }
     }
 
-    /// Send one `SendMessageBatch` of `ready[i]` for `i` in `request`; returns each
+    /// Send `ready[i]` for `i` in `request` as one `SendMessageBatch` (or, when SQS
+    /// refuses it as a whole for what it carries, each entry alone); returns each
     /// `i`'s outcome.
     async fn send(
         &self,
@@ -370,19 +374,47 @@ impl SqsPublisher {
         ready: &[Ready],
         request: &[usize],
     ) -> Vec<(usize, PublishOutcome)> {
-        let mut entries = Vec::with_capacity(request.len());
-        for (slot, &i) in request.iter().enumerate() {
-            match entry(slot, &ready[i]) {
-                Ok(entry) => entries.push(entry),
-                Err(e) => {
-                    // The builder refused what validation let through: a bug, not the
-                    // broker; the rest of the request must not pay for it.
-                    let outcome = error::outcome(&e);
-                    return request.iter().map(|&i| (i, outcome.clone())).collect();
-                }
+        let mut done = Vec::with_capacity(request.len());
+        let mut built: Vec<(usize, SendMessageBatchRequestEntry)> =
+            Vec::with_capacity(request.len());
+        for &i in request {
+            match entry(0, &ready[i]) {
+                Ok(entry) => built.push((i, entry)),
+                // The builder refused what validation let through: a bug, not the
+                // broker; the rest of the request must not pay for it.
+                Err(e) => done.push((i, error::outcome(&e))),
             }
         }
+        if built.is_empty() {
+            return done;
+        }
+        let (indices, entries): (Vec<usize>, Vec<SendMessageBatchRequestEntry>) =
+            built.into_iter().unzip();
         let what = format!("SendMessageBatch to queue {name:?}");
+        let sent = isolating(
+            indices,
+            entries,
+            |i| entry(0, &ready[i]),
+            |entries| self.request(name, url, &what, entries),
+        )
+        .await;
+        done.extend(sent);
+        done
+    }
+
+    /// One `SendMessageBatch` of `entries` (their ids set to their slots); each
+    /// entry's outcome, or why the whole request failed.
+    async fn request(
+        &self,
+        name: &str,
+        url: &str,
+        what: &str,
+        mut entries: Vec<SendMessageBatchRequestEntry>,
+    ) -> std::result::Result<Vec<PublishOutcome>, Refused> {
+        let len = entries.len();
+        for (slot, entry) in entries.iter_mut().enumerate() {
+            entry.id = slot.to_string();
+        }
         let timeout = self.inner.config.request_timeout();
         let result = {
             let _permit = self
@@ -400,28 +432,72 @@ impl SqsPublisher {
                 .send();
             tokio::time::timeout(timeout, call).await
         };
-        let output = match result {
-            Ok(Ok(output)) => output,
+        match result {
+            Ok(Ok(output)) => Ok(entry_outcomes(&output, len, name, what)),
             Ok(Err(e)) => {
-                if error::is_queue_gone(e.code()) {
+                let code = e.code().map(str::to_owned);
+                if error::is_queue_gone(code.as_deref()) {
                     // Deleted since it was looked up: look it up again next time.
                     self.forget(name);
                 }
-                let e = error::request_error(&what, e);
-                let outcome = error::outcome(&e);
-                return request.iter().map(|&i| (i, outcome.clone())).collect();
+                Err(Refused {
+                    error: error::request_error(what, e),
+                    per_entry: error::blames_content(code.as_deref()),
+                })
             }
-            Err(_) => {
-                let outcome = error::outcome(&error::timed_out(&what, timeout));
-                return request.iter().map(|&i| (i, outcome.clone())).collect();
-            }
-        };
-        request
-            .iter()
-            .copied()
-            .zip(entry_outcomes(&output, request.len(), name, &what))
-            .collect()
+            Err(_) => Err(Refused {
+                error: error::timed_out(what, timeout),
+                per_entry: false,
+            }),
+        }
     }
+}
+
+/// Why a whole `SendMessageBatch` failed.
+struct Refused {
+    error: Error,
+    /// SQS refused it as invalid for what it carries (not for the queue, the
+    /// credentials or its load), which may be one entry's fault.
+    per_entry: bool,
+}
+
+/// Send `entries` (of the messages at `indices`) with `send` as one request and map
+/// its outcomes back to the indices. When the request fails as a whole as invalid for
+/// what it carries and holds more than one entry, each entry is made again with `one`
+/// and sent alone, in order, so that a bad entry is the only permanent failure; any
+/// other failure of the whole request is every entry's outcome.
+async fn isolating<E, S, F>(
+    indices: Vec<usize>,
+    entries: Vec<E>,
+    one: impl Fn(usize) -> Result<E>,
+    send: S,
+) -> Vec<(usize, PublishOutcome)>
+where
+    S: Fn(Vec<E>) -> F,
+    F: std::future::Future<Output = std::result::Result<Vec<PublishOutcome>, Refused>>,
+{
+    let refused = match send(entries).await {
+        Ok(outcomes) => return indices.into_iter().zip(outcomes).collect(),
+        Err(refused) => refused,
+    };
+    if !refused.per_entry || indices.len() == 1 {
+        let outcome = error::outcome(&refused.error);
+        return indices.into_iter().map(|i| (i, outcome.clone())).collect();
+    }
+    let mut done = Vec::with_capacity(indices.len());
+    for i in indices {
+        let outcome = match one(i) {
+            Ok(entry) => match send(vec![entry]).await {
+                Ok(outcomes) => outcomes.into_iter().next().unwrap_or_else(|| {
+                    PublishOutcome::Retryable("SQS reported nothing for the entry".into())
+                }),
+                Err(refused) => error::outcome(&refused.error),
+            },
+            Err(e) => error::outcome(&e),
+        };
+        done.push((i, outcome));
+    }
+    done
 }
 
 /// Each entry's outcome from a `SendMessageBatch` answer for `len` entries whose ids
@@ -638,6 +714,98 @@ mod tests {
             fifo.message_attributes().unwrap()["outbox-message-id"].string_value(),
             Some("id-1")
         );
+    }
+
+    /// A request of `entries` (message indices) that SQS refuses as a whole when it
+    /// holds index 2, with `per_entry` as given; `calls` records every request.
+    async fn refusing(
+        entries: Vec<usize>,
+        per_entry: bool,
+        calls: &Mutex<Vec<Vec<usize>>>,
+    ) -> std::result::Result<Vec<PublishOutcome>, Refused> {
+        calls.lock().unwrap().push(entries.clone());
+        if entries.contains(&2) {
+            let status = if per_entry {
+                outbox_core::ErrorStatus::Permanent
+            } else {
+                outbox_core::ErrorStatus::Temporary
+            };
+            return Err(Refused {
+                error: Error::new(ErrorKind::Publish, "refused").with_status(status),
+                per_entry,
+            });
+        }
+        Ok(vec![PublishOutcome::Published; entries.len()])
+    }
+
+    #[tokio::test]
+    async fn one_bad_entry_of_a_refused_request_is_the_only_permanent_one() {
+        let calls = Mutex::new(Vec::new());
+        let done = isolating(
+            vec![10, 11, 12, 13],
+            vec![0, 1, 2, 3],
+            |i| Ok(i - 10),
+            |entries| refusing(entries, true, &calls),
+        )
+        .await;
+        let positions: Vec<usize> = done.iter().map(|(i, _)| *i).collect();
+        assert_eq!(positions, [10, 11, 12, 13]);
+        for (i, outcome) in &done {
+            if *i == 12 {
+                assert!(
+                    matches!(outcome, PublishOutcome::Permanent(_)),
+                    "{outcome:?}"
+                );
+            } else {
+                assert_eq!(*outcome, PublishOutcome::Published, "message {i}");
+            }
+        }
+        assert_eq!(
+            *calls.lock().unwrap(),
+            [vec![0, 1, 2, 3], vec![0], vec![1], vec![2], vec![3]],
+            "the whole request, then each entry alone in order"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_request_refused_for_other_reasons_or_alone_is_not_sent_again() {
+        let calls = Mutex::new(Vec::new());
+        let done = isolating(vec![0, 1, 2], vec![0, 1, 2], Ok, |entries| {
+            refusing(entries, false, &calls)
+        })
+        .await;
+        assert!(done
+            .iter()
+            .all(|(_, o)| matches!(o, PublishOutcome::Retryable(_))));
+        assert_eq!(calls.lock().unwrap().len(), 1);
+        let calls = Mutex::new(Vec::new());
+        let done = isolating(vec![7], vec![2], Ok, |entries| {
+            refusing(entries, true, &calls)
+        })
+        .await;
+        assert!(matches!(done[..], [(7, PublishOutcome::Permanent(_))]));
+        assert_eq!(calls.lock().unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_entry_that_cannot_be_made_again_is_permanent_alone() {
+        let calls = Mutex::new(Vec::new());
+        let done = isolating(
+            vec![0, 1, 2],
+            vec![0, 1, 2],
+            |i| {
+                if i == 1 {
+                    Err(Error::invalid_input("cannot build"))
+                } else {
+                    Ok(i)
+                }
+            },
+            |entries| refusing(entries, true, &calls),
+        )
+        .await;
+        assert_eq!(done[0].1, PublishOutcome::Published);
+        assert!(matches!(&done[1].1, PublishOutcome::Permanent(r) if r.contains("cannot build")));
+        assert!(matches!(&done[2].1, PublishOutcome::Permanent(r) if r.contains("refused")));
     }
 
     fn publisher(config: SqsPublisherConfig) -> SqsPublisher {
