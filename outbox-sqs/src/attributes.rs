@@ -101,6 +101,28 @@ fn can_be_attribute(name: &str, value: &str) -> bool {
     is_attribute_name(name) && !is_reserved(name) && !value.is_empty() && is_sqs_text(value)
 }
 
+/// `json` with every character SQS refuses in an attribute value (serde_json leaves
+/// U+FFFE and U+FFFF as they are) written as a `\uXXXX` escape, which any JSON
+/// decoder reads back. Such characters only occur inside JSON strings, where the
+/// escape means the same character.
+fn escape_non_sqs(json: &str) -> String {
+    if is_sqs_text(json) {
+        return json.to_owned();
+    }
+    let mut out = String::with_capacity(json.len() + 12);
+    for c in json.chars() {
+        if is_sqs_char(c) {
+            out.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        }
+    }
+    out
+}
+
 /// The body and attributes of `message`; `with_destination` adds
 /// [`DESTINATION_ATTRIBUTE`].
 pub(crate) fn prepare(message: &Message, with_destination: bool) -> Prepared {
@@ -168,7 +190,7 @@ pub(crate) fn prepare(message: &Message, with_destination: bool) -> Prepared {
         }
         attributes.push((
             HEADERS_ATTRIBUTE.to_owned(),
-            serde_json::Value::Object(object).to_string(),
+            escape_non_sqs(&serde_json::Value::Object(object).to_string()),
         ));
     }
     let size = body.len()
@@ -329,6 +351,10 @@ mod tests {
 
     fn round_trip(m: &Message, with_destination: bool) -> (Prepared, SqsDelivery) {
         let prepared = prepare(m, with_destination);
+        assert!(is_sqs_text(&prepared.body), "{:?}", prepared.body);
+        for (name, value) in &prepared.attributes {
+            assert!(!value.is_empty() && is_sqs_text(value), "{name}: {value:?}");
+        }
         let back = decode(&received(&prepared)).unwrap();
         assert_eq!(back.id, m.id);
         assert_eq!(back.payload, m.payload);
@@ -435,6 +461,31 @@ mod tests {
         m.content_type = Some(String::new());
         let (p, _) = round_trip(&m, false);
         assert!(names(&p).contains(&HEADERS_ATTRIBUTE));
+    }
+
+    #[test]
+    fn characters_sqs_refuses_are_escaped_in_the_json() {
+        let mut m = message(b"x", &[("x-odd", "a\u{FFFF}b\u{FFFE}\u{0}")]);
+        m.partition_key = Some("k\u{FFFF}".into());
+        m.content_type = Some("text/\u{FFFF}".into());
+        let (p, _) = round_trip(&m, true);
+        let json = &p
+            .attributes
+            .iter()
+            .find(|(n, _)| n == HEADERS_ATTRIBUTE)
+            .unwrap()
+            .1;
+        assert!(json.contains("\\uffff"), "{json}");
+        // Characters SQS takes stay as they are, astral ones included.
+        let m = message(b"x", &[("x-odd", "\u{1}é\u{1F600}")]);
+        let (p, _) = round_trip(&m, false);
+        let json = &p
+            .attributes
+            .iter()
+            .find(|(n, _)| n == HEADERS_ATTRIBUTE)
+            .unwrap()
+            .1;
+        assert!(json.contains("é\u{1F600}"), "{json}");
     }
 
     #[test]
