@@ -10,13 +10,19 @@ use outbox_core::{Error, Result};
 pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 16;
 /// The largest `max_concurrent_requests` accepted.
 pub const MAX_CONCURRENT_REQUESTS: usize = 1024;
-/// The default wait for one SQS request (`SendMessageBatch`, `GetQueueUrl`).
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default wait for one SQS request (`SendMessageBatch`, `GetQueueUrl`), 3 s.
+///
+/// A publish call's requests to one FIFO queue run one after another, so a call of
+/// `n` such requests can take `n` × this (more when a refused request is sent again
+/// entry by entry); keep it well under the relay's `publish_timeout` (10 s by
+/// default), or one slow request costs the whole call instead of its own messages.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 /// The default size limit, 256 KiB: the body plus every message attribute's name,
 /// type and value, counted in bytes; also the limit of one `SendMessageBatch` request
-/// (the sum of its messages). It was SQS's maximum until 2025, when SQS raised the
-/// maximum to 1 MiB; a queue's `MaximumMessageSize` may still be 256 KiB or lower, so
-/// this is the size every queue created with defaults before or after takes.
+/// (the sum of its messages). Queues created before 2025 with defaults take 256 KiB;
+/// queues created since with defaults take 1 MiB, SQS's maximum. A queue's
+/// `MaximumMessageSize` may be set lower, so this default is the size every queue
+/// created with defaults takes; raise it to your queues' value to send more.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 256 * 1024;
 /// The largest `max_message_bytes` accepted: SQS's maximum, 1 MiB.
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
@@ -171,6 +177,8 @@ impl SqsPublisherConfig {
 
     /// How long one request may take before its messages are reported retryable
     /// (default [`DEFAULT_REQUEST_TIMEOUT`]). It bounds the SDK's own retries too.
+    /// Requests to a FIFO queue are serial, so a call can take the number of its
+    /// requests times this: keep it well under the relay's `publish_timeout`.
     #[must_use]
     pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = timeout;

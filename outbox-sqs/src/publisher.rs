@@ -36,14 +36,20 @@ use crate::error;
 ///   group of [`UnkeyedGroup`] (its own id by default: no order among unkeyed
 ///   messages). A key that is not a valid group id (1 to 128 ASCII letters, digits or
 ///   punctuation) is [`Permanent`](PublishOutcome::Permanent).
-/// - **Order on FIFO queues.** One call sends a FIFO queue's requests one after
-///   another, in the batch's order; when a message of a group fails, the messages of
-///   that group in the call's later requests are not sent and are
-///   [`Retryable`](PublishOutcome::Retryable), so they cannot overtake it. (Within one
-///   request SQS decides; the relay's per-key order keeps one message per key in
-///   flight, which makes the question moot.) A message refused before sending (size,
-///   group id) is permanent and holds nothing back, as a dead letter does not.
-///   Standard queues promise no order, and their requests run concurrently.
+/// - **Order on FIFO queues.** SQS keeps a group's messages in the order it received
+///   them. One call sends a FIFO queue's requests one after another, in the batch's
+///   order; when a message of a group fails, the messages of that group in the call's
+///   later requests are not sent and are [`Retryable`](PublishOutcome::Retryable), so
+///   they cannot overtake it across requests. Within one request they can: if an
+///   earlier entry of a group fails and a later one of the same group succeeds, the
+///   later one is in the queue first. Requests are not cut to one entry per group
+///   (with few keys that would mean requests of one entry). A key's order end to end
+///   therefore needs the store's per-key order (`KeyOrder::PerKey`; the default is
+///   unordered), under which the relay hands over one message per key at a time.
+///   Under [`UnkeyedGroup::Fixed`] SQS keeps only the order in which it received the
+///   unkeyed messages. A message refused before sending (size, group id) is permanent
+///   and holds nothing back, as a dead letter does not. Standard queues promise no
+///   order, and their requests run concurrently.
 /// - **Requests.** Messages are sent with `SendMessageBatch`, at most ten per request
 ///   and at most [`SqsPublisherConfig::max_message_bytes`] per request in total, with
 ///   at most [`SqsPublisherConfig::max_concurrent_requests`] requests outstanding for
