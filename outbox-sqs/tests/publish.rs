@@ -1,18 +1,23 @@
 //! What the publisher suite does not cover, against the SQS endpoint named by
 //! `OUTBOX_SQS_URL` (moto; skipped with a visible line when it is unset): the size
-//! check, requests split by size, a key's order on FIFO queues across requests, keys
-//! that cannot be groups, a queue deleted and created again, the single-queue routing,
-//! an unreachable endpoint.
+//! check, requests split by size (counted by an SDK interceptor), a request refused
+//! for one entry, a key's order on FIFO queues across requests, keys that cannot be
+//! groups, a queue deleted and created again (its URL looked up again), the
+//! single-queue routing, an unreachable endpoint.
 //!
 //! Run: `eval "$(scripts/services.sh)" && cargo test -p outbox-sqs --test publish`
 
 mod common;
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use outbox_core::backend::MessageParts;
 use outbox_core::{Headers, Message, MessageId, PublishOutcome, Publisher};
+use outbox_sqs::aws_sdk_sqs::config::interceptors::BeforeTransmitInterceptorContextMut;
+use outbox_sqs::aws_sdk_sqs::config::{ConfigBag, Intercept, RuntimeComponents};
+use outbox_sqs::aws_sdk_sqs::error::BoxError;
 use outbox_sqs::aws_sdk_sqs::Client;
 use outbox_sqs::{SqsPublisher, SqsPublisherConfig, FIFO_SUFFIX};
 use outbox_testkit::wait::within;
@@ -29,6 +34,66 @@ fn message(destination: &str, key: Option<&str>, payload: impl Into<Vec<u8>>) ->
         attempts: 1,
         last_error: None,
     })
+}
+
+/// An SDK interceptor that records what a publisher sends: each request's operation
+/// and each `SendMessageBatch`'s entry count. An entry carrying the message attribute
+/// `poison` gets a data type moto refuses, so moto refuses the whole request
+/// (`InvalidParameterValue`), as SQS may for one entry's content.
+#[derive(Debug, Clone, Default)]
+struct Wiretap {
+    operations: Arc<Mutex<Vec<String>>>,
+    batches: Arc<Mutex<Vec<usize>>>,
+}
+
+impl Wiretap {
+    fn operations(&self) -> Vec<String> {
+        self.operations.lock().unwrap().clone()
+    }
+
+    fn batches(&self) -> Vec<usize> {
+        self.batches.lock().unwrap().clone()
+    }
+}
+
+impl Intercept for Wiretap {
+    fn name(&self) -> &'static str {
+        "Wiretap"
+    }
+
+    fn modify_before_transmit(
+        &self,
+        ctx: &mut BeforeTransmitInterceptorContextMut<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let request = ctx.request_mut();
+        let operation = request.headers().get("x-amz-target").unwrap_or_default();
+        let operation = operation.trim_start_matches("AmazonSQS.").to_owned();
+        self.operations.lock().unwrap().push(operation.clone());
+        if operation != "SendMessageBatch" {
+            return Ok(());
+        }
+        let body = request.body().bytes().ok_or("a streaming body")?;
+        let mut json: serde_json::Value = serde_json::from_slice(body)?;
+        let entries = json["Entries"].as_array_mut().ok_or("no Entries")?;
+        self.batches.lock().unwrap().push(entries.len());
+        let mut poisoned = false;
+        for entry in entries {
+            if let Some(data_type) = entry.pointer_mut("/MessageAttributes/poison/DataType") {
+                *data_type = "Bogus".into();
+                poisoned = true;
+            }
+        }
+        if poisoned {
+            let body = serde_json::to_vec(&json)?;
+            request
+                .headers_mut()
+                .insert("content-length", body.len().to_string());
+            *request.body_mut() = body.into();
+        }
+        Ok(())
+    }
 }
 
 /// Fresh queues `<prefix><name>` (FIFO when `fifo`), a client, and their URLs.
@@ -70,6 +135,15 @@ impl Queues {
 
     fn publisher(&self, config: SqsPublisherConfig) -> SqsPublisher {
         SqsPublisher::from_conf(common::sdk_config(&self.url), config).expect("a valid config")
+    }
+
+    /// A publisher whose requests `wiretap` records (and poisons).
+    fn tapped(&self, config: SqsPublisherConfig, wiretap: &Wiretap) -> SqsPublisher {
+        let conf = common::sdk_config(&self.url)
+            .to_builder()
+            .interceptor(wiretap.clone())
+            .build();
+        SqsPublisher::from_conf(conf, config).expect("a valid config")
     }
 
     /// Everything in queue `name`, received and deleted, with the destination a
@@ -141,14 +215,17 @@ async fn large_messages_are_split_into_requests_by_size_and_all_land() {
     let Some(queues) = Queues::new("outbox-sqs request size", false, &["big"]).await else {
         return;
     };
-    let publisher = queues.publisher(queues.config());
-    // Twelve messages of 100 KiB: two per request, six requests.
+    let wiretap = Wiretap::default();
+    let publisher = queues.tapped(queues.config(), &wiretap);
+    // Twelve messages of 100 KiB: two per request, six requests. (moto would take
+    // them in fewer: it sums bodies against 1 MiB, so the count is the proof.)
     let batch: Vec<Message> = (0..12u8)
         .map(|i| message("big", None, vec![b'a' + i; 100 * 1024]))
         .collect();
     for (i, outcome) in publish(&publisher, &batch).await.iter().enumerate() {
         assert_eq!(*outcome, PublishOutcome::Published, "message {i}");
     }
+    assert_eq!(wiretap.batches(), [2; 6], "entries per SendMessageBatch");
     let mut got: Vec<Vec<u8>> = queues
         .drain("big")
         .await
@@ -227,12 +304,14 @@ async fn a_deleted_queue_is_permanent_and_found_again_once_created() {
     let Some(queues) = Queues::new("outbox-sqs queue cache", false, &["gone"]).await else {
         return;
     };
-    let publisher = queues.publisher(queues.config());
+    let wiretap = Wiretap::default();
+    let publisher = queues.tapped(queues.config(), &wiretap);
     let one = || vec![message("gone", None, "x")];
     assert_eq!(
         publish(&publisher, &one()).await,
         [PublishOutcome::Published]
     );
+    assert_eq!(wiretap.operations(), ["GetQueueUrl", "SendMessageBatch"]);
     queues
         .client
         .delete_queue()
@@ -253,7 +332,59 @@ async fn a_deleted_queue_is_permanent_and_found_again_once_created() {
         publish(&publisher, &one()).await,
         [PublishOutcome::Published]
     );
+    // moto gives the new queue the old URL, so the publish above would pass with the
+    // stale cache too; what shows the cache was dropped is the second lookup (SQS
+    // may give a queue created again a URL of its own).
+    assert_eq!(
+        wiretap.operations(),
+        [
+            "GetQueueUrl",
+            "SendMessageBatch",
+            "SendMessageBatch",
+            "GetQueueUrl",
+            "SendMessageBatch"
+        ]
+    );
     assert_eq!(queues.drain("gone").await.len(), 1);
+    queues.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(outbox_service_unset, ignore = "OUTBOX_SQS_URL is not set")]
+async fn a_request_refused_for_one_entry_fails_only_that_entry() {
+    let Some(queues) = Queues::new("outbox-sqs per-entry isolation", false, &["iso"]).await else {
+        return;
+    };
+    let wiretap = Wiretap::default();
+    let publisher = queues.tapped(queues.config(), &wiretap);
+    let mut batch: Vec<Message> = (0..4)
+        .map(|i| message("iso", None, format!("{i}")))
+        .collect();
+    batch[2].headers.insert("poison", "1");
+    let outcomes = publish(&publisher, &batch).await;
+    for (i, outcome) in outcomes.iter().enumerate() {
+        if i == 2 {
+            assert!(
+                matches!(outcome, PublishOutcome::Permanent(r) if r.contains("InvalidParameterValue")),
+                "{outcome:?}"
+            );
+        } else {
+            assert_eq!(*outcome, PublishOutcome::Published, "message {i}");
+        }
+    }
+    assert_eq!(
+        wiretap.batches(),
+        [4, 1, 1, 1, 1],
+        "the refused request, then each entry alone"
+    );
+    let mut got: Vec<Vec<u8>> = queues
+        .drain("iso")
+        .await
+        .into_iter()
+        .map(|(r, _)| r.payload)
+        .collect();
+    got.sort();
+    assert_eq!(got, [b"0".to_vec(), b"1".to_vec(), b"3".to_vec()]);
     queues.teardown().await;
 }
 
