@@ -41,7 +41,7 @@
 use std::fmt;
 
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
-use outbox_core::{Error, ErrorKind, ErrorStatus, PublishOutcome};
+use outbox_core::{Error, ErrorKind, ErrorStatus};
 
 /// Whether a service error code says the queue does not exist.
 pub(crate) fn is_queue_gone(code: Option<&str>) -> bool {
@@ -236,21 +236,12 @@ pub(crate) fn entry_error(
     Error::new(kind, format!("SQS queue {queue}: {whose}: {detail}")).with_status(status)
 }
 
-/// The outcome a failed message gets from its error.
-pub(crate) fn outcome(err: &Error) -> PublishOutcome {
-    let reason = err.report().to_string();
-    if err.is_retryable() {
-        PublishOutcome::Retryable(reason)
-    } else {
-        PublishOutcome::Permanent(reason)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use aws_sdk_sqs::operation::send_message_batch::SendMessageBatchError;
     use aws_sdk_sqs::types::error::QueueDoesNotExist;
+    use outbox_core::PublishOutcome;
 
     #[test]
     fn service_codes_map_by_code() {
@@ -375,14 +366,17 @@ mod tests {
     #[test]
     fn entries_go_through_the_table_then_by_sender_fault() {
         let e = entry_error("q", "InvalidParameterValue", true, Some("bad"));
-        match outcome(&e) {
+        match PublishOutcome::of_error(&e) {
             PublishOutcome::Permanent(reason) => {
                 assert!(reason.contains("InvalidParameterValue: bad") && reason.contains("q"))
             }
             other => panic!("{other:?}"),
         }
         let e = entry_error("q", "InternalError", false, None);
-        assert!(matches!(outcome(&e), PublishOutcome::Retryable(_)));
+        assert!(matches!(
+            PublishOutcome::of_error(&e),
+            PublishOutcome::Retryable(_)
+        ));
         // A throttle is retryable whatever SenderFault says.
         for code in [
             "RequestThrottled",
@@ -391,17 +385,17 @@ mod tests {
         ] {
             let e = entry_error("q", code, true, Some("slow down"));
             assert!(
-                matches!(outcome(&e), PublishOutcome::Retryable(_)),
+                matches!(PublishOutcome::of_error(&e), PublishOutcome::Retryable(_)),
                 "{code}"
             );
         }
         // A code the table does not know: SenderFault decides.
         assert!(matches!(
-            outcome(&entry_error("q", "SomethingNew", true, None)),
+            PublishOutcome::of_error(&entry_error("q", "SomethingNew", true, None)),
             PublishOutcome::Permanent(_)
         ));
         assert!(matches!(
-            outcome(&entry_error("q", "SomethingNew", false, None)),
+            PublishOutcome::of_error(&entry_error("q", "SomethingNew", false, None)),
             PublishOutcome::Retryable(_)
         ));
     }

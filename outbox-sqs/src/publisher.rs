@@ -10,7 +10,7 @@ use aws_sdk_sqs::error::ProvideErrorMetadata;
 use aws_sdk_sqs::operation::send_message_batch::SendMessageBatchOutput;
 use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
 use futures::future::join_all;
-use outbox_core::{Error, ErrorKind, Message, PublishOutcome, Publisher, Result};
+use outbox_core::{Error, ErrorKind, Message, OutcomeCounts, PublishOutcome, Publisher, Result};
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
@@ -228,7 +228,7 @@ impl SqsPublisher {
                 _ => match self.inner.config.queue_name_for(&message.destination) {
                     Ok(name) => name,
                     Err(e) => {
-                        outcomes[position] = Some(error::outcome(&e));
+                        outcomes[position] = Some(PublishOutcome::of_error(&e));
                         continue;
                     }
                 },
@@ -254,7 +254,7 @@ impl SqsPublisher {
         let url = match self.queue_url(&share.name).await {
             Ok(url) => url,
             Err(e) => {
-                let outcome = error::outcome(&e);
+                let outcome = PublishOutcome::of_error(&e);
                 return share
                     .positions
                     .into_iter()
@@ -278,14 +278,14 @@ impl SqsPublisher {
                     prepared.size,
                     prepared.body.len()
                 ));
-                done.push((position, error::outcome(&e)));
+                done.push((position, PublishOutcome::of_error(&e)));
                 continue;
             }
             let group = if fifo {
                 match self.group_of(message) {
                     Ok(group) => Some(group),
                     Err(e) => {
-                        done.push((position, error::outcome(&e)));
+                        done.push((position, PublishOutcome::of_error(&e)));
                         continue;
                     }
                 }
@@ -388,7 +388,7 @@ impl SqsPublisher {
                 Ok(entry) => built.push((i, entry)),
                 // The builder refused what validation let through: a bug, not the
                 // broker; the rest of the request must not pay for it.
-                Err(e) => done.push((i, error::outcome(&e))),
+                Err(e) => done.push((i, PublishOutcome::of_error(&e))),
             }
         }
         if built.is_empty() {
@@ -487,7 +487,7 @@ where
         Err(refused) => refused,
     };
     if !refused.per_entry || indices.len() == 1 {
-        let outcome = error::outcome(&refused.error);
+        let outcome = PublishOutcome::of_error(&refused.error);
         return indices.into_iter().map(|i| (i, outcome.clone())).collect();
     }
     let mut done = Vec::with_capacity(indices.len());
@@ -497,9 +497,9 @@ where
                 Ok(outcomes) => outcomes.into_iter().next().unwrap_or_else(|| {
                     PublishOutcome::Retryable("SQS reported nothing for the entry".into())
                 }),
-                Err(refused) => error::outcome(&refused.error),
+                Err(refused) => PublishOutcome::of_error(&refused.error),
             },
-            Err(e) => error::outcome(&e),
+            Err(e) => PublishOutcome::of_error(&e),
         };
         done.push((i, outcome));
     }
@@ -529,7 +529,7 @@ fn entry_outcomes(
                 failed.sender_fault(),
                 failed.message(),
             );
-            outcomes[slot] = Some(error::outcome(&e));
+            outcomes[slot] = Some(PublishOutcome::of_error(&e));
         }
     }
     outcomes
@@ -603,20 +603,7 @@ impl Publisher for SqsPublisher {
                     })
                 })
                 .collect();
-            let count = |f: fn(&PublishOutcome) -> bool| outcomes.iter().filter(|o| f(o)).count();
-            let span = tracing::Span::current();
-            span.record(
-                "published",
-                count(|o| matches!(o, PublishOutcome::Published)),
-            );
-            span.record(
-                "retryable",
-                count(|o| matches!(o, PublishOutcome::Retryable(_))),
-            );
-            span.record(
-                "permanent",
-                count(|o| matches!(o, PublishOutcome::Permanent(_))),
-            );
+            OutcomeCounts::of(&outcomes).record(&tracing::Span::current());
             Ok(outcomes)
         }
         .instrument(span)

@@ -11,7 +11,7 @@
 //! publisher saw a failure, which is what at-least-once allows.
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -39,12 +39,7 @@ fn plumbing(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> Er
 
 /// A port nothing listens on right now.
 fn free_port() -> Result<u16> {
-    let listener =
-        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| plumbing("find a free port", e))?;
-    Ok(listener
-        .local_addr()
-        .map_err(|e| plumbing("read the port", e))?
-        .port())
+    outbox_testkit::free_port().map_err(|e| plumbing("find a free port", e))
 }
 
 /// The status line of a bodiless HTTP/1.0 request to the server, if it answers.
