@@ -5,6 +5,7 @@ mod chunk;
 mod config;
 mod error;
 mod publisher;
+mod request;
 
 pub use attributes::{
     decode, SqsDelivery, CONTENT_TYPE_ATTRIBUTE, DESTINATION_ATTRIBUTE, HEADERS_ATTRIBUTE,
