@@ -4,7 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -15,6 +15,7 @@ use crate::error::{Error, ErrorKind, ErrorStatus, Result};
 use crate::message::{MessageId, NewMessage};
 use crate::names::{ConsumerName, EntityKey};
 use crate::publisher::{PublishOutcome, Publisher};
+use crate::relay::PublishStage;
 
 /// How many times removing the outbox state is retried when other messages of the
 /// same entity keep changing it; past that, the next message of the entity that gets
@@ -56,9 +57,14 @@ pub struct DecoupledConsumer<S> {
     consumer: ConsumerName,
     entities: Arc<dyn EntityStore>,
     dedup: Arc<dyn DedupStore>,
-    publisher: Arc<dyn Publisher>,
+    /// The publisher behind the relays' guards: a timeout, the panic guard and the
+    /// outcome count.
+    stage: PublishStage,
     state: PhantomData<fn() -> S>,
 }
+
+/// The default [`DecoupledConsumer::with_publish_timeout`]: the relay's default.
+pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl<S> fmt::Debug for DecoupledConsumer<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -66,7 +72,7 @@ impl<S> fmt::Debug for DecoupledConsumer<S> {
             .field("consumer", &self.consumer)
             .field("entities", &self.entities)
             .field("dedup", &self.dedup)
-            .field("publisher", &self.publisher)
+            .field("publisher", &self.stage)
             .finish()
     }
 }
@@ -77,7 +83,7 @@ impl<S> Clone for DecoupledConsumer<S> {
             consumer: self.consumer.clone(),
             entities: Arc::clone(&self.entities),
             dedup: Arc::clone(&self.dedup),
-            publisher: Arc::clone(&self.publisher),
+            stage: self.stage.clone(),
             state: PhantomData,
         }
     }
@@ -111,13 +117,31 @@ where
                  eventually consistent object store"
             )));
         }
+        let stage = PublishStage::new(publisher, consumer.as_str(), DEFAULT_PUBLISH_TIMEOUT);
         Ok(DecoupledConsumer {
             consumer,
             entities,
             dedup,
-            publisher,
+            stage,
             state: PhantomData,
         })
+    }
+
+    /// Give each dispatch's publish call at most `timeout` (default
+    /// [`DEFAULT_PUBLISH_TIMEOUT`]). A call that has not answered by then fails its
+    /// messages retryably, as a publisher that panics does: the state is kept and the
+    /// next delivery dispatches again. The call is the relays' guarded one, so its span
+    /// is `outbox.publish` and accepted messages feed `outbox_commit_to_publish_seconds`
+    /// under `relay` = the consumer's name.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] for a zero timeout.
+    pub fn with_publish_timeout(mut self, timeout: Duration) -> Result<Self> {
+        if timeout.is_zero() {
+            return Err(Error::config("the publish timeout must be above zero"));
+        }
+        self.stage = self.stage.with_timeout(timeout);
+        Ok(self)
     }
 
     /// The consumer name ids are recorded under.
@@ -140,9 +164,10 @@ where
     ///   this run was stored; deliver the message again.
     /// - The handler's error, unchanged: nothing was stored.
     /// - A publish that did not succeed for every message ([`ErrorKind::Publish`],
-    ///   retryable unless the publisher called an outcome permanent): the state is kept,
-    ///   and the next delivery dispatches the stored messages again without running the
-    ///   handler.
+    ///   retryable unless the publisher called an outcome permanent or returned a
+    ///   permanent error; a call past the publish timeout, a panic or a wrong number of
+    ///   outcomes is retryable): the state is kept, and the next delivery dispatches the
+    ///   stored messages again without running the handler.
     /// - Errors of the stores. Before the state was persisted (steps 1 to 3) nothing
     ///   was stored and the next delivery runs the handler; after it and before the
     ///   record (steps 4 and 5) the next delivery re-dispatches; after the record
@@ -216,17 +241,9 @@ where
             return Ok(());
         }
         let batch: Vec<_> = outgoing.iter().map(OutgoingMessage::to_message).collect();
-        let outcomes = self.publisher.publish(&batch).await?;
-        if outcomes.len() != batch.len() {
-            return Err(Error::new(
-                ErrorKind::Publish,
-                format!(
-                    "the publisher returned {} outcomes for {} messages",
-                    outcomes.len(),
-                    batch.len()
-                ),
-            ));
-        }
+        // One outcome per message whatever the publisher did (an error, a wrong count,
+        // a timeout or a panic fails every message).
+        let outcomes = self.stage.publish(&batch).await.outcomes;
         let mut failed = outcomes
             .iter()
             .zip(&batch)

@@ -73,7 +73,7 @@
 mod decoupled;
 mod entity;
 
-pub use decoupled::{DecoupledConsumer, Handled};
+pub use decoupled::{DecoupledConsumer, Handled, DEFAULT_PUBLISH_TIMEOUT};
 
 /// What a same-database inbox did with a message (for example
 /// `outbox_postgres::PgDedupStore::process`). A duplicate is a value.

@@ -77,6 +77,13 @@ impl PublishStage {
         }
     }
 
+    /// The same stage with another timeout.
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
     /// Hand `messages` (not empty) to the publisher once, guarded; see the type's docs.
     pub async fn publish(&self, messages: &[Message]) -> Published {
         let span = tracing::info_span!(
