@@ -102,9 +102,9 @@ fn can_be_attribute(name: &str, value: &str) -> bool {
 }
 
 /// `json` with every character SQS refuses in an attribute value (serde_json leaves
-/// U+FFFE and U+FFFF as they are) written as a `\uXXXX` escape, which any JSON
-/// decoder reads back. Such characters only occur inside JSON strings, where the
-/// escape means the same character.
+/// U+FFFE and U+FFFF as they are) written as a JSON `\u` escape of four hex digits,
+/// which any JSON decoder reads back. Such characters only occur inside JSON strings,
+/// where the escape means the same character.
 fn escape_non_sqs(json: &str) -> String {
     if is_sqs_text(json) {
         return json.to_owned();

@@ -84,13 +84,20 @@ impl PublishStage {
         self
     }
 
-    /// Hand `messages` (not empty) to the publisher once, guarded; see the type's docs.
+    /// Hand `messages` to the publisher once, guarded; see the type's docs. An empty
+    /// slice is not handed over: it has no outcomes.
     pub async fn publish(&self, messages: &[Message]) -> Published {
+        let Some(first) = messages.first() else {
+            return Published {
+                outcomes: Vec::new(),
+                panicked: false,
+            };
+        };
         let span = tracing::info_span!(
             "outbox.publish",
             relay = %self.relay,
             count = messages.len(),
-            first_id = %messages.first().map(|m| m.id.to_string()).unwrap_or_default(),
+            first_id = %first.id,
         );
         #[cfg(feature = "otel")]
         crate::otel::link_messages(&span, messages);
@@ -211,6 +218,13 @@ mod tests {
         p.outcomes
             .iter()
             .all(|o| matches!(o, PublishOutcome::Retryable(why) if why.contains(text)))
+    }
+
+    #[tokio::test]
+    async fn nothing_is_handed_over_for_no_messages() {
+        let p = call(Does::Panic, 0).await;
+        assert_eq!(p.outcomes, Vec::new());
+        assert!(!p.panicked, "the publisher was not called");
     }
 
     #[tokio::test]
