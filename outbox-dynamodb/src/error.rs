@@ -98,7 +98,7 @@ pub(crate) fn reason_codes(reasons: &[CancellationReason]) -> Vec<Option<&str>> 
 
 /// Whether a service error is a failed condition: the write's condition is the
 /// protocol's check, so callers turn it into a value (a lost lease, a duplicate).
-pub(crate) fn is_condition_failed<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> bool {
+pub fn is_condition_failed<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> bool {
     err.as_service_error()
         .and_then(ProvideErrorMetadata::code)
         .is_some_and(|c| c == "ConditionalCheckFailedException")
@@ -106,7 +106,7 @@ pub(crate) fn is_condition_failed<E: ProvideErrorMetadata, R>(err: &SdkError<E, 
 
 /// Map an SDK error met while doing `what` (for example `"claim"`) to the workspace
 /// error, keeping the SDK error as the source.
-pub(crate) fn from_sdk<E, R>(what: &str, err: SdkError<E, R>) -> Error
+pub fn from_sdk<E, R>(what: &str, err: SdkError<E, R>) -> Error
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     R: fmt::Debug + Send + Sync + 'static,
@@ -157,7 +157,7 @@ pub(crate) fn cancelled(
 }
 
 /// An error building a request (a missing required field): a bug of this crate.
-pub(crate) fn build_error(what: &str, err: aws_sdk_dynamodb::error::BuildError) -> Error {
+pub fn build_error(what: &str, err: aws_sdk_dynamodb::error::BuildError) -> Error {
     Error::new(
         ErrorKind::Storage,
         format!("{what}: request could not be built"),

@@ -11,7 +11,7 @@ use outbox_core::{Error, ErrorKind, Headers, Message, MessageId, Result};
 use uuid::Uuid;
 
 /// An item as the SDK carries it.
-pub(crate) type Item = HashMap<String, AttributeValue>;
+pub type Item = HashMap<String, AttributeValue>;
 
 /// DynamoDB's item size limit (400 KB, counted as 400 × 1024 bytes).
 pub const MAX_ITEM_BYTES: usize = 400 * 1024;
@@ -64,7 +64,7 @@ pub(crate) const DONE_INDEX: &str = "done";
 
 /// Most payload bytes one body item carries; a longer payload is split over several
 /// body items (the split layout), each well under the 400 KB item limit.
-pub(crate) const PART_BYTES: usize = 300 * 1024;
+pub const PART_BYTES: usize = 300 * 1024;
 
 /// Room a body item keeps for what is not payload, headers or content type: its key,
 /// attribute names and time to live (about 100 bytes), with margin.
@@ -74,7 +74,7 @@ const BODY_ITEM_OVERHEAD: usize = 1024;
 /// otherwise parts of [`PART_BYTES`], except that the first, which also carries
 /// `first_extra` bytes (the headers and content type), is made smaller when both would
 /// not fit one item. So large headers never refuse a message the split can carry.
-pub(crate) fn body_parts(payload: &[u8], first_extra: usize) -> Vec<&[u8]> {
+pub fn body_parts(payload: &[u8], first_extra: usize) -> Vec<&[u8]> {
     if payload.is_empty() {
         return vec![payload];
     }
@@ -193,7 +193,7 @@ pub(crate) fn shard_value(id: MessageId, shards: u16) -> String {
 
 /// The bytes DynamoDB counts for an item: attribute names plus values (strings and
 /// binaries by length, numbers at most 21 bytes, containers with their overhead).
-pub(crate) fn item_size(item: &Item) -> usize {
+pub fn item_size(item: &Item) -> usize {
     item.iter().map(|(k, v)| k.len() + value_size(v)).sum()
 }
 

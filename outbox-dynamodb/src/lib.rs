@@ -14,6 +14,7 @@ mod error;
 #[cfg(feature = "fault-injection")]
 pub mod faults;
 mod item;
+pub mod kit;
 mod lock;
 mod markers;
 mod meta;

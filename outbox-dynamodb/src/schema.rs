@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
-    ProjectionType, ScalarAttributeType, TableStatus, TimeToLiveSpecification, TimeToLiveStatus,
+    ProjectionType, ScalarAttributeType, StreamSpecification, StreamViewType, TableStatus,
+    TimeToLiveSpecification, TimeToLiveStatus,
 };
 use aws_sdk_dynamodb::Client;
 use outbox_core::backend::Backoff;
@@ -25,23 +26,31 @@ use crate::item::{
 /// How long an install waits for a new table to become `ACTIVE`.
 const ACTIVE_DEADLINE: Duration = Duration::from_secs(300);
 
-/// A table this crate creates: keys, attribute types, global secondary indexes, TTL.
+/// A table this crate (or one built on it) creates: keys, attribute types, global
+/// secondary indexes, TTL, stream.
 #[derive(Debug, Clone)]
-pub(crate) struct TableSpec {
-    pub(crate) name: String,
-    pub(crate) hash: &'static str,
-    pub(crate) range: Option<&'static str>,
+pub struct TableSpec {
+    /// The table's name.
+    pub name: String,
+    /// The partition key attribute.
+    pub hash: &'static str,
+    /// The sort key attribute, if any.
+    pub range: Option<&'static str>,
     /// Key attributes of the table and its indexes, with their types.
-    pub(crate) attributes: Vec<(&'static str, ScalarAttributeType)>,
+    pub attributes: Vec<(&'static str, ScalarAttributeType)>,
     /// Global secondary indexes: `(index, partition key, sort key, projected non-key
     /// attributes)`; `None` projects all.
-    pub(crate) indexes: Vec<(
+    pub indexes: Vec<(
         &'static str,
         &'static str,
         &'static str,
         Option<Vec<&'static str>>,
     )>,
-    pub(crate) ttl: Option<&'static str>,
+    /// The time-to-live attribute, if any.
+    pub ttl: Option<&'static str>,
+    /// Whether the table has a stream carrying new images (`NEW_IMAGE`, or
+    /// `NEW_AND_OLD_IMAGES` on an existing table).
+    pub stream: bool,
 }
 
 impl TableSpec {
@@ -84,6 +93,9 @@ impl TableSpec {
             ));
         }
         text.push_str("  billing: on demand (pay per request)\n");
+        if self.stream {
+            text.push_str("  stream: enabled, view type NEW_IMAGE\n");
+        }
         if let Some(ttl) = self.ttl {
             text.push_str(&format!("  time to live: attribute {ttl}\n"));
         }
@@ -117,6 +129,7 @@ pub(crate) fn outbox_table(name: &str) -> TableSpec {
             (DONE_INDEX, SHARD, DONE_AT, Some(vec![])),
         ],
         ttl: Some(TTL),
+        stream: false,
     }
 }
 
@@ -129,6 +142,7 @@ pub(crate) fn dedup_table(name: &str) -> TableSpec {
         attributes: vec![(PK, ScalarAttributeType::S)],
         indexes: vec![],
         ttl: Some(crate::dedup::TTL),
+        stream: false,
     }
 }
 
@@ -151,6 +165,7 @@ fn keyed_table(name: &str) -> TableSpec {
         attributes: vec![(PK, ScalarAttributeType::S)],
         indexes: vec![],
         ttl: None,
+        stream: false,
     }
 }
 
@@ -207,7 +222,10 @@ fn key(name: &str, kind: KeyType) -> Result<KeySchemaElement> {
 
 /// Create the table of `spec` on demand (pay per request) if it is missing, wait until
 /// it is active, enable its TTL; check an existing table's keys and indexes.
-pub(crate) async fn install(client: &Client, spec: &TableSpec) -> Result<()> {
+///
+/// # Errors
+/// [`ErrorKind::Schema`] when the table exists with another layout; mapped SDK errors.
+pub async fn install(client: &Client, spec: &TableSpec) -> Result<()> {
     let mut request = client
         .create_table()
         .table_name(&spec.name)
@@ -215,6 +233,15 @@ pub(crate) async fn install(client: &Client, spec: &TableSpec) -> Result<()> {
         .key_schema(key(spec.hash, KeyType::Hash)?);
     if let Some(range) = spec.range {
         request = request.key_schema(key(range, KeyType::Range)?);
+    }
+    if spec.stream {
+        request = request.stream_specification(
+            StreamSpecification::builder()
+                .stream_enabled(true)
+                .stream_view_type(StreamViewType::NewImage)
+                .build()
+                .map_err(|e| build_error("create table", e))?,
+        );
     }
     for (name, kind) in &spec.attributes {
         request = request.attribute_definitions(
@@ -333,7 +360,10 @@ async fn enable_ttl(client: &Client, table: &str, attr: &str) -> Result<()> {
 }
 
 /// Delete a table (tests and tear-down tools); a missing table is not an error.
-pub(crate) async fn drop_table(client: &Client, table: &str) -> Result<()> {
+///
+/// # Errors
+/// Mapped SDK errors.
+pub async fn drop_table(client: &Client, table: &str) -> Result<()> {
     match client.delete_table().table_name(table).send().await {
         Ok(_) => Ok(()),
         Err(e)

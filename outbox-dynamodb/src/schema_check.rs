@@ -4,7 +4,9 @@
 //! silently lose per-key order, and one without `avail_us` would make every body sweep
 //! read each entry's item; such tables are refused at install, each difference named.
 
-use aws_sdk_dynamodb::types::{KeyType, ProjectionType, ScalarAttributeType, TableDescription};
+use aws_sdk_dynamodb::types::{
+    KeyType, ProjectionType, ScalarAttributeType, StreamViewType, TableDescription,
+};
 use outbox_core::{Error, ErrorKind, Result};
 
 use crate::schema::TableSpec;
@@ -152,6 +154,22 @@ fn differences(spec: &TableSpec, table: &TableDescription) -> Vec<String> {
             ));
         }
     }
+    if spec.stream {
+        let stream = table.stream_specification();
+        let enabled = stream.is_some_and(|s| s.stream_enabled());
+        let view = stream.and_then(|s| s.stream_view_type());
+        if !enabled {
+            out.push("it has no stream (enable one with view type NEW_IMAGE)".to_owned());
+        } else if !matches!(
+            view,
+            Some(StreamViewType::NewImage | StreamViewType::NewAndOldImages)
+        ) {
+            out.push(format!(
+                "its stream carries {} instead of new images (NEW_IMAGE)",
+                view.map_or("no view type", StreamViewType::as_str)
+            ));
+        }
+    }
     out
 }
 
@@ -262,6 +280,42 @@ mod tests {
         for spec in [outbox_table("t"), dedup_table("d")] {
             check_layout(&spec, &described(&spec).build()).unwrap();
         }
+    }
+
+    #[test]
+    fn a_table_that_needs_a_stream_of_new_images_is_checked_for_one() {
+        use aws_sdk_dynamodb::types::StreamSpecification;
+        let spec = TableSpec {
+            stream: true,
+            ..dedup_table("s")
+        };
+        let stream = |enabled, view: Option<StreamViewType>| {
+            described(&spec)
+                .stream_specification(
+                    StreamSpecification::builder()
+                        .stream_enabled(enabled)
+                        .set_stream_view_type(view)
+                        .build()
+                        .unwrap(),
+                )
+                .build()
+        };
+        assert!(refused(&spec, &described(&spec).build()).contains("no stream"));
+        assert!(
+            refused(&spec, &stream(false, Some(StreamViewType::NewImage))).contains("no stream")
+        );
+        assert!(
+            refused(&spec, &stream(true, Some(StreamViewType::KeysOnly))).contains("KEYS_ONLY")
+        );
+        check_layout(&spec, &stream(true, Some(StreamViewType::NewImage))).unwrap();
+        check_layout(&spec, &stream(true, Some(StreamViewType::NewAndOldImages))).unwrap();
+        assert!(spec.describe().contains("NEW_IMAGE"));
+        // A table that needs no stream may have one.
+        check_layout(
+            &dedup_table("s"),
+            &stream(true, Some(StreamViewType::KeysOnly)),
+        )
+        .unwrap();
     }
 
     #[test]

@@ -503,7 +503,11 @@ impl DynamoOutbox {
     }
 }
 
-fn enqueue_error(
+/// The error of a `TransactWriteItems` that stored messages after `theirs` writes of
+/// the caller's: a cancellation whose only failed conditions are those of message puts
+/// (`ids`, one entry per action, `Some` on the put that stores a message) is
+/// [`Error::already_stored`] naming them; anything else is mapped as usual.
+pub fn enqueue_error(
     e: aws_sdk_dynamodb::error::SdkError<
         TransactWriteItemsError,
         aws_sdk_dynamodb::config::http::HttpResponse,
