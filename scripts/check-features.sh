@@ -11,7 +11,7 @@ check() {
 }
 check
 check --no-default-features
-for feature in sqlite postgres postgres-wal mysql sqlserver dynamodb nats rabbitmq sqs testkit serde otel; do
+for feature in sqlite postgres postgres-wal mysql sqlserver dynamodb dynamodb-streams nats rabbitmq sqs testkit serde otel; do
     check --no-default-features --features "$feature"
 done
 check --all-features
@@ -19,7 +19,7 @@ check --all-features
 # What a plain `outbox = "0.1"` compiles: the core and SQLite, no PostgreSQL driver.
 tree=$(cargo tree -p outbox --locked -e normal --prefix none)
 grep -q '^outbox-sqlite ' <<<"$tree" || { echo "default features lack outbox-sqlite" >&2; exit 1; }
-for absent in outbox-postgres outbox-postgres-wal pgwire-replication sqlx-postgres outbox-mysql sqlx-mysql outbox-sqlserver tiberius outbox-dynamodb aws-sdk-dynamodb outbox-nats async-nats outbox-rabbitmq lapin outbox-sqs aws-sdk-sqs outbox-testkit opentelemetry tracing-opentelemetry; do
+for absent in outbox-postgres outbox-postgres-wal pgwire-replication sqlx-postgres outbox-mysql sqlx-mysql outbox-sqlserver tiberius outbox-dynamodb aws-sdk-dynamodb outbox-dynamodb-streams aws-sdk-dynamodbstreams outbox-nats async-nats outbox-rabbitmq lapin outbox-sqs aws-sdk-sqs outbox-testkit opentelemetry tracing-opentelemetry; do
     if grep -q "^$absent " <<<"$tree"; then
         echo "default features compile $absent" >&2
         exit 1

@@ -76,6 +76,7 @@ const MEMBERS: &[(&str, Role)] = &[
     ),
     ("outbox-mysql", Role::Backend { engine: "MySQL" }),
     ("outbox-dynamodb", Role::Backend { engine: "DynamoDB" }),
+    ("outbox-dynamodb-streams", Role::Relay),
     ("outbox-chaos", Role::Other),
     ("outbox-cli", Role::Other),
     ("outbox-nats", Role::Other),

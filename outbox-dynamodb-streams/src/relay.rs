@@ -396,12 +396,20 @@ impl Run<'_> {
             stop.cancel();
         }
         while let Some(joined) = self.readers.join_next().await {
-            if let Ok((shard, Ok(ReaderEnd::Stopped))) = &joined {
-                if let Some((counter, _)) = self.held.remove(shard) {
+            let Ok((shard, ended)) = &joined else {
+                continue;
+            };
+            let Some((counter, _)) = self.held.remove(shard) else {
+                continue;
+            };
+            match ended {
+                Ok(ReaderEnd::Stopped) => {
                     if let Err(e) = self.leases.release(shard, counter).await {
                         tracing::debug!(error = %e.report(), shard, "stream relay: releasing a lease failed");
                     }
                 }
+                Ok(ReaderEnd::Lost) => self.lost += 1,
+                _ => {}
             }
         }
         self.leases.remove_heartbeat().await;

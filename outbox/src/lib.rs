@@ -44,6 +44,12 @@ pub use outbox_sqlserver as sqlserver;
 #[cfg(feature = "dynamodb")]
 pub use outbox_dynamodb as dynamodb;
 
+/// The log-tailing relay for DynamoDB (feature `dynamodb-streams`): messages written
+/// once as immutable items and read from the table's stream. See the crate docs for
+/// when to choose it over the polling `DynamoOutbox`.
+#[cfg(feature = "dynamodb-streams")]
+pub use outbox_dynamodb_streams as dynamodb_streams;
+
 /// The NATS JetStream publisher (feature `nats`).
 #[cfg(feature = "nats")]
 pub use outbox_nats as nats;

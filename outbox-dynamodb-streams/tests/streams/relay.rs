@@ -269,3 +269,74 @@ async fn a_standby_takes_over_at_once_after_a_graceful_shutdown() {
     assert!(standby_pub.published().iter().all(|m| m.destination == "b"));
     outbox.drop_tables().await.unwrap();
 }
+
+/// The shard lease items of `outbox`'s lease table.
+async fn shard_leases(
+    outbox: &StreamOutbox,
+) -> Vec<std::collections::HashMap<String, AttributeValue>> {
+    outbox
+        .client()
+        .scan()
+        .table_name(outbox.config().lease_table())
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .items()
+        .iter()
+        .filter(|i| i["pk"].as_s().is_ok_and(|pk| pk.starts_with("s#")))
+        .cloned()
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_lost_mid_batch_moves_no_checkpoint() {
+    let Some(url) = common::url("stream relay: lease lost mid-batch") else {
+        return;
+    };
+    let outbox = common::outbox(&url, "lost").await;
+    let (publisher, gate) = RecordingPublisher::new().hold_destination("held");
+    let relay = Running::start(
+        &outbox,
+        common::streams(&url),
+        Arc::new(publisher.clone()),
+        common::relay_config().with_lease(Duration::from_secs(30)),
+    );
+    enqueue(&outbox, &messages(5, "held")).await;
+    publisher
+        .wait_for_calls(1, outbox_testkit::wait::DEADLINE)
+        .await
+        .unwrap();
+    // Another worker takes the lease while the publish is in flight.
+    let lease = shard_leases(&outbox).await.remove(0);
+    outbox
+        .client()
+        .update_item()
+        .table_name(outbox.config().lease_table())
+        .key("pk", lease["pk"].clone())
+        .update_expression("SET #o = :thief, #e = :far ADD #c :one")
+        .expression_attribute_names("#o", "owner")
+        .expression_attribute_names("#e", "expires_us")
+        .expression_attribute_names("#c", "counter")
+        .expression_attribute_values(":thief", AttributeValue::S("thief".into()))
+        .expression_attribute_values(":far", AttributeValue::N(u64::MAX.to_string()))
+        .expression_attribute_values(":one", AttributeValue::N("1".into()))
+        .send()
+        .await
+        .unwrap();
+    gate.open();
+    publisher
+        .wait_for_unique(5, outbox_testkit::wait::DEADLINE)
+        .await
+        .unwrap();
+    // The publish done, the reader checkpoints before it looks at anything else: the
+    // write is refused (the lease is the thief's), so it stops reading the shard and
+    // the thief's lease keeps no checkpoint: the thief starts where the lost owner's
+    // last checkpoint was.
+    let report = relay.shutdown().await;
+    assert_eq!(report.leases_lost, 1, "{report:?}");
+    let lease = shard_leases(&outbox).await.remove(0);
+    assert_eq!(lease["owner"].as_s().unwrap(), "thief");
+    assert!(!lease.contains_key("checkpoint"), "{lease:?}");
+    outbox.drop_tables().await.unwrap();
+}
