@@ -9,13 +9,18 @@
 //! | worker heartbeat | `w#<worker id>` | `expires_us`, `ttl` (so TTL removes dead workers' items) |
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
+
+use aws_sdk_dynamodb::types::ReturnConsumedCapacity;
 
 use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::Client;
 use outbox_core::Result;
 use outbox_dynamodb::kit::{from_sdk, is_condition_failed, Item};
 
+use crate::capacity::Capacity;
 use crate::item::{get_n, get_s, n, now_us, s, PK};
 use crate::lineage::{Position, ShardLease, Take};
 use crate::sequence::SequenceNumber;
@@ -53,6 +58,7 @@ pub(crate) struct LeaseTable {
     stream: String,
     me: String,
     lease_us: u64,
+    capacity: Arc<Capacity>,
 }
 
 fn shard_key(shard: &str) -> Item {
@@ -86,6 +92,7 @@ impl LeaseTable {
         stream: String,
         me: String,
         lease: Duration,
+        capacity: Arc<Capacity>,
     ) -> Self {
         LeaseTable {
             client,
@@ -93,7 +100,12 @@ impl LeaseTable {
             stream,
             me,
             lease_us: u64::try_from(lease.as_micros()).unwrap_or(u64::MAX),
+            capacity,
         }
+    }
+
+    fn wrote(&self, consumed: Option<&aws_sdk_dynamodb::types::ConsumedCapacity>) {
+        self.capacity.lease_writes.add(consumed);
     }
 
     /// This worker's id.
@@ -118,9 +130,11 @@ impl LeaseTable {
                 .table_name(&self.table)
                 .consistent_read(true)
                 .set_exclusive_start_key(start.take())
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
                 .send()
                 .await
                 .map_err(|e| from_sdk("read the shard leases", e))?;
+            self.capacity.lease_reads.add(out.consumed_capacity());
             for item in out.items() {
                 let pk = get_s(item, PK).unwrap_or_default();
                 if pk.starts_with(WORKER_PREFIX) {
@@ -149,15 +163,18 @@ impl LeaseTable {
     /// Write this worker's heartbeat (`expires_us` = now + lease).
     pub(crate) async fn heartbeat(&self) -> Result<()> {
         let expires = now_us().saturating_add(self.lease_us);
-        self.client
+        let out = self
+            .client
             .put_item()
             .table_name(&self.table)
             .item(PK, s(format!("{WORKER_PREFIX}{}", self.me)))
             .item(EXPIRES, n(expires))
             .item(LEASE_TTL, n(expires / 1_000_000 + 3600))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await
             .map_err(|e| from_sdk("write the worker heartbeat", e))?;
+        self.wrote(out.consumed_capacity());
         Ok(())
     }
 
@@ -187,12 +204,16 @@ impl LeaseTable {
             .item(EXPIRES, n(0))
             .item(SINCE, n(now_us()))
             .condition_expression("attribute_not_exists(#pk)")
-            .expression_attribute_names("#pk", PK);
+            .expression_attribute_names("#pk", PK)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total);
         if let Some(parent) = parent {
             put = put.item(PARENT, s(parent));
         }
         match put.send().await {
-            Ok(_) => Ok(()),
+            Ok(out) => {
+                self.wrote(out.consumed_capacity());
+                Ok(())
+            }
             Err(e) if is_condition_failed(&e) => Ok(()),
             Err(e) => Err(from_sdk("create a shard lease", e)),
         }
@@ -233,7 +254,8 @@ impl LeaseTable {
             .expression_attribute_values(":me", s(&self.me))
             .expression_attribute_values(":exp", n(now.saturating_add(self.lease_us)))
             .expression_attribute_values(":one", n(1))
-            .return_values(aws_sdk_dynamodb::types::ReturnValue::UpdatedNew);
+            .return_values(aws_sdk_dynamodb::types::ReturnValue::UpdatedNew)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total);
         update = match &take.from {
             None => update
                 .condition_expression(
@@ -247,12 +269,13 @@ impl LeaseTable {
                 .expression_attribute_values(":counter", n(counter)),
         };
         match update.send().await {
-            Ok(out) => Ok(Some(
+            Ok(out) => Ok(Some({
+                self.wrote(out.consumed_capacity());
                 out.attributes
                     .as_ref()
                     .and_then(|a| get_n(a, COUNTER))
-                    .unwrap_or(0),
-            )),
+                    .unwrap_or(0)
+            })),
             Err(e) if is_condition_failed(&e) => Ok(None),
             Err(e) => Err(from_sdk("take a shard lease", e)),
         }
@@ -269,12 +292,16 @@ impl LeaseTable {
             .expression_attribute_names("#counter", COUNTER)
             .expression_attribute_values(":me", s(&self.me))
             .expression_attribute_values(":counter", n(counter))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
     }
 
     /// Send an update of a held lease: `false` when the lease was lost.
     async fn send_held(&self, update: UpdateItemFluentBuilder, what: &str) -> Result<bool> {
         match update.send().await {
-            Ok(_) => Ok(true),
+            Ok(out) => {
+                self.wrote(out.consumed_capacity());
+                Ok(true)
+            }
             Err(e) if is_condition_failed(&e) => Ok(false),
             Err(e) => Err(from_sdk(what, e)),
         }
@@ -325,6 +352,7 @@ impl LeaseTable {
         if *position == Position::End {
             expression.push_str(" REMOVE #owner");
         }
+        self.capacity.checkpoints.fetch_add(1, Ordering::Relaxed);
         self.send_held(update.update_expression(expression), "checkpoint a shard")
             .await
     }

@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod capacity;
 mod config;
 mod item;
 mod leases;
@@ -12,6 +13,7 @@ mod relay;
 mod sequence;
 mod stream;
 
+pub use capacity::StreamOutboxMetrics;
 pub use config::{
     StreamOutboxConfig, StreamRelayConfig, DEFAULT_ITEM_TTL, MAX_RECORDS_PER_READ, MIN_ITEM_TTL,
 };

@@ -2,6 +2,7 @@
 //! `TransactWriteItems`, and the dead letters the relay writes.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -16,6 +17,7 @@ use outbox_dynamodb::kit::{
     build_error, drop_table, enqueue_error, from_sdk, install_table, Item, TableSpec,
 };
 
+use crate::capacity::{Capacity, StreamOutboxMetrics};
 use crate::config::StreamOutboxConfig;
 use crate::item::{
     self, dead_sk, get_n, get_s, message_pk, n, now_us, s, ATTEMPTS, DEAD_ID, DEAD_PK, DEAD_SEQ,
@@ -71,6 +73,7 @@ pub struct StreamOutbox {
 struct Inner {
     client: Client,
     config: StreamOutboxConfig,
+    capacity: Arc<Capacity>,
 }
 
 impl StreamOutbox {
@@ -81,7 +84,11 @@ impl StreamOutbox {
     pub fn new(client: Client, config: StreamOutboxConfig) -> Result<Self> {
         config.validate()?;
         Ok(StreamOutbox {
-            inner: Arc::new(Inner { client, config }),
+            inner: Arc::new(Inner {
+                client,
+                config,
+                capacity: Arc::default(),
+            }),
         })
     }
 
@@ -93,6 +100,15 @@ impl StreamOutbox {
     /// The client.
     pub fn client(&self) -> &Client {
         &self.inner.client
+    }
+
+    /// Capacity consumed so far by this outbox, its clones and the relays over it.
+    pub fn metrics(&self) -> StreamOutboxMetrics {
+        self.inner.capacity.snapshot()
+    }
+
+    pub(crate) fn capacity(&self) -> &Arc<Capacity> {
+        &self.inner.capacity
     }
 
     pub(crate) fn table(&self) -> &str {
@@ -241,15 +257,23 @@ impl StreamOutbox {
             return Ok(());
         }
         check_transaction(&all)?;
-        self.inner
+        let out = self
+            .inner
             .client
             .transact_write_items()
             .set_transact_items(Some(all))
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await
-            .map(|_| ())
-            .map_err(|e| enqueue_error(e, &ids, theirs))
+            .map_err(|e| enqueue_error(e, &ids, theirs))?;
+        for c in out.consumed_capacity() {
+            self.inner.capacity.enqueue.add(Some(c));
+        }
+        self.inner
+            .capacity
+            .enqueued
+            .fetch_add(messages.len() as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Parts 1.. of message `id` (part 0 came with its stream record), read strongly
@@ -270,9 +294,11 @@ impl StreamOutbox {
                 .expression_attribute_values(":pk", s(message_pk(id)))
                 .expression_attribute_values(":first", s(FIRST_PART))
                 .set_exclusive_start_key(start.take())
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
                 .send()
                 .await
                 .map_err(|e| from_sdk("read message parts", e))?;
+            self.inner.capacity.part_reads.add(out.consumed_capacity());
             items.extend(out.items.unwrap_or_default());
             match out.last_evaluated_key {
                 Some(next) if !next.is_empty() => start = Some(next),
@@ -295,14 +321,20 @@ impl StreamOutbox {
             (DEAD_SHARD.to_owned(), s(&dead.shard)),
             (DEAD_SEQ.to_owned(), s(&dead.sequence_number)),
         ]);
-        self.inner
+        let out = self
+            .inner
             .client
             .put_item()
             .table_name(self.table())
             .set_item(Some(item))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await
             .map_err(|e| from_sdk("write a dead letter", e))?;
+        self.inner
+            .capacity
+            .dead_letters
+            .add(out.consumed_capacity());
         Ok(())
     }
 

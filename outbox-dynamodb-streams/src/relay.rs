@@ -173,6 +173,7 @@ impl StreamRelay {
             outbox.stream_arn().await?,
             self.worker.clone(),
             self.shared.config.lease,
+            Arc::clone(outbox.capacity()),
         ))
     }
 

@@ -5,5 +5,6 @@
 
 pub use crate::error::{build_error, from_sdk, is_condition_failed};
 pub use crate::item::{body_parts, item_size, Item, PART_BYTES};
+pub use crate::metrics::CapacityCounter;
 pub use crate::schema::{drop_table, install as install_table, TableSpec};
 pub use crate::store::enqueue_error;

@@ -11,6 +11,25 @@ const MICRO: f64 = 1_000_000.0;
 /// One capacity unit as the counters hold it.
 pub(crate) const UNIT: u64 = 1_000_000;
 
+/// A counter of capacity units as DynamoDB reports them (`ReturnConsumedCapacity =
+/// TOTAL`), kept in millionths so it stays an integer atomic.
+#[derive(Debug, Default)]
+pub struct CapacityCounter(AtomicU64);
+
+impl CapacityCounter {
+    /// Add what one request consumed (nothing when it reported nothing).
+    pub fn add(&self, consumed: Option<&ConsumedCapacity>) {
+        Metrics::add(&self.0, consumed);
+    }
+
+    /// The units counted so far.
+    pub fn units(&self) -> f64 {
+        #[allow(clippy::cast_precision_loss)] // far below 2^53 millionths
+        let units = self.0.load(Ordering::Relaxed) as f64 / MICRO;
+        units
+    }
+}
+
 /// Counters shared by a store and its clones.
 #[derive(Debug, Default)]
 pub(crate) struct Metrics {

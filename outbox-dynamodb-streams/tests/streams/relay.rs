@@ -111,6 +111,15 @@ async fn every_message_is_published_whole_and_skipped_records_never_are() {
     assert_eq!(one.partition_key.as_deref(), Some("k5"));
     assert_eq!(one.payload, sent[5].payload());
     assert_eq!(one.attempts, 1);
+    // What it cost, as DynamoDB Local reports it: the enqueues (a transaction bills
+    // two units per KB of each item), the large message's two later parts read back,
+    // and lease writes with at least one checkpoint.
+    let m = outbox.metrics();
+    assert_eq!(m.enqueued, (sent.len() + later.len()) as u64);
+    assert!(m.enqueue_units >= 2.0 * m.enqueued as f64, "{m:?}");
+    assert!(m.part_read_units > 0.0, "{m:?}");
+    assert!(m.checkpoints >= 1 && m.lease_write_units > 0.0 && m.lease_read_units > 0.0);
+    assert_eq!(m.dead_letter_units, 0.0);
     outbox.drop_tables().await.unwrap();
 }
 
