@@ -28,6 +28,7 @@ use outbox_core::{
 use sqlx::PgPool;
 
 pub mod dynamodb;
+pub mod streams;
 
 /// Environment variable: the PostgreSQL URL the worker connects to (required).
 pub const ENV_URL: &str = "OUTBOX_CHAOS_PG_URL";

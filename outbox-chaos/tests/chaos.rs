@@ -704,3 +704,121 @@ async fn poison_rows_do_not_stop_delivery() {
     );
     support::drop_schema(&pool, &schema).await;
 }
+
+/// Four `chaos-streams-worker` processes (DynamoDB Local's stream has one shard: one
+/// reads, three stand by) drain 20,000 messages while the worker reading the shard is
+/// SIGKILLed ten times: nothing lost, nothing dead-lettered, and duplicates at most
+/// one read (`RECORDS_PER_READ` records) per kill. The relay promises no order, so
+/// none is checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_relay_loses_nothing_across_sigkills() {
+    const MESSAGES: usize = 20_000;
+    const WORKERS: usize = 4;
+    const KILLS: usize = 10;
+    let Some(url) = support::url("chaos on DynamoDB Streams: the published table") else {
+        return;
+    };
+    let Some(dynamodb_url) =
+        support::dynamodb::url("chaos on DynamoDB Streams: SIGKILLed relay workers")
+    else {
+        return;
+    };
+    let _serial = support::serial().await;
+    let started = Instant::now();
+    let pool = support::connect_shared(&url, 4).await;
+    let schema = support::schema_name();
+    sqlx::raw_sql(&format!(
+        "CREATE SCHEMA \"{schema}\"; {}",
+        outbox_chaos::published_ddl(&schema)
+    ))
+    .execute(&pool)
+    .await
+    .expect("create the published table");
+    let outbox = support::streams::install(&dynamodb_url, &schema).await;
+    let (messages, sent) = support::keyed_messages(MESSAGES, 50, &mut fastrand::Rng::new());
+    support::streams::enqueue_all(&outbox, messages).await;
+    let enqueued = started.elapsed();
+    let spec = WorkerSpec {
+        url: url.clone(),
+        schema: schema.clone(),
+        table: schema.clone(),
+        order: KeyOrder::Unordered,
+        pool_size: 4,
+        mysql_url: None,
+        dynamodb_url: Some(dynamodb_url),
+    };
+    let mut workers: Vec<Worker> = (0..WORKERS)
+        .map(|n| Worker::spawn_streams(&spec, format!("s{n}")))
+        .collect();
+    let all = i64::try_from(MESSAGES).unwrap();
+    let step = MESSAGES / (KILLS + 2);
+    let mut owners_killed = 0;
+    for kill in 1..=KILLS {
+        let target = i64::try_from(step * kill).unwrap();
+        let (p, sc) = (&pool, schema.as_str());
+        support::wait_with_workers(
+            &format!("{target} messages published before kill {kill}"),
+            &mut workers,
+            || async move { support::published_distinct(p, sc).await >= target },
+        )
+        .await;
+        // The worker reading the shard: killing a standby would prove nothing.
+        let owners = support::streams::owners(&outbox).await;
+        let victim = workers
+            .iter()
+            .position(|w| support::streams::owner_id(w).is_some_and(|id| owners.contains(&id)))
+            .unwrap_or_else(|| fastrand::usize(..WORKERS));
+        if support::streams::owner_id(&workers[victim]).is_some_and(|id| owners.contains(&id)) {
+            owners_killed += 1;
+        }
+        workers[victim].kill().await;
+        let published = support::published_distinct(&pool, &schema).await;
+        assert!(
+            published < all,
+            "kill {kill} came after the drain had finished"
+        );
+        workers[victim] = Worker::spawn_streams(&spec, format!("s{victim}.{kill}"));
+    }
+    let (p, sc) = (&pool, schema.as_str());
+    support::wait_with_workers("every message published", &mut workers, || async move {
+        support::published_distinct(p, sc).await >= all
+    })
+    .await;
+    for worker in workers {
+        let id = worker.id.clone();
+        let status = worker.stop().await;
+        assert!(status.success(), "worker {id} stopped with {status}");
+    }
+    let delivery = support::check_delivery(&pool, &schema, &sent).await;
+    let dead = outbox
+        .dead_letters(10)
+        .await
+        .expect("read the dead letters");
+    let bound = i64::try_from(KILLS).unwrap() * i64::from(outbox_chaos::streams::RECORDS_PER_READ);
+    println!(
+        "chaos streams: messages={MESSAGES} workers={WORKERS} kills={KILLS} \
+         readers_killed={owners_killed} lost={} duplicates={} bound={bound} dead={} \
+         enqueue={enqueued:.1?} elapsed={:.1?}",
+        delivery.lost,
+        delivery.duplicates,
+        dead.len(),
+        started.elapsed()
+    );
+    assert_eq!(delivery.lost, 0, "messages lost: {delivery:?}");
+    assert_eq!(delivery.unexpected, 0, "{delivery:?}");
+    assert!(
+        delivery.duplicates <= bound,
+        "{} duplicates exceed the bound of {bound}",
+        delivery.duplicates
+    );
+    assert!(
+        dead.is_empty(),
+        "no message should be dead-lettered: {dead:?}"
+    );
+    assert!(
+        owners_killed >= KILLS / 2,
+        "only {owners_killed} kills hit the reading worker"
+    );
+    outbox.drop_tables().await.expect("drop the tables");
+    support::drop_schema(&pool, &schema).await;
+}

@@ -239,8 +239,10 @@ impl LeaseTable {
     }
 
     /// Take a lease: a free or lapsed one, or one stolen from the owner and counter
-    /// `take` names. The new counter, or `None` when another worker got there first.
-    pub(crate) async fn take(&self, take: &Take) -> Result<Option<u64>> {
+    /// `take` names. The lease as taken (its new counter, and the checkpoint as the
+    /// take found it, which a stolen lease's last owner may have moved since the
+    /// round read it), or `None` when another worker got there first.
+    pub(crate) async fn take(&self, take: &Take) -> Result<Option<ShardLease>> {
         let now = now_us();
         let mut update = self
             .client
@@ -254,7 +256,7 @@ impl LeaseTable {
             .expression_attribute_values(":me", s(&self.me))
             .expression_attribute_values(":exp", n(now.saturating_add(self.lease_us)))
             .expression_attribute_values(":one", n(1))
-            .return_values(aws_sdk_dynamodb::types::ReturnValue::UpdatedNew)
+            .return_values(aws_sdk_dynamodb::types::ReturnValue::AllNew)
             .return_consumed_capacity(ReturnConsumedCapacity::Total);
         update = match &take.from {
             None => update
@@ -269,13 +271,17 @@ impl LeaseTable {
                 .expression_attribute_values(":counter", n(counter)),
         };
         match update.send().await {
-            Ok(out) => Ok(Some({
+            Ok(out) => {
                 self.wrote(out.consumed_capacity());
-                out.attributes
-                    .as_ref()
-                    .and_then(|a| get_n(a, COUNTER))
-                    .unwrap_or(0)
-            })),
+                let lease = out.attributes.as_ref().and_then(decode_lease);
+                if lease.is_none() {
+                    tracing::warn!(
+                        shard = take.shard,
+                        "stream relay: a lease taken does not decode; left alone"
+                    );
+                }
+                Ok(lease)
+            }
             Err(e) if is_condition_failed(&e) => Ok(None),
             Err(e) => Err(from_sdk("take a shard lease", e)),
         }

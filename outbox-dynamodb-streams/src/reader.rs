@@ -104,6 +104,9 @@ pub(crate) async fn read_shard(
     let age = shared.meters.iterator_age(&shard);
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     let mut iterator: Option<String> = None;
+    // Whether `iterator` was opened at the position just now (not carried over from
+    // earlier reads): a trimmed answer to such an iterator is believed.
+    let mut fresh = false;
     // A position read past but not yet written, with its commit time.
     let mut unsaved: Option<Option<u64>> = None;
     let mut saved_at = Instant::now();
@@ -116,7 +119,10 @@ pub(crate) async fn read_shard(
             None => match stream::iterator(&shared.streams, leases.stream(), &shard, &position)
                 .await
             {
-                Ok(Some(it)) => it,
+                Ok(Some(it)) => {
+                    fresh = true;
+                    it
+                }
                 Ok(None) => return finish(&shared, &leases, &shard, counter).await,
                 Err(ReadError::Trimmed(e)) => return trimmed(&leases, &shard, counter, e).await,
                 Err(ReadError::Expired) => continue,
@@ -126,19 +132,31 @@ pub(crate) async fn read_shard(
                 }
             },
         };
-        let out =
-            match stream::read(&shared.streams, &current, shared.config.records_per_read).await {
-                Ok(out) => out,
-                // Opened again at the position (which covers what this reader read).
-                Err(ReadError::Expired) => continue,
-                Err(ReadError::Trimmed(e)) => return trimmed(&leases, &shard, counter, e).await,
-                Err(ReadError::Other(e)) => {
-                    wait_or_stop(e, &mut backoff, &stop).await?;
-                    iterator = Some(current);
-                    continue;
-                }
-            };
+        let out = match stream::read(&shared.streams, &current, shared.config.records_per_read)
+            .await
+        {
+            Ok(out) => out,
+            // Opened again at the position (which covers what this reader read).
+            Err(ReadError::Expired) => continue,
+            Err(ReadError::Trimmed(e)) if fresh => {
+                return trimmed(&leases, &shard, counter, e).await
+            }
+            // An iterator carried over from earlier reads: open one at the position
+            // and ask again before concluding the stream lost records. DynamoDB
+            // Local answers so to the iterators it handed out for an empty shard
+            // once records arrive.
+            Err(ReadError::Trimmed(e)) => {
+                tracing::debug!(shard, error = %e.report(), "stream relay: trimmed answer to a carried iterator; opening one at the position");
+                continue;
+            }
+            Err(ReadError::Other(e)) => {
+                wait_or_stop(e, &mut backoff, &stop).await?;
+                iterator = Some(current);
+                continue;
+            }
+        };
         backoff.reset();
+        fresh = false;
         let next = out.next_shard_iterator;
         let records = out.records.unwrap_or_default();
         Counts::add(&shared.counts.records_read, records.len() as u64);

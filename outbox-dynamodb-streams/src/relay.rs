@@ -320,14 +320,10 @@ impl Run<'_> {
             &held,
         );
         for take in takes {
-            let Some(counter) = self.leases.take(&take).await? else {
+            let Some(taken) = self.leases.take(&take).await? else {
                 continue;
             };
-            let position = view
-                .leases
-                .get(&take.shard)
-                .map(|l| l.position.clone())
-                .unwrap_or(lineage::Position::TrimHorizon);
+            let (counter, position) = (taken.counter, taken.position);
             tracing::info!(
                 shard = take.shard,
                 stolen = take.from.is_some(),

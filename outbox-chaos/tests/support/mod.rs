@@ -6,6 +6,7 @@ pub(crate) use outbox_testkit::pg_cluster as cluster;
 pub(crate) mod dynamodb;
 pub(crate) mod mariadb;
 pub(crate) mod poison;
+pub(crate) mod streams;
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -339,6 +340,12 @@ impl Worker {
     /// Start a log-tailing worker (`chaos-wal-worker`) on `spec.schema`'s slot.
     pub(crate) fn spawn_wal(spec: &WorkerSpec, id: impl Into<String>) -> Worker {
         Worker::spawn_bin(env!("CARGO_BIN_EXE_chaos-wal-worker"), spec, id, None)
+    }
+
+    /// Start a DynamoDB Streams worker (`chaos-streams-worker`) on `spec.table` at
+    /// `spec.dynamodb_url`.
+    pub(crate) fn spawn_streams(spec: &WorkerSpec, id: impl Into<String>) -> Worker {
+        Worker::spawn_bin(env!("CARGO_BIN_EXE_chaos-streams-worker"), spec, id, None)
     }
 
     fn spawn_bin(

@@ -349,3 +349,40 @@ async fn a_lease_lost_mid_batch_moves_no_checkpoint() {
     assert!(!lease.contains_key("checkpoint"), "{lease:?}");
     outbox.drop_tables().await.unwrap();
 }
+
+/// DynamoDB Local answers `TrimmedDataAccessException` to the iterators it handed out
+/// for an empty shard once records arrive: the relay opens a fresh iterator at its
+/// position before it concludes the stream lost records (a fresh one answered so
+/// stops it, see `trimmed.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_started_on_an_empty_stream_publishes_what_comes_later() {
+    let Some(url) = common::url("stream relay: empty stream") else {
+        return;
+    };
+    let outbox = common::outbox(&url, "empty").await;
+    let publisher = RecordingPublisher::new();
+    let relay = Running::start(
+        &outbox,
+        common::streams(&url),
+        Arc::new(publisher.clone()),
+        common::relay_config().with_discovery_interval(Duration::from_secs(10)),
+    );
+    // Several empty reads first, so the reader's iterator is one carried over.
+    let o = &outbox;
+    wait_until("the relay to hold the shard", || async move {
+        shard_leases(o)
+            .await
+            .first()
+            .is_some_and(|l| l.contains_key("owner"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    enqueue(&outbox, &messages(10, "late")).await;
+    publisher
+        .wait_for_unique(10, outbox_testkit::wait::DEADLINE)
+        .await
+        .unwrap();
+    let report = relay.shutdown().await;
+    assert_eq!((report.published, report.leases_taken), (10, 1));
+    outbox.drop_tables().await.unwrap();
+}
