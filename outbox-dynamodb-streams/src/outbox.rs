@@ -14,7 +14,8 @@ use outbox_core::backend::check_enqueue;
 use outbox_core::{Error, ErrorKind, MessageId, NewMessage, Result};
 use outbox_dynamodb::check_transaction;
 use outbox_dynamodb::kit::{
-    build_error, drop_table, enqueue_error, from_sdk, install_table, Item, TableSpec,
+    build_error, drop_table, enqueue_error, from_sdk, install_table, is_condition_failed, Item,
+    TableSpec,
 };
 
 use crate::capacity::{Capacity, StreamOutboxMetrics};
@@ -231,7 +232,8 @@ impl StreamOutbox {
     /// Send one `TransactWriteItems` holding `writes` (yours, first, in order) and the
     /// writes of `messages`: your changes and the messages commit together or not at
     /// all. Limits are checked before anything is sent; nothing is sent when both are
-    /// empty.
+    /// empty. A single message of one item with no writes of yours is sent as a
+    /// conditional `PutItem`: atomic on its own, at half a transaction's write units.
     ///
     /// # Errors
     /// As [`enqueue_writes`](Self::enqueue_writes), plus [`ErrorKind::InvalidInput`] for
@@ -256,6 +258,11 @@ impl StreamOutbox {
         if all.is_empty() {
             return Ok(());
         }
+        if theirs == 0 && all.len() == 1 {
+            // One item alone is atomic as a plain conditional put, at half a
+            // transaction's write units.
+            return self.put_alone(&all[0], ids[0]).await;
+        }
         check_transaction(&all)?;
         let out = self
             .inner
@@ -274,6 +281,35 @@ impl StreamOutbox {
             .enqueued
             .fetch_add(messages.len() as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Store a message of one item with a conditional `PutItem`.
+    async fn put_alone(&self, write: &TransactWriteItem, id: Option<MessageId>) -> Result<()> {
+        let Some(put) = write.put() else {
+            return Err(Error::new(ErrorKind::Storage, "enqueue: not a put"));
+        };
+        let sent = self
+            .inner
+            .client
+            .put_item()
+            .table_name(put.table_name())
+            .set_item(Some(put.item().clone()))
+            .condition_expression("attribute_not_exists(#pk)")
+            .expression_attribute_names("#pk", PK)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await;
+        match sent {
+            Ok(out) => {
+                self.inner.capacity.enqueue.add(out.consumed_capacity());
+                self.inner.capacity.enqueued.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) if is_condition_failed(&e) => {
+                Err(Error::already_stored(id.into_iter().collect()).with_source(e))
+            }
+            Err(e) => Err(from_sdk("enqueue", e)),
+        }
     }
 
     /// Parts 1.. of message `id` (part 0 came with its stream record), read strongly

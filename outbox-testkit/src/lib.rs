@@ -219,6 +219,7 @@ pub mod cpu;
 mod dedup;
 mod dedup_harness;
 mod dedup_macros;
+pub mod dynamodb_local;
 mod entity;
 pub mod env;
 mod faults;

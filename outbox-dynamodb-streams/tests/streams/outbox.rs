@@ -50,6 +50,14 @@ async fn refused_messages_write_nothing() {
     // Stored once; a second enqueue of the id is refused naming it, with the caller's
     // write not applied either.
     outbox.enqueue(Vec::new(), &[good.clone()]).await.unwrap();
+    // Alone, a message is one conditional PutItem: refused the same way.
+    let e = outbox
+        .enqueue(Vec::new(), &[good.clone()])
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Conflict);
+    assert_eq!(e.ids(), [good.id()]);
+    assert_eq!(outbox.metrics().enqueued, 1);
     let order = TransactWriteItem::builder()
         .put(
             Put::builder()
