@@ -16,11 +16,13 @@
 //!    running: commit-to-publish latency p50 and p99, both kinds in turn; ends with
 //!    `streams p99 at 200 msgs/s: <ms> ms`.
 //!
-//! Run: `eval "$(scripts/services.sh)" && cargo bench -p outbox-dynamodb-streams --bench
-//! streams_bench` (`--quick`: a backlog of 2,000, one round, 3 s of latency). DynamoDB
-//! Local has one stream shard whatever the load, so extra streams relays stand by;
-//! figures measure the library's overhead and DynamoDB Local's, not DynamoDB's
-//! latency.
+//! Run: `scripts/services.sh && cargo bench -p outbox-dynamodb-streams --bench
+//! streams_bench` (`--quick`: a backlog of 2,000, one round, 3 s of latency). Every run
+//! starts a DynamoDB Local of its own (the jar `scripts/services.sh` installs): the
+//! stream records a run leaves behind slow the next run's writes on a shared one.
+//! DynamoDB Local has one stream shard whatever the load, so extra streams relays stand
+//! by; figures measure the library's overhead and DynamoDB Local's, not DynamoDB's
+//! latency. Server CPU counts every DynamoDB Local on the machine: run nothing else.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -34,6 +36,7 @@ use outbox_dynamodb_streams::{
     StreamRelayConfig,
 };
 use outbox_testkit::cpu::{self, Server};
+use outbox_testkit::dynamodb_local::PrivateDynamoDbLocal;
 use outbox_testkit::RecordingPublisher;
 use tokio_util::sync::CancellationToken;
 
@@ -239,7 +242,9 @@ impl Running {
 }
 
 /// One drain: msgs/s, bench and server CPU µs per message.
-async fn drain(url: &str, kind: Kind, relays: usize, backlog: usize) -> (f64, f64, f64) {
+async fn drain(kind: Kind, relays: usize, backlog: usize) -> (f64, f64, f64) {
+    let local = private_local();
+    let url = &local.url();
     let outbox = Outbox::new(url, kind, "bench_drain").await;
     outbox.backlog(messages(backlog, 1024)).await;
     let publisher = RecordingPublisher::new();
@@ -262,7 +267,7 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
-async fn drain_bench(url: &str, backlog: usize, rounds: usize) -> f64 {
+async fn drain_bench(backlog: usize, rounds: usize) -> f64 {
     println!("\n## 1. Drain of {backlog} messages of 1 KB\n");
     println!(
         "One backlog per run, enqueued 25 per transaction (one writer) before the relays start; the clock \
@@ -284,7 +289,7 @@ async fn drain_bench(url: &str, backlog: usize, rounds: usize) -> f64 {
                 [Kind::Polling, Kind::Streams]
             };
             for kind in order {
-                let (rate, bench, server) = drain(url, kind, relays, backlog).await;
+                let (rate, bench, server) = drain(kind, relays, backlog).await;
                 let slot = &mut by_kind[usize::from(kind == Kind::Polling)];
                 slot.0.push(rate);
                 slot.1.push(bench);
@@ -339,12 +344,13 @@ fn order_write(table: &str) -> aws_sdk_dynamodb::types::TransactWriteItem {
 }
 
 async fn capacity(
-    url: &str,
     kind: Kind,
     payload: usize,
     n: usize,
     with_order: bool,
 ) -> Vec<(&'static str, f64)> {
+    let local = private_local();
+    let url = &local.url();
     let outbox = Outbox::new(url, kind, "bench_capacity").await;
     let table = outbox.table();
     let order = if with_order { 2.0 } else { 0.0 };
@@ -396,7 +402,7 @@ async fn capacity(
     rows
 }
 
-async fn capacity_bench(url: &str, n: usize) -> [f64; 2] {
+async fn capacity_bench(n: usize) -> [f64; 2] {
     println!("\n## 2. Capacity units per message ({n} messages, one per enqueue)\n");
     println!(
         "As DynamoDB Local reports them (`ReturnConsumedCapacity = TOTAL`). `alone`: the \
@@ -420,7 +426,7 @@ async fn capacity_bench(url: &str, n: usize) -> [f64; 2] {
         let mode = if with_order { "with an order" } else { "alone" };
         let mut writes = [0.0; 2];
         for kind in [Kind::Streams, Kind::Polling] {
-            let rows = capacity(url, kind, payload, n, with_order).await;
+            let rows = capacity(kind, payload, n, with_order).await;
             for (step, units) in &rows {
                 println!(
                     "| {} KB | {mode} | {} | {step} | {units:.2} |",
@@ -474,18 +480,20 @@ impl Publisher for Timing {
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
+/// The `p`-th quantile (nearest rank) of `sorted`, `per_mille` in thousandths.
+fn percentile(sorted: &[Duration], per_mille: usize) -> Duration {
+    sorted[(sorted.len() - 1) * per_mille / 1000]
 }
 
-async fn latency(url: &str, kind: Kind, seconds: u64) -> (Duration, Duration, usize) {
+async fn latency(kind: Kind, seconds: u64) -> (Duration, Duration, usize) {
+    let local = private_local();
+    let url = &local.url();
     let outbox = Outbox::new(url, kind, "bench_latency").await;
     let timing = Arc::new(Timing::default());
     let running = Running::start(url, &outbox, 1, timing.clone());
     // Let the relay take its lease and reach the end of the (empty) stream.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let n = (seconds * 200) as usize;
+    let n = usize::try_from(seconds * 200).unwrap();
     let start = tokio::time::Instant::now();
     for (i, m) in messages(n, 1024).into_iter().enumerate() {
         tokio::time::sleep_until(start + Duration::from_millis(5 * i as u64)).await;
@@ -500,10 +508,10 @@ async fn latency(url: &str, kind: Kind, seconds: u64) -> (Duration, Duration, us
     outbox.drop().await;
     let mut seen = timing.0.lock().unwrap().clone();
     seen.sort();
-    (percentile(&seen, 0.5), percentile(&seen, 0.99), seen.len())
+    (percentile(&seen, 500), percentile(&seen, 990), seen.len())
 }
 
-async fn latency_bench(url: &str, seconds: u64) -> Duration {
+async fn latency_bench(seconds: u64) -> Duration {
     println!("\n## 3. Commit-to-publish latency at 200 msgs/s ({seconds} s, one relay)\n");
     println!(
         "One message of 1 KB per transaction every 5 ms; latency from the enqueue's \
@@ -514,7 +522,7 @@ async fn latency_bench(url: &str, seconds: u64) -> Duration {
     println!("|---|---:|---:|---:|");
     let mut streams_p99 = Duration::ZERO;
     for kind in [Kind::Streams, Kind::Polling] {
-        let (p50, p99, n) = latency(url, kind, seconds).await;
+        let (p50, p99, n) = latency(kind, seconds).await;
         if kind == Kind::Streams {
             streams_p99 = p99;
         }
@@ -532,20 +540,23 @@ async fn latency_bench(url: &str, seconds: u64) -> Duration {
     streams_p99
 }
 
+/// A fresh DynamoDB Local for one run: stream records left by earlier runs would slow
+/// the next one's writes.
+fn private_local() -> PrivateDynamoDbLocal {
+    PrivateDynamoDbLocal::start()
+        .unwrap_or_else(|why| panic!("{why} (run `scripts/services.sh` to install it)"))
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let Ok(url) = std::env::var("OUTBOX_DYNAMODB_URL") else {
-        eprintln!("OUTBOX_DYNAMODB_URL is not set: run `eval \"$(scripts/services.sh)\"` first");
-        std::process::exit(2);
-    };
     let quick = std::env::args().any(|a| a == "--quick");
     let (backlog, rounds, capacity_n, seconds) = if quick {
         (2_000, 1, 20, 3)
     } else {
         (20_000, 2, 100, 10)
     };
-    println!("# outbox-dynamodb-streams bench ({url})");
-    drain_bench(&url, backlog, rounds).await;
-    capacity_bench(&url, capacity_n).await;
-    latency_bench(&url, seconds).await;
+    println!("# outbox-dynamodb-streams bench (a fresh private DynamoDB Local per run)");
+    drain_bench(backlog, rounds).await;
+    capacity_bench(capacity_n).await;
+    latency_bench(seconds).await;
 }

@@ -284,7 +284,9 @@ mod tests {
 
     #[test]
     fn a_large_payload_splits_and_joins_in_order() {
-        let payload: Vec<u8> = (0..700 * 1024).map(|i| (i % 251) as u8).collect();
+        let payload: Vec<u8> = (0..700 * 1024_usize)
+            .map(|i| u8::try_from(i % 251).unwrap())
+            .collect();
         let m = message(payload.clone());
         let items = message_items(&m, 1, Duration::from_secs(1)).unwrap();
         assert_eq!(items.len(), 3);

@@ -8,6 +8,8 @@ use outbox_core::NewMessage;
 use outbox_dynamodb_streams::{ITERATOR_AGE_SECONDS, RECORDS_READ, SHARDS_OWNED};
 use outbox_testkit::{wait_until, RecordingPublisher, TestRecorder};
 
+// Shared with the main suite; this binary uses a part of it.
+#[allow(dead_code)]
 #[path = "streams/common.rs"]
 mod common;
 

@@ -49,10 +49,13 @@ async fn refused_messages_write_nothing() {
     assert_eq!(count_items(&outbox).await, 0);
     // Stored once; a second enqueue of the id is refused naming it, with the caller's
     // write not applied either.
-    outbox.enqueue(Vec::new(), &[good.clone()]).await.unwrap();
+    outbox
+        .enqueue(Vec::new(), std::slice::from_ref(&good))
+        .await
+        .unwrap();
     // Alone, a message is one conditional PutItem: refused the same way.
     let e = outbox
-        .enqueue(Vec::new(), &[good.clone()])
+        .enqueue(Vec::new(), std::slice::from_ref(&good))
         .await
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Conflict);
@@ -69,7 +72,7 @@ async fn refused_messages_write_nothing() {
         )
         .build();
     let e = outbox
-        .enqueue(vec![order], &[good.clone()])
+        .enqueue(vec![order], std::slice::from_ref(&good))
         .await
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Conflict);

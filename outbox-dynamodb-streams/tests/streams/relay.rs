@@ -37,7 +37,9 @@ async fn every_message_is_published_whole_and_skipped_records_never_are() {
     };
     let outbox = common::outbox(&url, "pub").await;
     let mut sent = messages(60, "orders");
-    let large: Vec<u8> = (0..700 * 1024).map(|i| (i % 253) as u8).collect();
+    let large: Vec<u8> = (0..700 * 1024_usize)
+        .map(|i| u8::try_from(i % 253).unwrap())
+        .collect();
     sent.push(
         NewMessage::builder("orders.large")
             .header("h", "v")
@@ -227,11 +229,11 @@ async fn a_killed_relays_shard_is_taken_over_at_its_checkpoint() {
     assert_eq!(report.leases_taken, 1);
     // The new owner started at the checkpoint: it published the second batch and at
     // most one read of the first again.
-    let republished = report.published as usize - second.len();
+    let republished = usize::try_from(report.published).unwrap() - second.len();
     assert!(republished <= 10, "{republished} republished: {report:?}");
     assert_eq!(
         publisher.published_count() - before,
-        report.published as usize
+        usize::try_from(report.published).unwrap()
     );
     assert!(publisher.duplicates() <= 10);
     outbox.drop_tables().await.unwrap();
