@@ -304,4 +304,54 @@ mod tests {
         // Nothing readable: nothing to take.
         assert!(plan("w1", NOW, 1, &[], &BTreeSet::new()).is_empty());
     }
+
+    #[test]
+    fn a_lease_lapsed_just_now_is_taken_as_free_and_never_also_stolen() {
+        let mut lapsed = owned(lease("d", None), "w2", 7);
+        lapsed.expires_us = NOW;
+        let t = table(vec![
+            owned(lease("a", None), "w2", 1),
+            owned(lease("b", None), "w2", 1),
+            owned(lease("c", None), "w2", 1),
+            lapsed,
+        ]);
+        let r = readable(&listed(&["a", "b", "c", "d"]), &t);
+        // Two workers: target 2. d is free (lapsed at `now`); the steal comes from w2's
+        // three live leases, not d again.
+        assert_eq!(
+            plan("w1", NOW, 2, &r, &BTreeSet::new()),
+            vec![
+                Take {
+                    shard: "d".into(),
+                    from: None
+                },
+                Take {
+                    shard: "c".into(),
+                    from: Some(("w2".into(), 1))
+                }
+            ]
+        );
+    }
+
+    #[test]
+    fn no_steal_once_free_leases_reach_the_target() {
+        let t = table(vec![
+            lease("a", None),
+            lease("b", None),
+            lease("c", None),
+            owned(lease("d", None), "w2", 1),
+            owned(lease("e", None), "w2", 1),
+            owned(lease("f", None), "w2", 1),
+            owned(lease("g", None), "w2", 1),
+        ]);
+        let r = readable(&listed(&["a", "b", "c", "d", "e", "f", "g"]), &t);
+        // Three workers, seven shards: target 3, all of it free; w2 holds 4, more than
+        // the target, but this round's takes already reach it.
+        let takes = plan("w1", NOW, 3, &r, &BTreeSet::new());
+        assert_eq!(
+            takes.iter().map(|t| t.shard.as_str()).collect::<Vec<_>>(),
+            ["a", "b", "c"]
+        );
+        assert!(takes.iter().all(|t| t.from.is_none()));
+    }
 }
