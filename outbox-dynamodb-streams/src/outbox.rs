@@ -12,9 +12,8 @@ use aws_sdk_dynamodb::types::{
 use aws_sdk_dynamodb::Client;
 use outbox_core::backend::check_enqueue;
 use outbox_core::{Error, ErrorKind, MessageId, NewMessage, Result};
-use outbox_dynamodb::check_transaction;
 use outbox_dynamodb::kit::{
-    build_error, drop_table, enqueue_error, from_sdk, install_table, is_condition_failed, Item,
+    build_error, drop_table, from_sdk, install_table, is_condition_failed, send_enqueue, Item,
     TableSpec,
 };
 
@@ -247,33 +246,14 @@ impl StreamOutbox {
         messages: &[NewMessage],
     ) -> Result<()> {
         let ours = self.build_writes(messages)?;
-        let theirs = writes.len();
-        let ids: Vec<Option<MessageId>> = std::iter::repeat_n(None, theirs)
-            .chain(ours.iter().map(|(_, id)| *id))
-            .collect();
-        let all: Vec<TransactWriteItem> = writes
-            .into_iter()
-            .chain(ours.into_iter().map(|(w, _)| w))
-            .collect();
-        if all.is_empty() {
-            return Ok(());
-        }
-        if theirs == 0 && all.len() == 1 {
+        if writes.is_empty() && ours.len() == 1 {
             // One item alone is atomic as a plain conditional put, at half a
             // transaction's write units.
-            return self.put_alone(&all[0], ids[0]).await;
+            let (only, id) = &ours[0];
+            return self.put_alone(only, *id).await;
         }
-        check_transaction(&all)?;
-        let out = self
-            .inner
-            .client
-            .transact_write_items()
-            .set_transact_items(Some(all))
-            .return_consumed_capacity(ReturnConsumedCapacity::Total)
-            .send()
-            .await
-            .map_err(|e| enqueue_error(e, &ids, theirs))?;
-        for c in out.consumed_capacity() {
+        let consumed = send_enqueue(&self.inner.client, writes, ours).await?;
+        for c in &consumed {
             self.inner.capacity.enqueue.add(Some(c));
         }
         self.inner

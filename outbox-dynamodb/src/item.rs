@@ -127,19 +127,19 @@ pub(crate) fn id_text(id: MessageId) -> String {
 
 /// Microseconds since the Unix epoch, by this process's clock (DynamoDB has no clock
 /// of its own to offer).
-pub(crate) fn now_us() -> u64 {
+pub fn now_us() -> u64 {
     micros(SystemTime::now())
 }
 
 /// `t` in microseconds since the epoch (0 before it, saturating far in the future).
-pub(crate) fn micros(t: SystemTime) -> u64 {
+pub fn micros(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
         .unwrap_or(0)
 }
 
 /// The time `us` microseconds after the epoch.
-pub(crate) fn from_micros(us: u64) -> SystemTime {
+pub fn from_micros(us: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_micros(us)
 }
 

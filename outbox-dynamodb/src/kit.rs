@@ -5,6 +5,7 @@
 
 pub use crate::error::{build_error, from_sdk, is_condition_failed};
 pub use crate::item::{body_parts, item_size, Item, PART_BYTES};
+pub use crate::item::{from_micros, micros, now_us};
 pub use crate::metrics::CapacityCounter;
 pub use crate::schema::{drop_table, install as install_table, TableSpec};
-pub use crate::store::enqueue_error;
+pub use crate::store::{enqueue_error, send_enqueue};

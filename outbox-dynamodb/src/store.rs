@@ -439,35 +439,9 @@ impl DynamoOutbox {
             self.table_shards().await?;
         }
         let ours = self.build_writes(messages)?;
-        let theirs = writes.len();
-        let ids: Vec<Option<MessageId>> = std::iter::repeat_n(None, theirs)
-            .chain(ours.iter().map(|(_, id)| *id))
-            .collect();
-        let all: Vec<TransactWriteItem> = writes
-            .into_iter()
-            .chain(ours.into_iter().map(|(w, _)| w))
-            .collect();
-        if all.is_empty() {
-            return Ok(());
-        }
-        check_transaction(&all)?;
-        let sent = self
-            .inner
-            .client
-            .transact_write_items()
-            .set_transact_items(Some(all))
-            .return_consumed_capacity(ReturnConsumedCapacity::Total)
-            .send()
-            .await;
-        match sent {
-            Ok(out) => {
-                self.inner
-                    .metrics
-                    .enqueue(out.consumed_capacity(), messages.len());
-                Ok(())
-            }
-            Err(e) => Err(enqueue_error(e, &ids, theirs)),
-        }
+        let consumed = send_enqueue(&self.inner.client, writes, ours).await?;
+        self.inner.metrics.enqueue(&consumed, messages.len());
+        Ok(())
     }
 
     pub(crate) fn record_capacity(&self, slot: &AtomicU64, c: Option<&ConsumedCapacity>) {
@@ -501,6 +475,41 @@ impl DynamoOutbox {
             }
         }
     }
+}
+
+/// Send `writes` (the caller's, first, in order) and `ours` (each with the id of the
+/// message whose first item it puts, if it does) in one `TransactWriteItems`, after
+/// checking DynamoDB's limits; nothing is sent when both are empty. The capacity it
+/// consumed, per table.
+///
+/// # Errors
+/// As [`DynamoOutbox::enqueue`]: the limits, stored ids ([`enqueue_error`]), mapped SDK
+/// errors.
+pub async fn send_enqueue(
+    client: &Client,
+    writes: Vec<TransactWriteItem>,
+    ours: Vec<(TransactWriteItem, Option<MessageId>)>,
+) -> Result<Vec<ConsumedCapacity>> {
+    let theirs = writes.len();
+    let ids: Vec<Option<MessageId>> = std::iter::repeat_n(None, theirs)
+        .chain(ours.iter().map(|(_, id)| *id))
+        .collect();
+    let all: Vec<TransactWriteItem> = writes
+        .into_iter()
+        .chain(ours.into_iter().map(|(w, _)| w))
+        .collect();
+    if all.is_empty() {
+        return Ok(Vec::new());
+    }
+    check_transaction(&all)?;
+    client
+        .transact_write_items()
+        .set_transact_items(Some(all))
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await
+        .map(|out| out.consumed_capacity.unwrap_or_default())
+        .map_err(|e| enqueue_error(e, &ids, theirs))
 }
 
 /// The error of a `TransactWriteItems` that stored messages after `theirs` writes of
