@@ -369,16 +369,22 @@ pub(crate) async fn settle(
     for dead in &batch.undecodable {
         dead_letter(shared, dead).await?;
     }
-    let mut pending = batch.messages;
+    // Messages and their records' positions side by side, so each call hands the
+    // publisher a slice of the messages without copying them.
+    let (mut pending, mut seqs): (Vec<Message>, Vec<SequenceNumber>) = batch
+        .messages
+        .into_iter()
+        .map(|r| (r.message, r.seq))
+        .unzip();
     let mut attempt: u32 = 1;
     while !pending.is_empty() {
-        for read in &mut pending {
-            read.message.attempts = attempt;
+        for message in &mut pending {
+            message.attempts = attempt;
         }
         let outcomes = publish(shared, &pending).await;
-        let mut retry = Vec::new();
+        let (mut retry, mut retry_seqs) = (Vec::new(), Vec::new());
         let mut published = 0_u64;
-        for (read, outcome) in pending.into_iter().zip(outcomes) {
+        for ((message, seq), outcome) in pending.into_iter().zip(seqs).zip(outcomes) {
             let reason = match outcome {
                 PublishOutcome::Published => {
                     published += 1;
@@ -387,7 +393,8 @@ pub(crate) async fn settle(
                 PublishOutcome::Retryable(_) if attempt < shared.config.retry.max_attempts => {
                     Counts::add(&shared.counts.retried, 1);
                     shared.meters.retried.increment(1);
-                    retry.push(read);
+                    retry.push(message);
+                    retry_seqs.push(seq);
                     continue;
                 }
                 PublishOutcome::Retryable(reason) => {
@@ -400,13 +407,13 @@ pub(crate) async fn settle(
             dead_letter(
                 shared,
                 &StreamDeadLetter {
-                    id: read.message.id,
-                    destination: read.message.destination.clone(),
+                    id: message.id,
+                    destination: message.destination,
                     reason,
                     attempts: attempt,
                     dead_at: std::time::SystemTime::now(),
                     shard: shard.to_owned(),
-                    sequence_number: read.seq.to_string(),
+                    sequence_number: seq.to_string(),
                 },
             )
             .await?;
@@ -423,6 +430,7 @@ pub(crate) async fn settle(
         }
         attempt += 1;
         pending = retry;
+        seqs = retry_seqs;
     }
     Ok(true)
 }
@@ -436,8 +444,7 @@ async fn dead_letter(shared: &Shared, dead: &StreamDeadLetter) -> Result<()> {
 }
 
 /// One outcome per message: calls of `batch_size`, `publish_concurrency` in flight.
-async fn publish(shared: &Shared, pending: &[Read]) -> Vec<PublishOutcome> {
-    let messages: Vec<Message> = pending.iter().map(|r| r.message.clone()).collect();
+async fn publish(shared: &Shared, messages: &[Message]) -> Vec<PublishOutcome> {
     let calls: Vec<_> = messages
         .chunks(shared.config.batch_size)
         .map(|chunk| shared.stage.publish(chunk))
