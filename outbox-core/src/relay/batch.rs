@@ -37,6 +37,11 @@ pub(super) struct Batch<'r> {
     messages: Vec<Message>,
     /// Their leases, index for index.
     leases: Vec<Lease>,
+    /// Claimed messages past the retry policy's last attempt: earlier attempts ended
+    /// with no outcome recorded (the relay stopped, or its lease lapsed, during the
+    /// publish). They are dead-lettered without being published again, so a message
+    /// whose publish kills the relay cannot loop for ever.
+    exhausted: Vec<Failure>,
     /// When the leases lapse by the relay's clock: the claim's start plus the lease,
     /// moved on by each renewal (its start plus the lease).
     deadline: Mutex<Instant>,
@@ -54,6 +59,22 @@ pub(super) struct Batch<'r> {
 
 impl<'r> Batch<'r> {
     pub(super) fn new(inner: &'r Inner, claimed: Vec<ClaimedMessage>, claimed_at: Instant) -> Self {
+        let max_attempts = inner.config.retry.max_attempts;
+        let (claimed, exhausted): (Vec<ClaimedMessage>, Vec<ClaimedMessage>) = claimed
+            .into_iter()
+            .partition(|c| c.message.attempts <= max_attempts);
+        let exhausted = exhausted
+            .into_iter()
+            .map(|c| {
+                let error = format!(
+                    "claimed for attempt {} of at most {max_attempts}: earlier attempts \
+                     ended without an outcome (the relay stopped or its lease lapsed \
+                     during the publish)",
+                    c.message.attempts
+                );
+                Failure::new(c.lease, error, Disposition::DeadLetter)
+            })
+            .collect();
         let chunks = claimed
             .len()
             .div_ceil(inner.config.publish_batch_size.max(1));
@@ -62,6 +83,7 @@ impl<'r> Batch<'r> {
             inner,
             messages,
             leases,
+            exhausted,
             deadline: Mutex::new(claimed_at + inner.config.lease),
             started: Mutex::default(),
             settling: Mutex::default(),
@@ -184,10 +206,15 @@ impl<'r> Batch<'r> {
     async fn publish_chunks(&self, defer_last: bool) -> (DispatchReport, Option<Deferred>) {
         let config = &self.inner.config;
         let mut report = DispatchReport {
-            claimed: self.messages.len() as u64,
+            claimed: (self.messages.len() + self.exhausted.len()) as u64,
             ..DispatchReport::default()
         };
         self.inner.tally.record(&report);
+        if !self.exhausted.is_empty() {
+            let settled = self.settle_outcomes(&[], &self.exhausted).await;
+            self.inner.tally.record(&settled);
+            report.add(&settled);
+        }
         // Chunks as index ranges, not borrowed slices: a closure over borrowed slices
         // would make the loop's future not `Send`.
         let size = config.publish_batch_size.max(1);

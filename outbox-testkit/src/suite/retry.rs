@@ -85,6 +85,35 @@ pub async fn last_attempt_dead_letters(h: &dyn Harness) {
     assert_eq!((s.pending, s.in_flight, s.dead), (0, 0, 1));
 }
 
+/// A message whose earlier attempts ended with no outcome recorded (the relay died, or
+/// its lease lapsed, mid-publish) is dead-lettered once its claim is past the policy's
+/// last attempt, without being published again: a message whose publish kills the
+/// relay cannot loop for ever.
+pub async fn attempts_without_outcome_dead_letter(h: &dyn Harness) {
+    let f = plain(h).await;
+    let store = f.store();
+    f.enqueue(msgs(1)).await.unwrap();
+    // Two attempts that end with no settle: the leases lapse, as when a relay dies.
+    for attempt in 1..=2 {
+        let got = claim_eventually(&*store, 1, SHORT_LEASE).await;
+        assert_eq!(got[0].message.attempts, attempt);
+    }
+    let publisher = RecordingPublisher::new();
+    let config = fast_relay_config().retry(RetryPolicy::with_max_attempts(2));
+    let relay = relay(Arc::clone(&store), Arc::new(publisher.clone()), config).spawn();
+    wait_until("the message to be dead-lettered", || async {
+        stats(&*f.admin()).await.dead == 1
+    })
+    .await;
+    let report = relay.shutdown().await.unwrap();
+    assert_eq!((report.dead_lettered, report.dispatched), (1, 0));
+    assert_eq!(publisher.published_count(), 0, "not published again");
+    let dead = dead_letters(&*f.admin()).await;
+    assert_eq!(dead[0].attempts, 3);
+    let error = dead[0].last_error.as_deref().unwrap_or_default();
+    assert!(error.contains("without an outcome"), "{error}");
+}
+
 /// A permanent publish failure dead-letters at once.
 pub async fn permanent_failure_dead_letters_at_once(h: &dyn Harness) {
     let f = plain(h).await;
