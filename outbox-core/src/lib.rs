@@ -121,7 +121,7 @@ pub use relay::{
 pub use retry::RetryPolicy;
 pub use schema::Schema;
 pub use store::{
-    ClaimIds, ClaimRequest, Claimed, ClaimedMessage, Disposition, Failure, KeyOrder, Lease,
-    LeaseToken, OutboxStore, OutboxStoreExt, Renewed, Retention, Settled, SettledAndClaimed,
+    ClaimIds, ClaimMode, ClaimRequest, Claimed, ClaimedMessage, Disposition, Failure, KeyOrder,
+    Lease, LeaseToken, OutboxStore, OutboxStoreExt, Renewed, Retention, Settled, SettledAndClaimed,
     Settlement, StoreCapabilities,
 };

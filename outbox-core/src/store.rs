@@ -342,6 +342,27 @@ pub enum Retention {
     },
 }
 
+/// How a store holds the messages it claimed while a relay publishes them.
+///
+/// Chosen per store (for example `PgOutboxConfig::with_claim_mode`), declared in
+/// [`StoreCapabilities::claim_mode`]; the relay works the same in both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ClaimMode {
+    /// The claim writes a lease into each message (expiry, token, attempt) and commits
+    /// at once; the relay publishes with no transaction open. A crashed relay's
+    /// messages come due when the lease expires. Works on every store.
+    #[default]
+    Lease,
+    /// The claim locks the messages in a transaction on a connection the store keeps
+    /// for the batch, writing nothing to them; the settle runs in that transaction and
+    /// commits it. The row lock is the lease: a crashed relay's messages are claimable
+    /// as soon as the server ends its session, and a session idle in the transaction
+    /// for longer than the lease is ended by the server. What differs from
+    /// [`Lease`](Self::Lease) is listed on [`OutboxStore`] ("Held-lock claims").
+    HeldLock,
+}
+
 /// What a store does, so relays and the conformance suite know what to expect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -355,6 +376,8 @@ pub struct StoreCapabilities {
     /// claimed batch must be published within one lease, as
     /// [`RelayConfig::validate`](crate::RelayConfig::validate) checks.
     pub lease_renewal: bool,
+    /// How claims hold messages ([`ClaimMode::Lease`] unless declared).
+    pub claim_mode: ClaimMode,
 }
 
 impl StoreCapabilities {
@@ -364,7 +387,15 @@ impl StoreCapabilities {
             ordering,
             retention,
             lease_renewal: false,
+            claim_mode: ClaimMode::Lease,
         }
+    }
+
+    /// The same, declaring how claims hold messages.
+    #[must_use]
+    pub fn with_claim_mode(mut self, mode: ClaimMode) -> Self {
+        self.claim_mode = mode;
+        self
     }
 
     /// The same, declaring whether [`OutboxStore::renew`] is implemented.

@@ -31,4 +31,9 @@ CREATE INDEX IF NOT EXISTS "outbox_messages_dispatched" ON "outbox"."outbox_mess
     WHERE dispatched_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS "outbox_messages_dead" ON "outbox"."outbox_messages" (id)
     WHERE dead_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS "outbox"."outbox_messages_held" (
+    xid xid8 PRIMARY KEY,
+    ids uuid[] NOT NULL,
+    held_at timestamptz NOT NULL DEFAULT now()
+);
 INSERT INTO "outbox"."outbox_schema_versions" (table_name, version) VALUES ('outbox_messages', 1) ON CONFLICT (table_name) DO NOTHING;

@@ -64,7 +64,7 @@ impl SqlxAdmin for PgOutbox {
     }
 
     async fn read_stats(&self) -> Result<OutboxStats> {
-        let row = sqlx::query(&self.statements().stats)
+        let row = sqlx::query(self.stats_sql())
             .fetch_one(self.pool())
             .await
             .map_err(|e| from_sqlx("stats", e))?;

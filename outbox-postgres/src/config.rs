@@ -4,8 +4,10 @@
 //! Names are checked by [`validate`](PgOutboxConfig::validate) (called by the stores'
 //! constructors) and reach SQL only as a [`QualifiedName`].
 
+use std::time::Duration;
+
 use outbox_core::backend::{DedupTable, EntityTable, OutboxTable, TableConfig};
-use outbox_core::{KeyOrder, MessageLimits, Result, Retention};
+use outbox_core::{ClaimMode, KeyOrder, MessageLimits, Result, Retention};
 
 use crate::ident::{self, derived_identifier, PgRules, QualifiedName};
 
@@ -53,6 +55,14 @@ pub enum Notify {
 /// (more calls queue for a connection).
 pub const DEFAULT_RELAY_CONNECTIONS: u32 = 4;
 
+/// The default of [`PgOutboxConfig::with_held_connections`]: the batches one relay
+/// holds at the default pipeline depth, plus one for a
+/// [`dispatch_ids`](outbox_core::Relay::dispatch_ids) call, plus one spare.
+pub const DEFAULT_HELD_CONNECTIONS: u32 = 4;
+
+/// The default of [`PgOutboxConfig::with_sweep_interval`].
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Where a [`PgOutbox`](crate::PgOutbox) keeps its messages and how it behaves.
 ///
 /// ```
@@ -77,6 +87,9 @@ pub struct PgOutboxConfig {
     table: TableConfig<PgRules, OutboxTable>,
     notify: Notify,
     relay_connections: u32,
+    claim_mode: ClaimMode,
+    held_connections: u32,
+    sweep_interval: Duration,
 }
 
 impl Default for PgOutboxConfig {
@@ -85,6 +98,9 @@ impl Default for PgOutboxConfig {
             table: TableConfig::default(),
             notify: Notify::Off,
             relay_connections: DEFAULT_RELAY_CONNECTIONS,
+            claim_mode: ClaimMode::Lease,
+            held_connections: DEFAULT_HELD_CONNECTIONS,
+            sweep_interval: DEFAULT_SWEEP_INTERVAL,
         }
     }
 }
@@ -137,6 +153,41 @@ impl PgOutboxConfig {
         self
     }
 
+    /// Set how claims hold messages (default [`ClaimMode::Lease`]).
+    ///
+    /// With [`ClaimMode::HeldLock`] a claim locks its rows in a transaction on a
+    /// connection of the held pool (see [`with_held_connections`](Self::with_held_connections))
+    /// and writes nothing to them; the settle runs in that transaction and commits it.
+    /// The crate README's "Claim modes" compares the two; the modes can share one table
+    /// (each skips what the other holds), so relays can move from one to the other one
+    /// at a time.
+    #[must_use]
+    pub fn with_claim_mode(mut self, mode: ClaimMode) -> Self {
+        self.claim_mode = mode;
+        self
+    }
+
+    /// Set the most connections held-lock claims keep open at once (default
+    /// [`DEFAULT_HELD_CONNECTIONS`], at least 1): one per batch held, so at least
+    /// `pipeline_depth` of every relay on this store, plus one per concurrent
+    /// [`dispatch_ids`](outbox_core::Relay::dispatch_ids) call. A claim waits for a free
+    /// one up to the pool's acquire timeout. Unused in lease mode.
+    #[must_use]
+    pub fn with_held_connections(mut self, connections: u32) -> Self {
+        self.held_connections = connections.max(1);
+        self
+    }
+
+    /// Set how often held-lock claims look for batches whose relay ended without
+    /// settling them, to charge their messages an attempt (default
+    /// [`DEFAULT_SWEEP_INTERVAL`]; zero sweeps before every claim). The first claim of
+    /// a store always sweeps.
+    #[must_use]
+    pub fn with_sweep_interval(mut self, interval: Duration) -> Self {
+        self.sweep_interval = interval;
+        self
+    }
+
     fn map_table(
         mut self,
         f: impl FnOnce(TableConfig<PgRules, OutboxTable>) -> TableConfig<PgRules, OutboxTable>,
@@ -177,6 +228,18 @@ impl PgOutboxConfig {
     /// [`with_relay_connections`](Self::with_relay_connections)).
     pub fn relay_connections(&self) -> u32 {
         self.relay_connections
+    }
+    /// How claims hold messages.
+    pub fn claim_mode(&self) -> ClaimMode {
+        self.claim_mode
+    }
+    /// The most connections held-lock claims keep open.
+    pub fn held_connections(&self) -> u32 {
+        self.held_connections
+    }
+    /// How often held-lock claims sweep ended batches.
+    pub fn sweep_interval(&self) -> Duration {
+        self.sweep_interval
     }
     /// The channel enqueues notify, if any: the one named by [`Notify::Channel`], or
     /// the one derived from the schema and table for [`Notify::OnCommit`] (worked out

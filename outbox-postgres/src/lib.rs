@@ -6,6 +6,8 @@ mod connect;
 mod dedup;
 mod entity;
 mod error;
+mod held;
+mod held_sql;
 mod ident;
 mod listener;
 mod lock;
@@ -15,7 +17,8 @@ mod sql;
 mod store;
 
 pub use config::{
-    Notify, PgDedupConfig, PgEntityConfig, PgOutboxConfig, DEFAULT_RELAY_CONNECTIONS,
+    Notify, PgDedupConfig, PgEntityConfig, PgOutboxConfig, DEFAULT_HELD_CONNECTIONS,
+    DEFAULT_RELAY_CONNECTIONS, DEFAULT_SWEEP_INTERVAL,
 };
 pub use dedup::PgDedupStore;
 pub use entity::PgEntityStore;

@@ -92,7 +92,26 @@ pub(crate) fn outbox_objects(name: &QualifiedName, ordering: KeyOrder) -> String
     for index in outbox_indexes(name, ordering) {
         text.push_str(&index.ddl);
     }
+    text.push_str(&held_registry(name));
     text
+}
+
+/// The table of held-lock batches ([`ClaimMode::HeldLock`](outbox_core::ClaimMode)):
+/// one row per open batch, keyed by the transaction holding it, listing its message
+/// ids, so that a batch whose transaction ended without committing (its relay died)
+/// is charged an attempt per message. Created in every mode, so a relay can switch
+/// modes without a migration.
+pub(crate) fn held_registry(name: &QualifiedName) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {held} (\n    xid xid8 PRIMARY KEY,\n    ids uuid[] NOT NULL,\n    \
+         held_at timestamptz NOT NULL DEFAULT now()\n);\n",
+        held = held_table(name),
+    )
+}
+
+/// `"schema"."<table>_held"`.
+pub(crate) fn held_table(name: &QualifiedName) -> String {
+    format!("{}.{}", name.quoted_schema(), name.quoted_derived("held"))
 }
 
 /// A secondary index of a table: its name and the idempotent statement creating it.

@@ -241,7 +241,7 @@ fn qualified(predicate: &str, alias: &str) -> String {
 
 /// Rows of `m` joining the bound ids of `l`, undelivered: written so that no partial
 /// index applies and rows are found by primary key (see the module docs).
-fn by_primary_key(m: &str, l: &str) -> String {
+pub(crate) fn by_primary_key(m: &str, l: &str) -> String {
     format!("{m}.id = {l}.id AND coalesce({m}.dispatched_at, {m}.dead_at) IS NULL")
 }
 
@@ -255,13 +255,13 @@ fn cutoff(param: &str) -> String {
 }
 
 /// `column` held within [`MIN_TIME`]..[`MAX_TIME`], so it always decodes.
-fn clamp(column: &str) -> String {
+pub(crate) fn clamp(column: &str) -> String {
     format!("least(greatest({column}, {MIN_TIME}), {MAX_TIME})")
 }
 
 /// `column` clamped as `alias`, plus `alias_invalid`: the original value as text when
 /// it was out of range, else NULL.
-fn checked_time(column: &str, alias: &str) -> String {
+pub(crate) fn checked_time(column: &str, alias: &str) -> String {
     format!(
         "{clamped} AS {alias}, \
          CASE WHEN {column} BETWEEN {MIN_TIME} AND {MAX_TIME} THEN NULL \
@@ -384,7 +384,7 @@ fn complete_and_claim(t: &QualifiedName, per_key: bool, retention: Retention) ->
 
 /// Which rows a claim may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Claim {
+pub(crate) enum Claim {
     /// Any due row.
     Due,
     /// Due rows among `$4` ids.
@@ -400,7 +400,7 @@ fn claim(t: &QualifiedName, per_key: bool, which: Claim) -> String {
 }
 
 /// A claim's CTEs (without `WITH`, ending in `due`) and its `UPDATE ... RETURNING`.
-fn claim_parts(t: &QualifiedName, per_key: bool, which: Claim) -> (String, String) {
+pub(crate) fn claim_parts(t: &QualifiedName, per_key: bool, which: Claim) -> (String, String) {
     let ids = match which {
         Claim::Due => "",
         Claim::Ids => "AND c.id = ANY($4::uuid[])",

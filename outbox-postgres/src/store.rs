@@ -15,15 +15,17 @@ use outbox_core::backend::{bounded_error, check_enqueue, in_id_order, validate_l
 use outbox_core::backend::{finish_claim, release_claim, CommittedClaim, DecodedClaim};
 use outbox_core::message::MAX_DELAY;
 use outbox_core::{
-    ClaimIds, ClaimRequest, Claimed, Disposition, Error, Failure, Lease, LeaseToken, Message,
-    MessageId, NewMessage, OutboxStore, Renewed, Result, Settled, SettledAndClaimed, Settlement,
-    StoreCapabilities,
+    ClaimIds, ClaimMode, ClaimRequest, Claimed, Disposition, Error, Failure, Lease, LeaseToken,
+    Message, MessageId, NewMessage, OutboxStore, Renewed, Result, Settled, SettledAndClaimed,
+    Settlement, StoreCapabilities,
 };
 use sqlx::Row;
 
 use crate::config::PgOutboxConfig;
 use crate::connect;
 use crate::error::from_sqlx;
+use crate::held::{HeldClaims, Which};
+use crate::held_sql::HeldStatements;
 use crate::ident::QualifiedName;
 use crate::row::{decode_claimed, get};
 use crate::schema;
@@ -110,6 +112,8 @@ struct Inner {
     config: PgOutboxConfig,
     name: QualifiedName,
     sql: Statements,
+    /// Present in [`ClaimMode::HeldLock`].
+    held: Option<HeldClaims>,
 }
 
 impl fmt::Debug for PgOutbox {
@@ -135,10 +139,22 @@ impl PgOutbox {
         let name = config.qualified_name()?;
         let sql = Statements::new(&name, &config);
         let relay = connect::relay_pool(&pool, config.relay_connections());
+        let held = (config.claim_mode() == ClaimMode::HeldLock).then(|| {
+            HeldClaims::new(
+                connect::relay_pool(&pool, config.held_connections()),
+                HeldStatements::new(&name, &config),
+                config.sweep_interval(),
+            )
+        });
         Ok(PgOutbox {
             pool,
             relay,
-            inner: Arc::new(Inner { config, name, sql }),
+            inner: Arc::new(Inner {
+                config,
+                name,
+                sql,
+                held,
+            }),
         })
     }
 
@@ -207,7 +223,13 @@ impl PgOutbox {
             &schema::outbox_objects(name, ordering),
             &schema::outbox_indexes(name, ordering),
         )
-        .await
+        .await?;
+        // Tables installed before held-lock claims existed lack the registry.
+        sqlx::raw_sql(&schema::held_registry(name))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| from_sqlx("schema install (held-lock registry)", e))?;
+        Ok(())
     }
 
     /// Enqueue `messages` on `conn`, which should be inside your open transaction (pass
@@ -384,6 +406,38 @@ impl PgOutbox {
         &self.inner.sql
     }
 
+    /// The statistics statement of this claim mode.
+    pub(crate) fn stats_sql(&self) -> &str {
+        match &self.inner.held {
+            Some(held) => held.stats_sql(),
+            None => &self.inner.sql.stats,
+        }
+    }
+
+    /// Charge an attempt to the messages of held-lock batches whose relay ended without
+    /// settling them (see [`ClaimMode::HeldLock`]); how many messages were charged.
+    /// Claims do this on their own (see
+    /// [`PgOutboxConfig::with_sweep_interval`]); call it to do it now. Does nothing in
+    /// lease mode.
+    ///
+    /// # Errors
+    /// Mapped driver errors.
+    pub async fn sweep_held(&self) -> Result<u64> {
+        match &self.inner.held {
+            Some(held) => held.sweep(&self.relay).await,
+            None => Ok(0),
+        }
+    }
+
+    /// The connections held-lock claims hold their transactions on (none are opened in
+    /// lease mode), and how many batches are held open now.
+    pub fn held_pool(&self) -> Option<(&PgPool, usize)> {
+        self.inner
+            .held
+            .as_ref()
+            .map(|held| (held.pool(), held.open_batches()))
+    }
+
     async fn claim_with(
         &self,
         sql: &str,
@@ -451,7 +505,7 @@ fn lease_arrays<'a>(leases: impl Iterator<Item = &'a Lease>) -> (Vec<Uuid>, Vec<
 }
 
 /// Text PostgreSQL can store: `text` cannot hold NUL.
-fn storable(text: String) -> String {
+pub(crate) fn storable(text: String) -> String {
     if text.contains('\0') {
         text.replace('\0', "\u{fffd}")
     } else {
@@ -463,10 +517,24 @@ fn storable(text: String) -> String {
 impl OutboxStore for PgOutbox {
     fn capabilities(&self) -> StoreCapabilities {
         let config = &self.inner.config;
-        StoreCapabilities::new(config.ordering(), config.retention()).with_lease_renewal(true)
+        StoreCapabilities::new(config.ordering(), config.retention())
+            .with_lease_renewal(true)
+            .with_claim_mode(config.claim_mode())
     }
 
     async fn claim(&self, request: ClaimRequest) -> Result<Claimed> {
+        if let Some(held) = &self.inner.held {
+            let limits = self.inner.config.limits();
+            return held
+                .claim(
+                    &self.relay,
+                    limits,
+                    request.limit(),
+                    request.lease(),
+                    Which::Due,
+                )
+                .await;
+        }
         self.claim_with(
             &self.inner.sql.claim,
             request.limit(),
@@ -481,13 +549,23 @@ impl OutboxStore for PgOutbox {
         if ids.is_empty() {
             return Ok(Claimed::default());
         }
-        let uuids = ids.iter().map(MessageId::as_uuid).collect();
+        let uuids: Vec<Uuid> = ids.iter().map(MessageId::as_uuid).collect();
+        if let Some(held) = &self.inner.held {
+            let limits = self.inner.config.limits();
+            let (limit, lease) = (ids.len(), request.lease());
+            return held
+                .claim(&self.relay, limits, limit, lease, Which::Ids(uuids))
+                .await;
+        }
         let sql = &self.inner.sql.claim_ids;
         self.claim_with(sql, ids.len(), request.lease(), Some(uuids))
             .await
     }
 
     async fn complete(&self, leases: &[Lease]) -> Result<Settled> {
+        if let Some(held) = &self.inner.held {
+            return held.complete(leases).await;
+        }
         self.settle_leases("complete", &self.inner.sql.complete, leases)
             .await
     }
@@ -495,6 +573,9 @@ impl OutboxStore for PgOutbox {
     async fn fail(&self, failures: &[Failure]) -> Result<Settled> {
         if failures.is_empty() {
             return Ok(Settled::default());
+        }
+        if let Some(held) = &self.inner.held {
+            return held.fail(failures).await;
         }
         let ordered = in_id_order(failures, |f| f.lease().id);
         let (ids, tokens) = lease_arrays(ordered.iter().map(|f| f.lease()));
@@ -524,6 +605,9 @@ impl OutboxStore for PgOutbox {
     }
 
     async fn release(&self, leases: &[Lease]) -> Result<Settled> {
+        if let Some(held) = &self.inner.held {
+            return held.release(leases).await;
+        }
         self.settle_leases("release", &self.inner.sql.release, leases)
             .await
     }
@@ -535,6 +619,24 @@ impl OutboxStore for PgOutbox {
         settlement: Settlement<'_>,
         next: ClaimRequest,
     ) -> Result<SettledAndClaimed> {
+        if let Some(held) = &self.inner.held {
+            // The settles commit their batches' transactions; the claim begins the next,
+            // skipping what they named (a release or a retry at once is due again).
+            let completed = self.complete(settlement.complete).await?;
+            let failed = self.fail(settlement.fail).await?;
+            let released = self.release(settlement.release).await?;
+            let named = Which::Excluding(settlement.ids().map(|id| id.as_uuid()).collect());
+            let limits = self.inner.config.limits();
+            let claimed = held
+                .claim(&self.relay, limits, next.limit(), next.lease(), named)
+                .await;
+            return Ok(SettledAndClaimed {
+                completed,
+                failed,
+                released,
+                claimed,
+            });
+        }
         let failed = self.fail(settlement.fail).await?;
         let released = self.release(settlement.release).await?;
         let excluded: Vec<Uuid> = settlement.ids().map(|id| id.as_uuid()).collect();
@@ -595,6 +697,9 @@ impl OutboxStore for PgOutbox {
         validate_lease(lease)?;
         if leases.is_empty() {
             return Ok(Renewed::default());
+        }
+        if let Some(held) = &self.inner.held {
+            return held.renew(leases, lease).await;
         }
         let ordered = in_id_order(leases, |l| l.id);
         let (ids, tokens) = lease_arrays(ordered.iter().copied());

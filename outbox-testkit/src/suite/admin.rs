@@ -218,7 +218,7 @@ pub async fn dispatched_counts_match_what_purges_delete(h: &dyn Harness) {
     let f = fixture(h, keeping()).await;
     let (store, admin) = (f.store(), f.admin());
     f.enqueue(msgs(9)).await.unwrap();
-    let got = claim(&*store, 8, LONG_LEASE).await;
+    let got = claim_each(&*store, 8, LONG_LEASE).await;
     let leases: Vec<_> = got[..6].iter().map(|c| c.lease).collect();
     store
         .complete(&leases)

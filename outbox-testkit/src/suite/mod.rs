@@ -146,6 +146,30 @@ pub(crate) fn failure(lease: Lease, error: impl Into<String>, disposition: Dispo
     Failure::new(lease, error, disposition)
 }
 
+/// Claim `n` messages one claim each: one batch per message, so each settles (and,
+/// on a [`ClaimMode::HeldLock`](outbox_core::ClaimMode::HeldLock) store, commits) on
+/// its own. Fails if fewer than `n` are due.
+pub(crate) async fn claim_each(
+    store: &dyn OutboxStore,
+    n: usize,
+    lease: Duration,
+) -> Vec<ClaimedMessage> {
+    let mut got = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut one = claim(store, 1, lease).await;
+        assert_eq!(one.len(), 1, "{} of {n} messages claimed", got.len());
+        got.append(&mut one);
+    }
+    got
+}
+
+/// Whether `store` holds its claims by row locks
+/// ([`ClaimMode::HeldLock`](outbox_core::ClaimMode::HeldLock)), where a lapsed lease
+/// is lost whether or not the message was claimed again.
+pub(crate) fn held_lock(store: &dyn OutboxStore) -> bool {
+    store.capabilities().claim_mode == outbox_core::ClaimMode::HeldLock
+}
+
 /// Claim repeatedly until a claim returns something, failing after [`DEADLINE`].
 pub(crate) async fn claim_eventually(
     store: &dyn OutboxStore,

@@ -84,7 +84,8 @@ pub async fn renewed_lease_is_not_claimable_by_others(h: &dyn Harness) {
     let f = renewing(h).await;
     let store = f.store();
     f.enqueue(msgs(2)).await.unwrap();
-    let held = claim(&*store, 2, SHORT_LEASE).await;
+    // One claim each: a held-lock store renews a batch as a whole.
+    let held = claim_each(&*store, 2, SHORT_LEASE).await;
     let renewed = store.renew(&[held[0].lease], LONG_LEASE).await.unwrap();
     assert!(renewed.lost.is_empty());
     assert_eq!(renewed.leases.len(), 1);

@@ -14,7 +14,7 @@ pub async fn purge_is_bounded_and_spares_undelivered(h: &dyn Harness) {
     let f = fixture(h, keeping()).await;
     let store = f.store();
     f.enqueue(msgs(12)).await.unwrap();
-    let got = claim(&*store, 9, LONG_LEASE).await;
+    let got = claim_each(&*store, 9, LONG_LEASE).await;
     let leases: Vec<_> = got[..6].iter().map(|c| c.lease).collect();
     store
         .complete(&leases)

@@ -217,7 +217,7 @@ pub async fn dead_letters_are_requeued_and_discarded_by_filter(h: &dyn Harness) 
     ];
     let live = batch[4].id();
     f.enqueue(batch).await.unwrap();
-    for c in claim(&*store, 5, LONG_LEASE).await {
+    for c in claim_each(&*store, 5, LONG_LEASE).await {
         if c.message.id != live {
             let dead = failure(c.lease, "poison", Disposition::DeadLetter);
             store.fail_one(dead).await.unwrap();
