@@ -378,6 +378,10 @@ pub struct StoreCapabilities {
     pub lease_renewal: bool,
     /// How claims hold messages ([`ClaimMode::Lease`] unless declared).
     pub claim_mode: ClaimMode,
+    /// The most claimed batches the store can hold at once, over all its relays, when
+    /// it is bounded (held-lock claims keep a connection per batch); `None` when not.
+    /// [`Relay::new`](crate::Relay::new) refuses a relay that alone could need more.
+    pub batches_in_flight: Option<usize>,
 }
 
 impl StoreCapabilities {
@@ -388,6 +392,7 @@ impl StoreCapabilities {
             retention,
             lease_renewal: false,
             claim_mode: ClaimMode::Lease,
+            batches_in_flight: None,
         }
     }
 
@@ -395,6 +400,13 @@ impl StoreCapabilities {
     #[must_use]
     pub fn with_claim_mode(mut self, mode: ClaimMode) -> Self {
         self.claim_mode = mode;
+        self
+    }
+
+    /// The same, declaring the most claimed batches the store can hold at once.
+    #[must_use]
+    pub fn with_batches_in_flight(mut self, bound: Option<usize>) -> Self {
+        self.batches_in_flight = bound;
         self
     }
 
@@ -545,6 +557,35 @@ impl Renewed {
 ///   attempts reached [`MAX_ATTEMPTS`]) is dead-lettered by the claim that meets it,
 ///   with a `last_error` saying why, and the others are returned. Use
 ///   [`Message::check_stored`] for the rules.
+///
+/// # Held-lock claims
+///
+/// A store that declares [`ClaimMode::HeldLock`] in
+/// [`StoreCapabilities::claim_mode`] keeps every point above, with these differences,
+/// each checked by the same suite (its cases branch where the contract does):
+///
+/// - **The claim writes nothing to the messages.** It locks them in a transaction the
+///   store keeps open on a connection of its own, one per claimed batch, and reports
+///   each message's stored `attempts` plus one (the attempt it starts). The leases of
+///   one claim share their token: it names the batch.
+/// - **Settles run in that transaction.** A settle of some of a batch's leases applies
+///   there and is seen by others only when the settle of the batch's last open lease
+///   commits the transaction. A failed commit undoes the batch's earlier settles: its
+///   messages are due again, and publish again. Release writes nothing: the message
+///   is due again when the batch ends. `fail` counts the attempt it records.
+/// - **Lapse.** A lease lapses when its session ends: the relay process died, the
+///   connection broke, or the session sat idle in its transaction for longer than the
+///   lease (the server ends it). A lapsed lease is lost **whether or not** the message
+///   was claimed again (unlike the lease mode's "a lease that expired but was not
+///   claimed again still matches"), and its settles report it in [`Settled::lost`].
+///   Renewal arms the idle bound again, for the whole batch.
+/// - **Attempts of ended batches.** A batch that ends without committing wrote no
+///   attempt. Its messages are charged one attempt each after it ended (before the
+///   store's next claims, within its sweep interval), so a message whose publish kills
+///   relays still reaches the relay's last attempt, and the relay dead-letters a
+///   message claimed past it without publishing it.
+/// - **Connections.** Each batch in flight holds a connection until it settles: the
+///   store's held connections bound how many batches all relays on it keep in flight.
 ///
 /// # Errors
 ///

@@ -43,7 +43,7 @@ use outbox_core::{
     Renewed, Result, Settled,
 };
 use sqlx::postgres::PgRow;
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -58,6 +58,11 @@ pub(crate) struct HeldClaims {
     pool: PgPool,
     sql: HeldStatements,
     batches: Mutex<HashMap<LeaseToken, Arc<tokio::sync::Mutex<Option<Batch>>>>>,
+    /// Transactions begun and not yet used: the commit that ends a batch begins the
+    /// next transaction in the same round trip, and a claim that finds nothing leaves
+    /// its transaction here untouched (it locked nothing, holds no snapshot and no
+    /// transaction id).
+    ready: Mutex<Vec<Transaction<'static, Postgres>>>,
     sweep_interval: Duration,
     /// When the last sweep started (`None` before the first claim).
     last_sweep: Mutex<Option<Instant>>,
@@ -79,6 +84,24 @@ pub(crate) enum Which {
     Excluding(Vec<Uuid>),
 }
 
+/// A claim's select and its parameters.
+struct Select<'a> {
+    sql: &'a str,
+    limit: i64,
+    lease_us: i64,
+    ids: Option<&'a [Uuid]>,
+}
+
+impl Select<'_> {
+    async fn run(&self, conn: &mut PgConnection) -> std::result::Result<Vec<PgRow>, sqlx::Error> {
+        let mut query = sqlx::query(self.sql).bind(self.limit).bind(self.lease_us);
+        if let Some(ids) = self.ids {
+            query = query.bind(ids);
+        }
+        query.fetch_all(conn).await
+    }
+}
+
 /// What a settle runs for its leases of one batch.
 enum Settle<'a> {
     Complete,
@@ -92,6 +115,7 @@ impl HeldClaims {
             pool,
             sql,
             batches: Mutex::default(),
+            ready: Mutex::default(),
             sweep_interval,
             last_sweep: Mutex::new(None),
         }
@@ -131,30 +155,41 @@ impl HeldClaims {
     ) -> Result<Claimed> {
         self.sweep_if_due(registry).await;
         let token = LeaseToken::new();
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(|e| from_sqlx("claim (begin)", e))?;
-        let rows = {
-            let (sql, ids) = match which {
-                Which::Due => (&self.sql.claim, None),
-                Which::Ids(ids) => (&self.sql.claim_ids, Some(ids)),
-                Which::Excluding(ids) => (&self.sql.claim_excluding, Some(ids)),
+        let lease_us = micros("lease", lease)?;
+        let (sql, ids) = match which {
+            Which::Due => (&self.sql.claim, None),
+            Which::Ids(ids) => (&self.sql.claim_ids, Some(ids)),
+            Which::Excluding(ids) => (&self.sql.claim_excluding, Some(ids)),
+        };
+        let select = Select {
+            sql,
+            limit: limit_param(limit),
+            lease_us,
+            ids: ids.as_deref(),
+        };
+        let mut ready = self.take_ready();
+        let (mut tx, rows) = loop {
+            let reused = ready.is_some();
+            let mut tx = match ready.take() {
+                Some(tx) => tx,
+                None => self
+                    .pool
+                    .begin()
+                    .await
+                    .map_err(|e| from_sqlx("claim (begin)", e))?,
             };
-            let mut query = sqlx::query(sql)
-                .bind(limit_param(limit))
-                .bind(micros("lease", lease)?);
-            if let Some(ids) = ids {
-                query = query.bind(ids);
+            let result = select.run(&mut tx).await;
+            match result {
+                Ok(rows) => break (tx, rows),
+                // A transaction kept ready may have lost its session meanwhile (a server
+                // that ends idle transactions, a restart): claim on a new one.
+                Err(err) if reused && sqlx_session_gone(&err) => drop(tx),
+                Err(err) => return Err(from_sqlx("claim", err)),
             }
-            query
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(|e| from_sqlx("claim", e))?
         };
         if rows.is_empty() {
-            end(tx.rollback().await, "claim (rollback)")?;
+            // It locked nothing and holds no snapshot: keep it for the next claim.
+            self.keep_ready(tx);
             return Ok(Claimed::default());
         }
         // An error from here on drops `tx`, which rolls the claim back.
@@ -166,7 +201,7 @@ impl HeldClaims {
             self.dead_letter(&mut tx, decoded.poison).await?
         };
         if decoded.claimed.is_empty() {
-            end(tx.commit().await, "claim (commit)")?;
+            self.commit_and_begin(tx).await?;
             return Ok(Claimed::default().with_dead_lettered(dead_lettered));
         }
         let open: HashSet<Uuid> = decoded
@@ -186,6 +221,20 @@ impl HeldClaims {
             Arc::new(tokio::sync::Mutex::new(Some(Batch { tx, open }))),
         );
         Ok(Claimed::new(decoded.claimed).with_dead_lettered(dead_lettered))
+    }
+
+    fn take_ready(&self) -> Option<Transaction<'static, Postgres>> {
+        self.ready
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+    }
+
+    fn keep_ready(&self, tx: Transaction<'static, Postgres>) {
+        self.ready
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(tx);
     }
 
     async fn dead_letter(
@@ -312,10 +361,21 @@ impl HeldClaims {
                 return self.ended(from_sqlx("release", err));
             }
         }
-        match batch.tx.commit().await {
+        match self.commit_and_begin(batch.tx).await {
             Ok(()) => Ok(applied),
-            Err(err) => self.ended(from_sqlx("settle (commit)", err)),
+            Err(err) => self.ended(err),
         }
+    }
+
+    /// Commit `tx` and begin the next transaction on its connection in one round trip,
+    /// keeping it ready for a claim.
+    async fn commit_and_begin(&self, mut tx: Transaction<'static, Postgres>) -> Result<()> {
+        let conn: &mut PgConnection = &mut tx;
+        sqlx::Executor::execute(conn, "COMMIT; BEGIN")
+            .await
+            .map_err(|e| from_sqlx("settle (commit)", e))?;
+        self.keep_ready(tx);
+        Ok(())
     }
 
     /// A batch ended by an error: when its session is gone (the server ended it, the
@@ -455,12 +515,6 @@ impl HeldClaims {
 /// The most ended batches one sweep charges.
 const MAX_SWEPT_BATCHES: usize = 64;
 
-/// End a transaction whose rollback or commit is not worth more than a log line when it
-/// fails on a broken connection.
-fn end(result: std::result::Result<(), sqlx::Error>, what: &str) -> Result<()> {
-    result.map_err(|e| from_sqlx(what, e))
-}
-
 /// Whether `err` means the held transaction's session is gone: the connection broke, or
 /// the server ended the session (idle-in-transaction timeout, administrator command).
 fn session_gone(err: &Error) -> bool {
@@ -468,17 +522,22 @@ fn session_gone(err: &Error) -> bool {
     let mut source = err.source();
     while let Some(cause) = source {
         if let Some(sqlx_err) = cause.downcast_ref::<sqlx::Error>() {
-            return match sqlx_err {
-                sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed => true,
-                sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-                    code.starts_with("08") || code.starts_with("57P") || code == "25P03"
-                }),
-                _ => false,
-            };
+            return sqlx_session_gone(sqlx_err);
         }
         source = cause.source();
     }
     err.kind() == ErrorKind::Unavailable
+}
+
+/// [`session_gone`] for the driver's error.
+fn sqlx_session_gone(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08") || code.starts_with("57P") || code == "25P03"
+        }),
+        _ => false,
+    }
 }
 
 #[cfg(test)]

@@ -74,15 +74,20 @@ impl HeldStatements {
         let settle = |modify: String| {
             format!("WITH {unheld}, done AS ({modify} RETURNING m.id) SELECT id FROM done")
         };
+        // Complete names ids only, so no join: one index scan of the primary key over
+        // the array. (Joined to `unnest($1)`, a custom plan estimated the undelivered
+        // rows low and rescanned the array once per row of the table: 2.4 s to
+        // complete 1,000 of 12,000 messages.) Fail and dead-letter carry a value per id
+        // and join, bounded the same way, so whichever side the planner drives from
+        // reads only the listed rows.
+        let listed = "m.id = ANY($1::uuid[]) AND coalesce(m.dispatched_at, m.dead_at) IS NULL";
         let complete = match config.retention() {
-            Retention::Delete => {
-                format!("DELETE FROM {t} AS m USING unnest($1::uuid[]) AS l(id) WHERE {by_key}")
+            Retention::Delete => format!("DELETE FROM {t} AS m WHERE {listed}"),
+            Retention::Keep { .. } => {
+                format!("UPDATE {t} AS m SET dispatched_at = statement_timestamp() WHERE {listed}")
             }
-            Retention::Keep { .. } => format!(
-                "UPDATE {t} AS m SET dispatched_at = statement_timestamp() \
-                 FROM unnest($1::uuid[]) AS l(id) WHERE {by_key}"
-            ),
         };
+        let by_key = format!("{by_key} AND m.id = ANY($1::uuid[])");
         let live = format!(
             "(SELECT x FROM {held} AS h, unnest(h.ids) AS x \
              WHERE pg_xact_status(h.xid) = 'in progress')"
@@ -134,14 +139,18 @@ impl HeldStatements {
     }
 }
 
-/// The held claim: the lease claim's selection, reading instead of updating.
+/// The held claim: the lease claim's selection, reading instead of updating. Its times
+/// are the statement's: the transaction may have begun long before (one kept ready by
+/// the commit of the previous batch), and `now()` is the transaction's start.
 fn claim(t: &QualifiedName, per_key: bool, which: Claim) -> String {
     let (ctes, _update) = claim_parts(t, per_key, which);
+    let ctes = ctes.replace("now()", "statement_timestamp()");
     format!(
         "WITH {ctes} \
          SELECT m.id, m.destination, m.partition_key, m.payload, m.content_type, m.headers, \
              {created}, {attempt} AS attempts, m.last_error, \
-             now() + $2 * interval '1 microsecond' AS lease_expires_at, {due_at}, due.seq, \
+             statement_timestamp() + $2 * interval '1 microsecond' AS lease_expires_at, \
+             {due_at}, due.seq, \
              pg_current_xact_id()::text AS held_xid, \
              set_config('idle_in_transaction_session_timeout', {ms}, true) AS idle_timeout \
          FROM due JOIN {t} AS m ON m.ctid = due.ctid",
@@ -197,6 +206,11 @@ mod tests {
             assert!(claim.contains("least(m.attempts, 2147483646) + 1 AS attempts"));
             assert!(claim.contains("idle_in_transaction_session_timeout"));
             assert!(claim.contains("pg_current_xact_id()::text AS held_xid"));
+            assert!(
+                !claim.contains("now()"),
+                "a ready transaction's now() is old"
+            );
+            assert!(claim.contains("c.available_at <= statement_timestamp()"));
         }
         assert!(s.claim_ids.contains("c.id = ANY($3::uuid[])"));
         assert!(!s.claim_ids.contains("$4"));
@@ -217,7 +231,12 @@ mod tests {
             assert!(!settle.contains("now()"), "{settle}");
         }
         assert!(s.complete.starts_with("WITH unheld AS"));
-        assert!(s.complete.contains("DELETE FROM \"s\".\"t\" AS m"));
+        assert!(s
+            .complete
+            .contains("DELETE FROM \"s\".\"t\" AS m WHERE m.id = ANY($1::uuid[])"));
+        for joined in [&s.fail, &s.dead_letter] {
+            assert!(joined.contains("AND m.id = ANY($1::uuid[])"), "{joined}");
+        }
         let kept = statements(PgOutboxConfig::default().with_retention(Retention::Keep {
             window: std::time::Duration::from_secs(60),
         }));

@@ -520,6 +520,12 @@ impl OutboxStore for PgOutbox {
         StoreCapabilities::new(config.ordering(), config.retention())
             .with_lease_renewal(true)
             .with_claim_mode(config.claim_mode())
+            .with_batches_in_flight(
+                self.inner
+                    .held
+                    .as_ref()
+                    .map(|_| usize::try_from(config.held_connections()).unwrap_or(usize::MAX)),
+            )
     }
 
     async fn claim(&self, request: ClaimRequest) -> Result<Claimed> {

@@ -260,8 +260,23 @@ impl Relay {
         publisher: Arc<dyn Publisher>,
         config: RelayConfig,
     ) -> Result<Self> {
-        let renews = store.capabilities().lease_renewal;
+        let capabilities = store.capabilities();
+        let renews = capabilities.lease_renewal;
         config.validate_for(renews)?;
+        if let Some(bound) = capabilities.batches_in_flight {
+            // The loop holds up to `pipeline_depth` batches; one more for an explicit
+            // dispatch beside it.
+            let needs = config.pipeline_depth.saturating_add(1);
+            if needs > bound {
+                return Err(Error::config(format!(
+                    "the store holds at most {bound} claimed batches at once (one connection \
+                     each, held-lock claims): this relay needs {needs} (pipeline_depth {} plus \
+                     one for dispatch_ids); give the store more held connections or lower \
+                     pipeline_depth",
+                    config.pipeline_depth
+                )));
+            }
+        }
         let metrics = metrics::Handles::new(&config.name);
         Ok(Relay {
             inner: Arc::new(Inner {

@@ -1,8 +1,9 @@
 //! Scenario 2: drain throughput with a no-op publisher, against two references.
 //!
-//! For every batch size and relay count the same pre-loaded backlog is drained five
+//! For every batch size and relay count the same pre-loaded backlog is drained six
 //! ways: by the library's [`Relay`]s as configured by default (pipelined: the next
-//! claim goes out while a batch publishes, [`RelayConfig::pipeline_depth`]), on the
+//! claim goes out while a batch publishes, [`RelayConfig::pipeline_depth`]), the same
+//! with held-lock claims ([`ClaimMode::HeldLock`]), on the
 //! new path with pipelining off (the settle of batch N and the claim of batch N+1 in
 //! one statement, [`OutboxStore::settle_and_claim`]) and on the old one (a complete,
 //! then a claim: the trait's default, through [`OldPath`], pipelining off); by
@@ -16,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use outbox_core::{
-    ClaimIds, ClaimRequest, Failure, Lease, OutboxStore, Relay, RelayConfig, Renewed, Settled,
-    StoreCapabilities, DEFAULT_PIPELINE_DEPTH,
+    ClaimIds, ClaimMode, ClaimRequest, Failure, Lease, OutboxStore, Relay, RelayConfig, Renewed,
+    Settled, StoreCapabilities, DEFAULT_PIPELINE_DEPTH,
 };
 use outbox_postgres::PgOutbox;
 
@@ -45,6 +46,14 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
         .ok()
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| env.mode.pick(3, 1));
+    // `OUTBOX_BENCH_BATCHES` (say `100,1000`) keeps only those batch sizes.
+    let only: Option<Vec<usize>> = std::env::var("OUTBOX_BENCH_BATCHES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|b| b.trim().parse().ok()).collect());
+    let plan: Vec<(usize, u64)> = plan
+        .into_iter()
+        .filter(|(batch, _)| only.as_ref().is_none_or(|only| only.contains(batch)))
+        .collect();
     let with_pgbench = pgbench::available();
     let depth = library_depth();
     env.heading(
@@ -52,7 +61,9 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
         &format!(
             "msgs/s to empty a pre-loaded table: library Relays (claim batch = publish batch, \
          1 publish call in flight; library = the default relay: pipeline depth {depth}, settle + \
-         next claim in one prepared statement on the relay's connections; unpiped: the same \
+         next claim in one prepared statement on the relay's connections; held = the same \
+         relay on a store with held-lock claims (rows locked in a transaction the settle \
+         commits); unpiped: the same \
          with pipeline depth 1; old path: complete, then claim, depth 1) vs pgbench running the library's own claim + complete \
          SQL (-M prepared, clients = relays) vs pgmq::PGMQueue read_batch + delete_batch \
          (workers = relays, same batch); each figure is the median of {repeats} round(s), \
@@ -82,6 +93,8 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
         "msgs",
         "library/s",
         "lib cpu us/msg",
+        "held/s",
+        "held cpu",
         "unpiped/s",
         "old path/s",
         "pgbench/s",
@@ -90,6 +103,7 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
         "pgmq cpu",
         "lib/pgbench",
         "lib/pgmq [min..max]",
+        "held/pgmq [min..max]",
     ]);
     let mut rows = Vec::new();
     for (batch, n) in plan {
@@ -99,6 +113,9 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
                 let (took, spent) =
                     library_drain(env, &outbox, batch, relays, n, RelayPath::New).await?;
                 runs.library.push(Run::of(n, took, spent));
+                let (took, spent) =
+                    library_drain(env, &outbox, batch, relays, n, RelayPath::Held).await?;
+                runs.held.push(Run::of(n, took, spent));
                 let (took, spent) =
                     library_drain(env, &outbox, batch, relays, n, RelayPath::Unpiped).await?;
                 runs.unpiped.push(Run::of(n, took, spent));
@@ -122,6 +139,12 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
                 .zip(&runs.pgmq)
                 .map(|(l, p)| ratio(l.rate, p.rate))
                 .collect();
+            let held_vs_pgmq: Vec<f64> = runs
+                .held
+                .iter()
+                .zip(&runs.pgmq)
+                .map(|(l, p)| ratio(l.rate, p.rate))
+                .collect();
             let vs_pgbench: Vec<f64> = runs
                 .library
                 .iter()
@@ -139,6 +162,8 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
                 n.to_string(),
                 format!("{library:.0}"),
                 Run::cpu(&runs.library),
+                format!("{:.0}", Run::median_rate(&runs.held)),
+                Run::cpu(&runs.held),
                 format!("{:.0}", Run::median_rate(&runs.unpiped)),
                 format!("{:.0}", Run::median_rate(&runs.old_path)),
                 if pgbench.is_finite() {
@@ -155,12 +180,15 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
                     spread(&vs_pgbench)
                 },
                 spread(&vs_pgmq),
+                spread(&held_vs_pgmq),
             ]);
             rows.push(serde_json::json!({
                 "batch": batch,
                 "relays": relays,
                 "messages": n,
                 "library_msgs_per_s": json_num(library),
+                "library_held_lock_msgs_per_s": json_num(Run::median_rate(&runs.held)),
+                "held_lock_vs_pgmq": held_vs_pgmq,
                 "library_unpipelined_msgs_per_s": json_num(Run::median_rate(&runs.unpiped)),
                 "library_old_path_msgs_per_s": json_num(Run::median_rate(&runs.old_path)),
                 "pgbench_msgs_per_s": json_num(pgbench),
@@ -169,6 +197,7 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
                 "library_vs_pgmq": vs_pgmq,
                 "runs": {
                     "library": Run::json(&runs.library),
+                    "library_held_lock": Run::json(&runs.held),
                     "library_unpipelined": Run::json(&runs.unpiped),
                     "library_old_path": Run::json(&runs.old_path),
                     "pgbench": Run::json(&runs.pgbench),
@@ -181,9 +210,11 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
     println!(
         "cpu columns: microseconds of CPU per message, client (this process: relays or the \
          pgmq client; pgbench's own process for pgbench) + server (every postgres process), \
-         medians. Targets: lib/pgmq >= 1.3 at batch 10 and 100 with 1, 2 and 4 relays, \
-         >= 1.2 at batch 1000; lib/pgbench >= 0.95. pgbench runs the library's claim and \
-         complete statements (two per batch); the relay sends one complete-and-claim"
+         medians. Targets: held/pgmq >= 1.3 at batch 10 and 100 with 1, 2 and 4 relays, \
+         >= 1.2 at batch 1000; lib/pgmq >= 1.0 at batch 100 with 1 relay, >= 0.9 with 2 \
+         and 4. pgbench runs the library's claim and complete statements (two per batch); \
+         the relay sends one complete-and-claim; a held-lock relay sends BEGIN, the claim, \
+         the batch's registry insert (another connection), the settle and COMMIT"
     );
     peer.teardown().await?;
     admin.close().await;
@@ -244,6 +275,7 @@ impl Run {
 #[derive(Debug, Default)]
 struct Runs {
     library: Vec<Run>,
+    held: Vec<Run>,
     unpiped: Vec<Run>,
     old_path: Vec<Run>,
     pgbench: Vec<Run>,
@@ -302,6 +334,8 @@ enum RelayPath {
     /// The default relay: `settle_and_claim` as PostgreSQL implements it (one
     /// prepared statement), pipelined at the default depth.
     New,
+    /// As `New` on a store with held-lock claims.
+    Held,
     /// As `New` with pipelining off (depth 1).
     Unpiped,
     /// The trait's default: complete, then claim; pipelining off.
@@ -358,17 +392,25 @@ async fn library_drain(
 ) -> Res<(Duration, cpu::Spent)> {
     reset(outbox, n).await?;
     let depth = match path {
-        RelayPath::New => library_depth(),
+        RelayPath::New | RelayPath::Held => library_depth(),
         RelayPath::Unpiped | RelayPath::Old => 1,
     };
     // A pipelined relay may have a claim and a settle on the wire for each batch.
     let pool = env.pool(relays * u32::try_from(depth)? + 1).await?;
     let connections = relays * u32::try_from(depth)? + 1;
-    let config = outbox.config().clone().with_relay_connections(connections);
+    let mut config = outbox.config().clone().with_relay_connections(connections);
+    // Each relay holds up to `depth` batches and claims the next meanwhile.
+    let held = relays * (u32::try_from(depth)? + 1);
+    if path == RelayPath::Held {
+        config = config
+            .with_claim_mode(ClaimMode::HeldLock)
+            .with_held_connections(held);
+    }
     let pg = PgOutbox::new(pool.clone(), config)?;
     let relay_pool = pg.relay_pool().clone();
+    let held_pool = pg.held_pool().map(|(pool, _)| pool.clone());
     let store: Arc<dyn OutboxStore> = match path {
-        RelayPath::New | RelayPath::Unpiped => Arc::new(pg),
+        RelayPath::New | RelayPath::Held | RelayPath::Unpiped => Arc::new(pg),
         RelayPath::Old => Arc::new(OldPath(pg)),
     };
     let publisher = noop_publisher();
@@ -386,6 +428,11 @@ async fn library_drain(
     let warm: Vec<_> =
         futures::future::try_join_all((0..connections).map(|_| relay_pool.acquire())).await?;
     drop(warm);
+    if let Some(held_pool) = &held_pool {
+        let warm: Vec<_> =
+            futures::future::try_join_all((0..held).map(|_| held_pool.acquire())).await?;
+        drop(warm);
+    }
     let cpu = cpu::sample(outbox_testkit::cpu::Server::Postgres);
     let start = Instant::now();
     let handles: Vec<_> = relays.iter().map(Relay::spawn).collect();
@@ -410,6 +457,9 @@ async fn library_drain(
     }
     pool.close().await;
     relay_pool.close().await;
+    if let Some(held_pool) = held_pool {
+        held_pool.close().await;
+    }
     ensure_empty(outbox, "the relays").await?;
     Ok((took, spent))
 }

@@ -11,6 +11,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod held;
 mod history;
 mod inbox;
 mod indexes;
