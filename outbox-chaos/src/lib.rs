@@ -54,6 +54,9 @@ pub const ENV_WORKER: &str = "OUTBOX_CHAOS_WORKER";
 pub const ENV_PER_KEY: &str = "OUTBOX_CHAOS_PER_KEY";
 /// Environment variable: connections in the worker's pool (default 4).
 pub const ENV_POOL_SIZE: &str = "OUTBOX_CHAOS_POOL_SIZE";
+/// Environment variable: `1` for held-lock claims (`ClaimMode::HeldLock`, PostgreSQL),
+/// anything else for lease claims.
+pub const ENV_HELD_LOCK: &str = "OUTBOX_CHAOS_HELD_LOCK";
 
 /// Messages per claim in every worker: the most leases one worker holds at a time (its
 /// relay loop claims the next batch only after settling the previous one).
@@ -86,6 +89,8 @@ pub struct WorkerSettings {
     pub ordering: KeyOrder,
     /// Pool size.
     pub pool_size: u32,
+    /// Held-lock claims instead of leases (PostgreSQL).
+    pub held_lock: bool,
 }
 
 impl fmt::Debug for WorkerSettings {
@@ -98,6 +103,7 @@ impl fmt::Debug for WorkerSettings {
             .field("ordering", &self.ordering)
             .field("pool_size", &self.pool_size)
             .field("fault_seed", &self.fault_seed)
+            .field("held_lock", &self.held_lock)
             .finish_non_exhaustive()
     }
 }
@@ -138,6 +144,7 @@ impl WorkerSettings {
                 KeyOrder::Unordered
             },
             pool_size,
+            held_lock: var(ENV_HELD_LOCK).as_deref() == Some("1"),
         })
     }
 }

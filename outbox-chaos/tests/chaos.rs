@@ -37,10 +37,21 @@ fn window() -> usize {
 /// within what the kills explain, and first publishes keep per-key order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkilled_workers_lose_nothing() {
+    sigkilled_postgres_workers("chaos sigkill", false, 10).await;
+}
+
+/// As [`sigkilled_workers_lose_nothing`] with held-lock claims, over twenty kills: a
+/// killed worker's rows are claimable as soon as the server ends its sessions, so the
+/// failover printed beside the lease run's is the time to the first republish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkilled_held_lock_workers_lose_nothing() {
+    sigkilled_postgres_workers("chaos sigkill held-lock", true, 20).await;
+}
+
+async fn sigkilled_postgres_workers(label: &str, held_lock: bool, kills: usize) {
     const MESSAGES: usize = 3000;
     const KEYS: usize = 50;
     const WORKERS: usize = 3;
-    const KILLS: usize = 10;
     let Some(url) = support::url("chaos: SIGKILLed relay workers") else {
         return;
     };
@@ -59,14 +70,16 @@ async fn sigkilled_workers_lose_nothing() {
         pool_size: 4,
         mysql_url: None,
         dynamodb_url: None,
+        held_lock,
     };
     let mut workers: Vec<Worker> = (0..WORKERS)
         .map(|n| Worker::spawn(&spec, format!("w{n}")))
         .collect();
 
     // Kill at progress points spread over the drain, with some jitter.
-    let step = MESSAGES / (KILLS + 2);
-    for kill in 1..=KILLS {
+    let step = MESSAGES / (kills + 2);
+    let mut killed = Vec::with_capacity(kills);
+    for kill in 1..=kills {
         let target = i64::try_from(step * kill + fastrand::usize(..step / 2)).unwrap();
         let (pool, schema) = (&pool, schema.as_str());
         support::wait_with_workers(
@@ -77,6 +90,7 @@ async fn sigkilled_workers_lose_nothing() {
         .await;
         let victim = fastrand::usize(..WORKERS);
         workers[victim].kill().await;
+        killed.push((workers[victim].id.clone(), support::db_now(pool).await));
         let left = support::undelivered(pool, &table).await;
         assert!(left > 0, "kill {kill} came after the drain had finished");
         workers[victim] = Worker::spawn(&spec, format!("w{victim}.{kill}"));
@@ -94,17 +108,19 @@ async fn sigkilled_workers_lose_nothing() {
 
     let delivery = support::check_delivery(&pool, &schema, &sent).await;
     let dead = support::dead(&pool, &table).await;
+    let failover = support::failover(&pool, &schema, &killed).await;
     // A worker's relay loop holds at most `pipeline_depth` claimed batches that are
     // published (or publishing) but not yet settled: the batches in flight, and those
     // whose settle rides with the claim on the wire. A SIGKILL can therefore leave at
     // most pipeline_depth x BATCH_SIZE messages published but not completed (the
-    // documented duplicate window); they are published again when their leases lapse.
+    // documented duplicate window); they are published again when their leases lapse,
+    // or, with held locks, as soon as the server ends the dead worker's sessions.
     // Nothing else republishes here: the server stays up and publishes (one local
     // INSERT each) stay far below the 1 s publish timeout.
-    let bound = i64::try_from(KILLS * window()).unwrap();
+    let bound = i64::try_from(kills * window()).unwrap();
     println!(
-        "chaos sigkill: messages={MESSAGES} keys={KEYS} workers={WORKERS} kills={KILLS} \
-         lost={} duplicates={} bound={bound} dead={dead} elapsed={:.1?}",
+        "{label}: messages={MESSAGES} keys={KEYS} workers={WORKERS} kills={kills} \
+         lost={} duplicates={} bound={bound} dead={dead} failover={failover} elapsed={:.1?}",
         delivery.lost,
         delivery.duplicates,
         started.elapsed()
@@ -150,6 +166,7 @@ async fn sigkilled_workers_lose_nothing_on_mariadb() {
         pool_size: 4,
         mysql_url: Some(mysql_url),
         dynamodb_url: None,
+        held_lock: false,
     };
     let mut workers: Vec<Worker> = (0..WORKERS)
         .map(|n| Worker::spawn(&spec, format!("m{n}")))
@@ -278,6 +295,7 @@ async fn sigkilled_workers_lose_nothing_on_dynamodb() {
         pool_size: 4,
         mysql_url: None,
         dynamodb_url: Some(dynamodb_url),
+        held_lock: false,
     };
     let mut spawned = 0_u64;
     let mut spawn = |id: String| {
@@ -410,6 +428,7 @@ async fn workers_resume_after_postgres_restarts() {
         pool_size: 4,
         mysql_url: None,
         dynamodb_url: None,
+        held_lock: false,
     };
     let mut workers: Vec<Worker> = (0..WORKERS)
         .map(|n| Worker::spawn(&spec, format!("w{n}")))
@@ -542,6 +561,7 @@ async fn wal_relay_survives_sigkills_and_restarts() {
         pool_size: 3,
         mysql_url: None,
         dynamodb_url: None,
+        held_lock: false,
     };
     let mut workers: Vec<Worker> = (0..WORKERS)
         .map(|n| Worker::spawn_wal(&spec, format!("w{n}")))
@@ -639,6 +659,7 @@ async fn poison_rows_do_not_stop_delivery() {
                 pool_size: 1,
                 mysql_url: None,
                 dynamodb_url: None,
+                held_lock: false,
             };
             let worker = Worker::spawn(&spec, format!("{prefix}-{}", poison.name));
             trials.push((outbox, table, poison, order, worker));
@@ -756,6 +777,7 @@ async fn streams_relay_loses_nothing_across_sigkills() {
         pool_size: 4,
         mysql_url: None,
         dynamodb_url: Some(dynamodb_url),
+        held_lock: false,
     };
     let mut workers: Vec<Worker> = (0..WORKERS)
         .map(|n| Worker::spawn_streams(&spec, format!("s{n}")))

@@ -9,6 +9,9 @@
 //! OUTBOX_CHAOS_PER_KEY=1 cargo run -p outbox-chaos --bin chaos-worker
 //! ```
 //!
+//! With `OUTBOX_CHAOS_HELD_LOCK=1` the PostgreSQL outbox claims with held locks
+//! (`ClaimMode::HeldLock`).
+//!
 //! With `OUTBOX_CHAOS_DYNAMODB_URL` set, the outbox is a `DynamoOutbox` in the table
 //! `OUTBOX_CHAOS_TABLE` at that endpoint, its client under the seeded fault mix of
 //! `outbox_chaos::dynamodb` (seed `OUTBOX_CHAOS_FAULT_SEED`, random when unset; the
@@ -31,7 +34,7 @@ use outbox_chaos::{
     ENV_MYSQL_URL,
 };
 use outbox_core::backend::validate_identifier;
-use outbox_core::{DispatchReport, OutboxStore, Relay};
+use outbox_core::{ClaimMode, DispatchReport, OutboxStore, Relay};
 use outbox_dynamodb::DynamoOutbox;
 use outbox_mysql::{MySqlOutbox, MySqlOutboxConfig};
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
@@ -58,6 +61,16 @@ async fn run(settings: WorkerSettings) -> outbox_core::Result<DispatchReport> {
         .with_table(settings.table.as_str())
         .with_ordering(settings.ordering)
         .with_relay_connections(settings.pool_size);
+    let config = if settings.held_lock {
+        // One connection per batch the relay holds, one for a dispatch, one spare.
+        let depth = relay_config(&settings.worker).pipeline_depth;
+        let held = u32::try_from(depth + 2).unwrap_or(u32::MAX);
+        config
+            .with_claim_mode(ClaimMode::HeldLock)
+            .with_held_connections(held)
+    } else {
+        config
+    };
     // Validates the schema name before the publisher formats it into SQL.
     let outbox: Arc<dyn OutboxStore> = match (&settings.mysql_url, &settings.dynamodb_url) {
         (None, None) => Arc::new(PgOutbox::new(pool.clone(), config)?),

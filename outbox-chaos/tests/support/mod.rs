@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use outbox_chaos::{
-    published_ddl, ENV_DYNAMODB_URL, ENV_FAULT_SEED, ENV_MYSQL_URL, ENV_PER_KEY, ENV_POOL_SIZE,
-    ENV_SCHEMA, ENV_TABLE, ENV_URL, ENV_WORKER,
+    published_ddl, ENV_DYNAMODB_URL, ENV_FAULT_SEED, ENV_HELD_LOCK, ENV_MYSQL_URL, ENV_PER_KEY,
+    ENV_POOL_SIZE, ENV_SCHEMA, ENV_TABLE, ENV_URL, ENV_WORKER,
 };
 use outbox_core::{KeyOrder, NewMessage};
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
@@ -314,6 +314,8 @@ pub(crate) struct WorkerSpec {
     pub(crate) mysql_url: Option<String>,
     /// The DynamoDB endpoint of the outbox (table `table`), if not PostgreSQL.
     pub(crate) dynamodb_url: Option<String>,
+    /// Held-lock claims instead of leases (PostgreSQL).
+    pub(crate) held_lock: bool,
 }
 
 /// A `chaos-worker` process. Dropping it kills the process.
@@ -376,6 +378,7 @@ impl Worker {
             .env(ENV_TABLE, &spec.table)
             .env(ENV_WORKER, &id)
             .env(ENV_PER_KEY, per_key)
+            .env(ENV_HELD_LOCK, if spec.held_lock { "1" } else { "0" })
             .env(ENV_POOL_SIZE, spec.pool_size.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -511,4 +514,53 @@ where
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_millis(50));
     }
+}
+
+/// The server's clock now.
+pub(crate) async fn db_now(
+    pool: &PgPool,
+) -> sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc> {
+    sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(pool)
+        .await
+        .expect("read the server's clock")
+}
+
+/// Failover after each kill of `killed` (the victim's worker id, when it was killed):
+/// the time from the kill to the first publish, by another worker, of a message the
+/// victim had published before it died (so held, unsettled). Printed as the median and
+/// the longest over the kills that left such a message, in ms.
+pub(crate) async fn failover(
+    pool: &PgPool,
+    schema: &str,
+    killed: &[(
+        String,
+        sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>,
+    )],
+) -> String {
+    let mut ms = Vec::new();
+    for (victim, at) in killed {
+        let first: Option<f64> = sqlx::query_scalar(&format!(
+            "SELECT (extract(epoch FROM min(p2.published_at) - $2) * 1000)::float8 \
+             FROM \"{schema}\".published AS p1 JOIN \"{schema}\".published AS p2 \
+                 ON p2.message_id = p1.message_id AND p2.published_at > $2 \
+             WHERE p1.worker = $1 AND p1.published_at <= $2"
+        ))
+        .bind(victim)
+        .bind(at)
+        .fetch_one(pool)
+        .await
+        .expect("read failover times");
+        ms.extend(first);
+    }
+    if ms.is_empty() {
+        return "none republished".to_owned();
+    }
+    ms.sort_by(f64::total_cmp);
+    format!(
+        "median {:.0} ms, max {:.0} ms over {} kills",
+        ms[ms.len() / 2],
+        ms[ms.len() - 1],
+        ms.len()
+    )
 }
