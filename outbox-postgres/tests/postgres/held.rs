@@ -91,8 +91,53 @@ async fn a_held_claim_writes_nothing_to_its_rows() {
         (0, 1),
         "held counts in flight"
     );
+    assert_eq!(outbox.held_pool().map(|(_, open)| open), Some(1));
     outbox.complete_one(&got[0].lease).await.unwrap();
     assert_eq!(outbox.held_pool().map(|(_, open)| open), Some(0));
+}
+
+/// The transaction a claim keeps ready between batches may lose its session (a server
+/// that ends idle transactions, a restart): the next claim begins a new one.
+#[tokio::test]
+async fn a_claim_recovers_when_its_ready_transaction_lost_its_session() {
+    let Some(url) = common::url("held-lock claims") else {
+        return;
+    };
+    let schema = common::schema_name();
+    let name = format!("held-ready-{schema}");
+    let outbox = held_outbox(&url, &schema, &name).await;
+    let admin = common::pool(&url, 2).await;
+    // An empty claim leaves its transaction ready; its session then ends.
+    assert!(one_claim(&outbox).await.is_empty());
+    let idle = "SELECT count(*) FROM pg_stat_activity \
+                WHERE application_name = $1 AND state = 'idle in transaction'";
+    let ready: i64 = sqlx::query_scalar(idle)
+        .bind(&name)
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+    assert_eq!(ready, 1, "one transaction kept ready");
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE application_name = $1 AND state = 'idle in transaction'",
+    )
+    .bind(&name)
+    .execute(&admin)
+    .await
+    .unwrap();
+    common::wait_until("the ready session to end", || async {
+        let left: i64 = sqlx::query_scalar(idle)
+            .bind(&name)
+            .fetch_one(&admin)
+            .await
+            .unwrap();
+        left == 0
+    })
+    .await;
+    enqueue(&outbox, &[msg(0)]).await;
+    let got = one_claim(&outbox).await;
+    assert_eq!(got.len(), 1, "claimed on a new transaction");
+    outbox.complete_one(&got[0].lease).await.unwrap();
 }
 
 /// A relay process dies holding a batch: its rows are claimable at once, the next
