@@ -345,3 +345,47 @@ async fn a_relay_needing_more_held_connections_than_the_store_has_is_refused() {
     Relay::new(store, publisher, RelayConfig::default().pipeline_depth(1))
         .expect("depth 1 plus one dispatch fits in 2");
 }
+
+/// A row another tool broke is dead-lettered by the held claim that meets it, in the
+/// claim's transaction, and the rest of the batch is delivered.
+#[tokio::test]
+async fn a_held_claim_dead_letters_poison_rows() {
+    let Some(url) = common::url("held-lock claims") else {
+        return;
+    };
+    let pool = common::pool(&url, 4).await;
+    let outbox = PgOutbox::new(pool.clone(), held_config(&common::schema_name())).unwrap();
+    outbox.install().await.unwrap();
+    enqueue(&outbox, &[msg(0), msg(1)]).await;
+    let poison = MessageId::new();
+    sqlx::query(&format!(
+        "INSERT INTO {} (id, destination, payload, headers, available_at) \
+         VALUES ($1, 'pg.tests', '\\x00', '[1, 2]', now() - interval '1 hour')",
+        table(&outbox)
+    ))
+    .bind(poison.as_uuid())
+    .execute(&pool)
+    .await
+    .unwrap();
+    let claimed = outbox
+        .claim(ClaimRequest::new(10, LONG).unwrap())
+        .await
+        .unwrap();
+    assert_eq!((claimed.len(), claimed.dead_lettered), (2, 1));
+    let leases: Vec<_> = claimed.iter().map(|c| c.lease).collect();
+    outbox
+        .complete(&leases)
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
+    let dead = outbox
+        .dead_letters(&outbox_core::DeadLetterPage::new(Default::default(), 10).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].message.id, poison);
+    let error = dead[0].message.last_error.as_deref().unwrap_or_default();
+    assert!(error.contains("undecodable row"), "{error}");
+    assert_eq!(outbox.stats().await.unwrap().pending, 0);
+}
