@@ -389,3 +389,41 @@ async fn a_held_claim_dead_letters_poison_rows() {
     assert!(error.contains("undecodable row"), "{error}");
     assert_eq!(outbox.stats().await.unwrap().pending, 0);
 }
+
+/// A settle the server refuses (here a trigger another tool installed) ends the batch,
+/// rolled back, and comes back as the error, not as lost leases; the messages are due
+/// again at once.
+#[tokio::test]
+async fn a_refused_settle_is_an_error_and_rolls_the_batch_back() {
+    let Some(url) = common::url("held-lock claims") else {
+        return;
+    };
+    let pool = common::pool(&url, 4).await;
+    // Only the first claim sweeps, so the attempt seen below is the stored one.
+    let config = held_config(&common::schema_name()).with_sweep_interval(LONG);
+    let outbox = PgOutbox::new(pool.clone(), config).unwrap();
+    outbox.install().await.unwrap();
+    enqueue(&outbox, &[msg(0)]).await;
+    let t = table(&outbox);
+    let schema = outbox.config().schema();
+    sqlx::raw_sql(&format!(
+        "CREATE FUNCTION \"{schema}\".refuse() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN RAISE EXCEPTION 'refused by a trigger'; END $$; \
+         CREATE TRIGGER refuse BEFORE DELETE ON {t} \
+         FOR EACH ROW EXECUTE FUNCTION \"{schema}\".refuse();"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let got = one_claim(&outbox).await;
+    let err = outbox.complete(&[got[0].lease]).await.unwrap_err();
+    assert!(err.to_string().contains("complete"), "{err}");
+    assert_eq!(
+        outbox.held_pool().map(|(_, open)| open),
+        Some(0),
+        "the batch ended"
+    );
+    let again = one_claim(&outbox).await;
+    assert_eq!(again.len(), 1, "due again at once");
+    assert_eq!(again[0].message.attempts, 1, "no attempt was written");
+}
