@@ -39,8 +39,8 @@ use std::time::{Duration, SystemTime};
 use outbox_core::backend::{bounded_error, in_id_order};
 use outbox_core::message::MAX_DELAY;
 use outbox_core::{
-    Claimed, Disposition, Error, ErrorKind, Failure, Lease, LeaseToken, MessageId, MessageLimits,
-    Renewed, Result, Settled,
+    Claimed, Disposition, Error, Failure, Lease, LeaseToken, MessageId, MessageLimits, Renewed,
+    Result, Settled,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
@@ -526,7 +526,7 @@ fn session_gone(err: &Error) -> bool {
         }
         source = cause.source();
     }
-    err.kind() == ErrorKind::Unavailable
+    false
 }
 
 /// [`session_gone`] for the driver's error.

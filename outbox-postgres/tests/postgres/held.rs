@@ -427,3 +427,89 @@ async fn a_refused_settle_is_an_error_and_rolls_the_batch_back() {
     assert_eq!(again.len(), 1, "due again at once");
     assert_eq!(again[0].message.attempts, 1, "no attempt was written");
 }
+
+/// A settle call carrying leases of several batches applies each in its own batch's
+/// transaction (never touching another batch's rows, which would wait on its lock).
+#[tokio::test]
+async fn one_settle_spanning_batches_applies_each_in_its_own() {
+    let Some(url) = common::url("held-lock claims") else {
+        return;
+    };
+    let pool = common::pool(&url, 4).await;
+    let outbox = PgOutbox::new(pool.clone(), held_config(&common::schema_name())).unwrap();
+    outbox.install().await.unwrap();
+    enqueue(&outbox, &[msg(0), msg(1)]).await;
+    let first = one_claim_of(&outbox, 1).await;
+    let second = one_claim_of(&outbox, 1).await;
+    assert_ne!(first[0].lease.token, second[0].lease.token, "two batches");
+    let failures: Vec<_> = [&first[0], &second[0]]
+        .iter()
+        .map(|c| {
+            outbox_core::Failure::new(
+                c.lease,
+                "broker down",
+                outbox_core::Disposition::Retry {
+                    after: Duration::ZERO,
+                },
+            )
+        })
+        .collect();
+    let failed = within("fail across batches", outbox.fail(&failures))
+        .await
+        .unwrap();
+    assert_eq!((failed.applied, failed.lost.len()), (2, 0));
+    let again = one_claim(&outbox).await;
+    assert_eq!(again.len(), 2);
+    assert!(again.iter().all(|c| c.message.attempts == 2));
+}
+
+/// The sweep runs at most every interval: a batch that died is charged by the first
+/// sweep after that, or at once by `sweep_held`, which counts what it charged (and
+/// leaves messages a live claim holds for a later sweep).
+#[tokio::test]
+async fn the_sweep_keeps_its_interval_and_counts_what_it_charged() {
+    let Some(url) = common::url("held-lock claims") else {
+        return;
+    };
+    let schema = common::schema_name();
+    let doomed_name = format!("held-doomed-{schema}");
+    let doomed = held_outbox(&url, &schema, &doomed_name).await;
+    let pool = common::pool(&url, 4).await;
+    let patient =
+        PgOutbox::new(pool.clone(), held_config(&schema).with_sweep_interval(LONG)).unwrap();
+    // The patient store's first claim sweeps; none follows within the hour.
+    assert!(one_claim(&patient).await.is_empty());
+    enqueue(&doomed, &[msg(0), msg(1)]).await;
+    // Two batches die, so one sweep has two to charge.
+    assert_eq!(one_claim_of(&doomed, 1).await.len(), 1);
+    assert_eq!(one_claim_of(&doomed, 1).await.len(), 1);
+    kill_sessions(&pool, &doomed_name).await;
+    let again = one_claim(&patient).await;
+    assert!(
+        again.iter().all(|c| c.message.attempts == 1),
+        "not charged before the interval"
+    );
+    assert_eq!(patient.sweep_held().await.unwrap(), 0, "held rows wait");
+    let leases: Vec<_> = again.iter().map(|c| c.lease).collect();
+    patient
+        .release(&leases)
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
+    assert_eq!(
+        patient.sweep_held().await.unwrap(),
+        2,
+        "both batches charged in one sweep, once each"
+    );
+    let charged = one_claim(&patient).await;
+    assert!(charged.iter().all(|c| c.message.attempts == 2));
+}
+
+async fn one_claim_of(store: &dyn OutboxStore, limit: usize) -> Vec<outbox_core::ClaimedMessage> {
+    store
+        .claim(ClaimRequest::new(limit, LONG).unwrap())
+        .await
+        .unwrap()
+        .into_messages()
+}
