@@ -580,10 +580,12 @@ impl Renewed {
 ///   claimed again still matches"), and its settles report it in [`Settled::lost`].
 ///   Renewal arms the idle bound again, for the whole batch.
 /// - **Attempts of ended batches.** A batch that ends without committing wrote no
-///   attempt. Its messages are charged one attempt each after it ended (before the
-///   store's next claims, within its sweep interval), so a message whose publish kills
-///   relays still reaches the relay's last attempt, and the relay dead-letters a
-///   message claimed past it without publishing it.
+///   attempt. Its messages still undelivered are charged one attempt each by a sweep
+///   after it ended (before a later claim, within the store's sweep interval). A claim
+///   that races the batch's end may take its messages before the sweep: they are then
+///   charged when that claim ends, if still undelivered. So a message whose publish
+///   kills relay after relay still reaches the relay's last attempt, and the relay
+///   dead-letters a message claimed past it without publishing it.
 /// - **Connections.** Each batch in flight holds a connection until it settles: the
 ///   store's held connections bound how many batches all relays on it keep in flight.
 ///
