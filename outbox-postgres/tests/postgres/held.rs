@@ -14,10 +14,12 @@ use outbox_postgres::{PgOutbox, PgOutboxConfig};
 use outbox_testkit::{within, RecordingPublisher};
 use sqlx::PgPool;
 
-use crate::{common, enqueue, msg, table};
+use crate::{common, enqueue, msg, outbox, table};
 
 const LONG: Duration = Duration::from_secs(300);
 
+/// Held-lock settings in `schema` (`crate::outbox` replaces an empty one with a fresh
+/// schema of its own).
 fn held_config(schema: &str) -> PgOutboxConfig {
     PgOutboxConfig::default()
         .with_schema(schema)
@@ -73,8 +75,7 @@ async fn a_held_claim_writes_nothing_to_its_rows() {
         return;
     };
     let pool = common::pool(&url, 4).await;
-    let outbox = PgOutbox::new(pool.clone(), held_config(&common::schema_name())).unwrap();
-    outbox.install().await.unwrap();
+    let outbox = outbox(&pool, held_config("")).await;
     enqueue(&outbox, &[msg(0)]).await;
     let row = format!(
         "SELECT xmin::text, attempts, lease_token IS NULL, available_at::text FROM {}",
@@ -354,8 +355,7 @@ async fn a_held_claim_dead_letters_poison_rows() {
         return;
     };
     let pool = common::pool(&url, 4).await;
-    let outbox = PgOutbox::new(pool.clone(), held_config(&common::schema_name())).unwrap();
-    outbox.install().await.unwrap();
+    let outbox = outbox(&pool, held_config("")).await;
     enqueue(&outbox, &[msg(0), msg(1)]).await;
     let poison = MessageId::new();
     sqlx::query(&format!(
@@ -436,8 +436,7 @@ async fn one_settle_spanning_batches_applies_each_in_its_own() {
         return;
     };
     let pool = common::pool(&url, 4).await;
-    let outbox = PgOutbox::new(pool.clone(), held_config(&common::schema_name())).unwrap();
-    outbox.install().await.unwrap();
+    let outbox = outbox(&pool, held_config("")).await;
     enqueue(&outbox, &[msg(0), msg(1)]).await;
     let first = one_claim_of(&outbox, 1).await;
     let second = one_claim_of(&outbox, 1).await;
