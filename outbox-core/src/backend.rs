@@ -12,6 +12,7 @@ pub mod admin;
 pub mod claim;
 pub mod config;
 pub mod entity;
+pub mod held;
 pub mod ident;
 mod rules;
 mod send_checks;
@@ -27,6 +28,7 @@ pub use config::{
     TableRules,
 };
 pub use entity::{entity_version, loaded_entity, stored_entity_version};
+pub use held::{HeldBatches, HeldEngine, HeldRows, HeldSelect, HeldWhich};
 pub use ident::{derived_identifier, QualifiedName, SqlDialect};
 pub use rules::{bounded_error, check_enqueue, in_id_order, validate_identifier, validate_lease};
 pub use session_lock::{LockSession, SessionLockGuard};

@@ -24,12 +24,13 @@ use sqlx::Row;
 use crate::config::PgOutboxConfig;
 use crate::connect;
 use crate::error::from_sqlx;
-use crate::held::{HeldClaims, Which};
+use crate::held::PgHeld;
 use crate::held_sql::HeldStatements;
 use crate::ident::QualifiedName;
 use crate::row::{decode_claimed, get};
 use crate::schema;
 use crate::sql::{limit_param, micros, Statements};
+use outbox_core::backend::{HeldBatches, HeldWhich};
 
 /// A PostgreSQL outbox: enqueue with [`enqueue`](Self::enqueue) inside your
 /// transaction, hand the store to a [`Relay`](outbox_core::Relay) to publish, and to
@@ -113,7 +114,7 @@ struct Inner {
     name: QualifiedName,
     sql: Statements,
     /// Present in [`ClaimMode::HeldLock`].
-    held: Option<HeldClaims>,
+    held: Option<HeldBatches<PgHeld>>,
 }
 
 impl fmt::Debug for PgOutbox {
@@ -140,11 +141,13 @@ impl PgOutbox {
         let sql = Statements::new(&name, &config);
         let relay = connect::relay_pool(&pool, config.relay_connections());
         let held = (config.claim_mode() == ClaimMode::HeldLock).then(|| {
-            HeldClaims::new(
+            let engine = PgHeld::new(
                 connect::relay_pool(&pool, config.held_connections()),
+                relay.clone(),
                 HeldStatements::new(&name, &config),
-                config.sweep_interval(),
-            )
+                config.limits().clone(),
+            );
+            HeldBatches::new(engine, config.sweep_interval())
         });
         Ok(PgOutbox {
             pool,
@@ -409,7 +412,7 @@ impl PgOutbox {
     /// The statistics statement of this claim mode.
     pub(crate) fn stats_sql(&self) -> &str {
         match &self.inner.held {
-            Some(held) => held.stats_sql(),
+            Some(held) => held.engine().stats_sql(),
             None => &self.inner.sql.stats,
         }
     }
@@ -424,7 +427,7 @@ impl PgOutbox {
     /// Mapped driver errors.
     pub async fn sweep_held(&self) -> Result<u64> {
         match &self.inner.held {
-            Some(held) => held.sweep(&self.relay).await,
+            Some(held) => held.sweep().await,
             None => Ok(0),
         }
     }
@@ -435,7 +438,7 @@ impl PgOutbox {
         self.inner
             .held
             .as_ref()
-            .map(|held| (held.pool(), held.open_batches()))
+            .map(|held| (held.engine().pool(), held.open_batches()))
     }
 
     async fn claim_with(
@@ -530,15 +533,8 @@ impl OutboxStore for PgOutbox {
 
     async fn claim(&self, request: ClaimRequest) -> Result<Claimed> {
         if let Some(held) = &self.inner.held {
-            let limits = self.inner.config.limits();
             return held
-                .claim(
-                    &self.relay,
-                    limits,
-                    request.limit(),
-                    request.lease(),
-                    Which::Due,
-                )
+                .claim(HeldWhich::Due, request.limit(), request.lease())
                 .await;
         }
         self.claim_with(
@@ -557,10 +553,8 @@ impl OutboxStore for PgOutbox {
         }
         let uuids: Vec<Uuid> = ids.iter().map(MessageId::as_uuid).collect();
         if let Some(held) = &self.inner.held {
-            let limits = self.inner.config.limits();
-            let (limit, lease) = (ids.len(), request.lease());
             return held
-                .claim(&self.relay, limits, limit, lease, Which::Ids(uuids))
+                .claim(HeldWhich::Ids(ids.to_vec()), ids.len(), request.lease())
                 .await;
         }
         let sql = &self.inner.sql.claim_ids;
@@ -631,11 +625,8 @@ impl OutboxStore for PgOutbox {
             let completed = self.complete(settlement.complete).await?;
             let failed = self.fail(settlement.fail).await?;
             let released = self.release(settlement.release).await?;
-            let named = Which::Excluding(settlement.ids().map(|id| id.as_uuid()).collect());
-            let limits = self.inner.config.limits();
-            let claimed = held
-                .claim(&self.relay, limits, next.limit(), next.lease(), named)
-                .await;
+            let named = HeldWhich::Excluding(settlement.ids().collect());
+            let claimed = held.claim(named, next.limit(), next.lease()).await;
             return Ok(SettledAndClaimed {
                 completed,
                 failed,
