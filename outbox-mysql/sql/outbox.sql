@@ -30,4 +30,10 @@ CREATE TABLE IF NOT EXISTS `outbox`.`outbox_messages` (
     KEY `outbox_messages_dispatched` (dispatched_at),
     KEY `outbox_messages_dead` (dead_flag)
 ) ENGINE = InnoDB;
+CREATE TABLE IF NOT EXISTS `outbox`.`outbox_messages_held` (
+    batch BINARY(16) NOT NULL PRIMARY KEY,
+    ids JSON NOT NULL,
+    held_at DATETIME(6) NOT NULL,
+    KEY `outbox_messages_held_at` (held_at)
+) ENGINE = InnoDB;
 INSERT INTO `outbox`.`outbox_schema_versions` (table_name, version) VALUES ('outbox_messages', 1) ON DUPLICATE KEY UPDATE version = version;

@@ -111,9 +111,12 @@ impl SqlxAdmin for MySqlOutbox {
         purge_locked(self.relay_pool(), select, &self.statements().purge_delete)
     }
 
+    /// With held-lock claims, batches that ended without committing are swept first,
+    /// so their messages count as pending, not in flight.
     async fn read_stats(&self) -> Result<OutboxStats> {
+        self.sweep_held().await?;
         let (pending, in_flight, oldest, dead, dispatched): (i64, i64, Option<i64>, i64, i64) =
-            sqlx::query_as(&self.statements().stats)
+            sqlx::query_as(self.stats_sql())
                 .fetch_one(self.pool())
                 .await
                 .map_err(|e| from_sqlx("stats", e))?;

@@ -2,7 +2,10 @@
 //! A "schema" is a MySQL database, created by `install` when missing.
 
 use outbox_core::backend::{self, DedupTable, EntityTable, OutboxTable, SqlDialect, TableConfig};
-use outbox_core::{Error, MessageLimits, Result};
+use std::time::Duration;
+
+pub use outbox_core::backend::held::{DEFAULT_HELD_CONNECTIONS, DEFAULT_SWEEP_INTERVAL};
+use outbox_core::{ClaimMode, Error, MessageLimits, Result};
 
 /// MySQL's identifier rules (64 bytes, quoted with backticks), and so the rules of this
 /// crate's table configs: names are [`QualifiedName`]s, the default schema `outbox`.
@@ -64,6 +67,84 @@ pub type MySqlDedupConfig = TableConfig<MySqlRules, DedupTable>;
 /// Where a [`MySqlEntityStore`](crate::MySqlEntityStore) keeps entities (default
 /// `` `outbox`.`outbox_entities` ``).
 pub type MySqlEntityConfig = TableConfig<MySqlRules, EntityTable>;
+
+/// How a [`MySqlOutbox`](crate::MySqlOutbox)'s relays claim messages
+/// ([`MySqlOutbox::with_claims`](crate::MySqlOutbox::with_claims)).
+///
+/// ```
+/// use outbox_core::ClaimMode;
+/// use outbox_mysql::MySqlClaimConfig;
+///
+/// let claims = MySqlClaimConfig::default()
+///     .with_claim_mode(ClaimMode::HeldLock)
+///     .with_held_connections(8);
+/// assert_eq!(claims.held_connections(), 8);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MySqlClaimConfig {
+    mode: ClaimMode,
+    held_connections: u32,
+    sweep_interval: Duration,
+}
+
+impl Default for MySqlClaimConfig {
+    fn default() -> Self {
+        MySqlClaimConfig {
+            mode: ClaimMode::Lease,
+            held_connections: DEFAULT_HELD_CONNECTIONS,
+            sweep_interval: DEFAULT_SWEEP_INTERVAL,
+        }
+    }
+}
+
+impl MySqlClaimConfig {
+    /// Set how claims hold messages (default [`ClaimMode::Lease`]).
+    ///
+    /// With [`ClaimMode::HeldLock`] (MariaDB only: it bounds the held transaction with
+    /// `idle_transaction_timeout`, which MySQL lacks) a claim locks its rows in a
+    /// transaction on a connection of its own and writes nothing to them; the settle
+    /// runs in that transaction and commits it. The modes can share one table.
+    #[must_use]
+    pub fn with_claim_mode(mut self, mode: ClaimMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Set the most connections held-lock claims keep open at once (default
+    /// [`DEFAULT_HELD_CONNECTIONS`], at least 1): one per batch held, so at least
+    /// `pipeline_depth` of every relay on the store, plus one per concurrent
+    /// [`dispatch_ids`](outbox_core::Relay::dispatch_ids) call. Unused in lease mode.
+    #[must_use]
+    pub fn with_held_connections(mut self, connections: u32) -> Self {
+        self.held_connections = connections.max(1);
+        self
+    }
+
+    /// Set how often held-lock claims look for batches whose relay ended without
+    /// settling them, to charge their messages an attempt (default
+    /// [`DEFAULT_SWEEP_INTERVAL`]; zero sweeps before every claim). The first claim of
+    /// a store always sweeps.
+    #[must_use]
+    pub fn with_sweep_interval(mut self, interval: Duration) -> Self {
+        self.sweep_interval = interval;
+        self
+    }
+
+    /// How claims hold messages.
+    pub fn claim_mode(&self) -> ClaimMode {
+        self.mode
+    }
+
+    /// The most connections held-lock claims keep open.
+    pub fn held_connections(&self) -> u32 {
+        self.held_connections
+    }
+
+    /// How often held-lock claims sweep ended batches.
+    pub fn sweep_interval(&self) -> Duration {
+        self.sweep_interval
+    }
+}
 
 #[cfg(test)]
 mod tests {

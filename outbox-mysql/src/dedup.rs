@@ -102,7 +102,7 @@ impl MySqlDedupStore {
         let name = config.qualified_name()?;
         let retention_us = config.retention_micros()?;
         Ok(MySqlDedupStore {
-            pool: read_committed(&pool),
+            pool: read_committed(&pool, pool.options().get_max_connections()),
             caller: pool,
             sql: Arc::new(dedup_statements(&name)),
             purge_delete: format!(

@@ -5,6 +5,8 @@ mod config;
 mod dedup;
 mod entity;
 mod error;
+mod held;
+mod held_sql;
 mod lock;
 mod row;
 mod schema;
@@ -12,8 +14,8 @@ mod sql;
 mod store;
 
 pub use config::{
-    MySqlDedupConfig, MySqlEntityConfig, MySqlOutboxConfig, MySqlRules, QualifiedName,
-    MAX_TEXT_BYTES,
+    MySqlClaimConfig, MySqlDedupConfig, MySqlEntityConfig, MySqlOutboxConfig, MySqlRules,
+    QualifiedName, DEFAULT_HELD_CONNECTIONS, DEFAULT_SWEEP_INTERVAL, MAX_TEXT_BYTES,
 };
 pub use dedup::MySqlDedupStore;
 pub use entity::MySqlEntityStore;

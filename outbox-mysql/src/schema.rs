@@ -65,6 +65,9 @@ fn prelude(name: &QualifiedName) -> String {
 ///   dead-letter admin statements, in id order.
 /// - `<table>_seq` on `seq`: InnoDB's requirement for `AUTO_INCREMENT`.
 ///
+/// Beside it, `<table>_held`: the open batches of held-lock claims, one row each (see
+/// [`ClaimMode::HeldLock`](outbox_core::ClaimMode::HeldLock)), created in every mode.
+///
 /// Destinations and keys are `VARBINARY`, compared byte for byte; times are
 /// `DATETIME(6)` holding UTC, microseconds.
 pub(crate) fn outbox_objects(name: &QualifiedName) -> String {
@@ -95,7 +98,8 @@ pub(crate) fn outbox_objects(name: &QualifiedName) -> String {
     KEY {dispatched} (dispatched_at),
     KEY {dead} (dead_flag)
 ) ENGINE = InnoDB;
-",
+{held}",
+        held = crate::held_sql::held_registry(name),
         seq = index("seq"),
         due = index("due"),
         key = index("key"),

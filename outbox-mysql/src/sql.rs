@@ -31,7 +31,7 @@ pub(crate) const NOW: &str = "UTC_TIMESTAMP(6)";
 /// The message columns, as the claim and dead-letter pages read them. A time that is
 /// not a date (`0000-00-00`, written with `NO_ZERO_DATE` off) reads as `NULL` through
 /// `+ INTERVAL 0 SECOND`, so the row is poison instead of failing the statement.
-const COLUMNS: &str = "id, destination, partition_key, payload, content_type, headers, \
+pub(crate) const COLUMNS: &str = "id, destination, partition_key, payload, content_type, headers, \
                        created_at + INTERVAL 0 SECOND AS created_at, last_error";
 
 /// Prebuilt statement text; `{ids}` marks where an id list goes ([`with_ids`]).
@@ -120,9 +120,11 @@ impl Statements {
         let requeue = "dead_at = NULL, dispatched_at = NULL, attempts = 0, \
                        available_at = UTC_TIMESTAMP(6), lease_token = NULL";
         let dead = ix("dead");
+        // The chosen ids first, then the table by primary key: joined the other way
+        // round, the optimizer may scan the table and wait on rows a relay holds.
         let matching = format!(
-            "JOIN (SELECT id FROM {t} FORCE INDEX ({dead}) WHERE dead_flag = 1 AND {f} \
-             ORDER BY id LIMIT ?) AS x ON x.id = {t}.id",
+            "(SELECT id FROM {t} FORCE INDEX ({dead}) WHERE dead_flag = 1 AND {f} \
+             ORDER BY id LIMIT ?) AS x STRAIGHT_JOIN {t} FORCE INDEX (PRIMARY) ON {t}.id = x.id",
             f = dead_filter()
         );
         // Joined, not `IN (JSON_TABLE)`: MariaDB < 11.1 has no semijoin for a
@@ -130,6 +132,15 @@ impl Statements {
         // `STRAIGHT_JOIN`: the ids first, or a small table is scanned (and locked).
         let by_json =
             format!("{JSON_TABLE} STRAIGHT_JOIN {t} FORCE INDEX (PRIMARY) ON {t}.id = UNHEX(j.h)");
+        // The listed ids that are dead letters, found through `<table>_dead` (the rows
+        // a relay holds are never dead, so never read), then the table by primary key:
+        // reached by primary key first, a listed row a relay holds would be waited on.
+        // `DISTINCT` keeps the derived table from being merged.
+        let listed_dead = format!(
+            "(SELECT DISTINCT d.id FROM {JSON_TABLE} STRAIGHT_JOIN {t} AS d FORCE INDEX ({dead}) \
+             ON d.dead_flag = 1 AND d.id = UNHEX(j.h)) AS x \
+             STRAIGHT_JOIN {t} FORCE INDEX (PRIMARY) ON {t}.id = x.id"
+        );
         let dispatched = format!(
             "FROM {t} FORCE INDEX ({index}) WHERE dispatched_at < {cut}",
             index = ix("dispatched"),
@@ -197,10 +208,10 @@ impl Statements {
                     "SELECT COUNT(*) FROM {t} FORCE INDEX ({dead}) WHERE dead_flag = 1 AND {f}",
                     f = dead_filter()
                 ),
-                requeue_ids: format!("UPDATE {by_json} SET {requeue} WHERE {t}.dead_flag = 1"),
-                requeue_matching: format!("UPDATE {t} {matching} SET {requeue}"),
-                discard_ids: format!("DELETE {t} FROM {by_json} WHERE {t}.dead_flag = 1"),
-                discard_matching: format!("DELETE {t} FROM {t} {matching}"),
+                requeue_ids: format!("UPDATE {listed_dead} SET {requeue} WHERE {t}.dead_flag = 1"),
+                requeue_matching: format!("UPDATE {matching} SET {requeue}"),
+                discard_ids: format!("DELETE {t} FROM {listed_dead} WHERE {t}.dead_flag = 1"),
+                discard_matching: format!("DELETE {t} FROM {matching}"),
                 purge_dispatched: format!(
                     "SELECT JSON_QUOTE(HEX(id)) {dispatched} ORDER BY dispatched_at LIMIT ? \
                      FOR UPDATE SKIP LOCKED"

@@ -16,14 +16,19 @@ type Query<'q> = outbox_sqlx::Query<'q, sqlx::MySql>;
 
 use outbox_core::backend::{check_enqueue, in_id_order, limit_param, micros, validate_lease};
 use outbox_core::backend::{finish_claim, CommittedClaim, DecodedClaim};
+use outbox_core::backend::{HeldBatches, HeldWhich};
 use outbox_core::message::MAX_DELAY;
+use outbox_core::store::exclude_settled;
 use outbox_core::{
-    ClaimIds, ClaimRequest, Claimed, Disposition, Error, Failure, Lease, LeaseToken, MessageId,
-    NewMessage, OutboxStore, Renewed, Result, Settled, StoreCapabilities,
+    ClaimIds, ClaimMode, ClaimRequest, Claimed, Disposition, Error, Failure, Lease, LeaseToken,
+    MessageId, NewMessage, OutboxStore, Renewed, Result, Settled, SettledAndClaimed, Settlement,
+    StoreCapabilities,
 };
 
-use crate::config::{MySqlOutboxConfig, QualifiedName};
+use crate::config::{MySqlClaimConfig, MySqlOutboxConfig, QualifiedName};
 use crate::error::{from_sqlx, number};
+use crate::held::MySqlHeld;
+use crate::held_sql::{held_registry, HeldStatements};
 use crate::row::{decode_claimed, get};
 use crate::schema;
 use crate::sql::{padded, with_ids, Statements};
@@ -86,6 +91,9 @@ struct Inner {
     config: MySqlOutboxConfig,
     name: QualifiedName,
     sql: Statements,
+    claims: MySqlClaimConfig,
+    /// Present in [`ClaimMode::HeldLock`].
+    held: Option<HeldBatches<MySqlHeld>>,
 }
 
 impl fmt::Debug for MySqlOutbox {
@@ -109,7 +117,9 @@ enum Write {
 
 /// The JSON array [`Statements::fail`] reads: `[id, token, error, dead, retry µs]` a
 /// row, id and token in hex.
-fn fail_rows<'a>(rows: impl Iterator<Item = (Uuid, LeaseToken, &'a str, bool, i64)>) -> String {
+pub(crate) fn fail_rows<'a>(
+    rows: impl Iterator<Item = (Uuid, LeaseToken, &'a str, bool, i64)>,
+) -> String {
     let hex = |id: Uuid| id.simple().to_string();
     let rows = rows.map(|(id, token, error, dead, retry)| {
         serde_json::json!([hex(id), hex(token.as_uuid()), error, u8::from(dead), retry])
@@ -119,10 +129,10 @@ fn fail_rows<'a>(rows: impl Iterator<Item = (Uuid, LeaseToken, &'a str, bool, i6
 
 /// [`MySqlOutbox::relay_pool`] of `pool`: session settings belong in its connect
 /// options, as its `after_connect` hook is not copied.
-pub(crate) fn read_committed(pool: &MySqlPool) -> MySqlPool {
+pub(crate) fn read_committed(pool: &MySqlPool, max_connections: u32) -> MySqlPool {
     let options = pool.options();
     MySqlPoolOptions::new()
-        .max_connections(options.get_max_connections())
+        .max_connections(max_connections)
         .min_connections(options.get_min_connections())
         .acquire_timeout(options.get_acquire_timeout())
         .idle_timeout(options.get_idle_timeout())
@@ -149,9 +159,81 @@ impl MySqlOutbox {
         config.validate()?;
         let name = config.qualified_name()?;
         let sql = Statements::new(&name, &config);
-        let relay = read_committed(&pool);
-        let inner = Arc::new(Inner { config, name, sql });
+        let relay = read_committed(&pool, pool.options().get_max_connections());
+        let inner = Arc::new(Inner {
+            config,
+            name,
+            sql,
+            claims: MySqlClaimConfig::default(),
+            held: None,
+        });
         Ok(MySqlOutbox { pool, relay, inner })
+    }
+
+    /// This outbox with relays claiming as `claims` says (default: leases). With
+    /// [`ClaimMode::HeldLock`] the held transactions get a pool of their own (opened on
+    /// first use, `READ COMMITTED`, [`MySqlClaimConfig::held_connections`] connections);
+    /// see [`MySqlClaimConfig::with_claim_mode`].
+    #[must_use]
+    pub fn with_claims(self, claims: MySqlClaimConfig) -> Self {
+        let inner = &self.inner;
+        let held = (claims.claim_mode() == ClaimMode::HeldLock).then(|| {
+            let engine = MySqlHeld::new(
+                read_committed(&self.pool, claims.held_connections()),
+                self.relay.clone(),
+                HeldStatements::new(&inner.name, &inner.config, &inner.sql),
+                inner.config.limits().clone(),
+            );
+            HeldBatches::new(engine, claims.sweep_interval())
+        });
+        let inner = Arc::new(Inner {
+            config: inner.config.clone(),
+            name: inner.name.clone(),
+            sql: Statements::new(&inner.name, &inner.config),
+            claims,
+            held,
+        });
+        MySqlOutbox {
+            pool: self.pool,
+            relay: self.relay,
+            inner,
+        }
+    }
+
+    /// How relays claim from this outbox.
+    pub fn claims(&self) -> &MySqlClaimConfig {
+        &self.inner.claims
+    }
+
+    /// Charge an attempt to the messages of held-lock batches whose relay ended without
+    /// settling them (see [`ClaimMode::HeldLock`]); how many messages were charged.
+    /// Held-lock claims sweep on their own; this is for tools and tests. Charges nothing
+    /// in lease mode.
+    ///
+    /// # Errors
+    /// Mapped driver errors.
+    pub async fn sweep_held(&self) -> Result<u64> {
+        match &self.inner.held {
+            Some(held) => held.sweep().await,
+            None => Ok(0),
+        }
+    }
+
+    /// The connections held-lock claims hold their transactions on (none are opened in
+    /// lease mode), and how many batches are held open now.
+    pub fn held_pool(&self) -> Option<(&MySqlPool, usize)> {
+        self.inner
+            .held
+            .as_ref()
+            .map(|held| (held.engine().pool(), held.open_batches()))
+    }
+
+    /// The statistics statement: held-lock claims count registered batches in flight.
+    pub(crate) fn stats_sql(&self) -> &str {
+        match &self.inner.held {
+            Some(held) => held.engine().stats_sql(),
+            None => &self.inner.sql.stats,
+        }
     }
 
     /// The pool this outbox was made with: installs, stats and dead-letter pages run on
@@ -192,7 +274,13 @@ impl MySqlOutbox {
     /// another layout version; mapped driver errors otherwise.
     pub async fn install(&self) -> Result<()> {
         let name = &self.inner.name;
-        schema::install(&self.pool, name, &schema::outbox_objects(name)).await
+        schema::install(&self.pool, name, &schema::outbox_objects(name)).await?;
+        // Tables installed before held-lock claims existed lack the registry.
+        sqlx::raw_sql(&held_registry(name))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| from_sqlx("schema install (held-lock registry)", e))?;
+        Ok(())
     }
 
     /// The text of a relay or admin statement by name, with room for `ids` ids: for
@@ -419,10 +507,24 @@ outbox_core::schema_from_inherent!(
 impl OutboxStore for MySqlOutbox {
     fn capabilities(&self) -> StoreCapabilities {
         let config = &self.inner.config;
-        StoreCapabilities::new(config.ordering(), config.retention()).with_lease_renewal(true)
+        let claims = &self.inner.claims;
+        StoreCapabilities::new(config.ordering(), config.retention())
+            .with_lease_renewal(true)
+            .with_claim_mode(claims.claim_mode())
+            .with_batches_in_flight(
+                self.inner
+                    .held
+                    .as_ref()
+                    .map(|_| usize::try_from(claims.held_connections()).unwrap_or(usize::MAX)),
+            )
     }
 
     async fn claim(&self, request: ClaimRequest) -> Result<Claimed> {
+        if let Some(held) = &self.inner.held {
+            return held
+                .claim(HeldWhich::Due, request.limit(), request.lease())
+                .await;
+        }
         self.claim_with(&[], request.limit(), request.lease()).await
     }
 
@@ -431,14 +533,24 @@ impl OutboxStore for MySqlOutbox {
         if ids.is_empty() {
             return Ok(Claimed::default());
         }
+        if let Some(held) = &self.inner.held {
+            let which = HeldWhich::Ids(request.ids().to_vec());
+            return held.claim(which, ids.len(), request.lease()).await;
+        }
         self.claim_with(&ids, ids.len(), request.lease()).await
     }
 
     async fn complete(&self, leases: &[Lease]) -> Result<Settled> {
+        if let Some(held) = &self.inner.held {
+            return held.complete(leases).await;
+        }
         self.settled("complete", leases, Write::Complete).await
     }
 
     async fn fail(&self, failures: &[Failure]) -> Result<Settled> {
+        if let Some(held) = &self.inner.held {
+            return held.fail(failures).await;
+        }
         let leases: Vec<Lease> = failures.iter().map(|f| *f.lease()).collect();
         let mut rows = Vec::with_capacity(failures.len());
         for f in failures {
@@ -455,11 +567,47 @@ impl OutboxStore for MySqlOutbox {
     }
 
     async fn release(&self, leases: &[Lease]) -> Result<Settled> {
+        if let Some(held) = &self.inner.held {
+            return held.release(leases).await;
+        }
         self.settled("release", leases, Write::Release).await
+    }
+
+    /// In held-lock mode the settles commit their batches' transactions and the claim
+    /// begins the next, skipping what they named (a release or a retry at once is due
+    /// again); in lease mode, the settles and a claim one after the other, as the
+    /// trait's default.
+    async fn settle_and_claim(
+        &self,
+        settlement: Settlement<'_>,
+        next: ClaimRequest,
+    ) -> Result<SettledAndClaimed> {
+        let completed = self.complete(settlement.complete).await?;
+        let failed = self.fail(settlement.fail).await?;
+        let released = self.release(settlement.release).await?;
+        let claimed = match &self.inner.held {
+            Some(held) => {
+                let named = HeldWhich::Excluding(settlement.ids().collect());
+                held.claim(named, next.limit(), next.lease()).await
+            }
+            None => match self.claim(next).await {
+                Ok(claimed) => exclude_settled(self, claimed, &settlement).await,
+                Err(err) => Err(err),
+            },
+        };
+        Ok(SettledAndClaimed {
+            completed,
+            failed,
+            released,
+            claimed,
+        })
     }
 
     async fn renew(&self, leases: &[Lease], lease: Duration) -> Result<Renewed> {
         validate_lease(lease)?;
+        if let Some(held) = &self.inner.held {
+            return held.renew(leases, lease).await;
+        }
         let write = Write::Renew(micros("lease", lease)?);
         let applied = self
             .settle("renew", in_id_order(leases, |l| l.id), write)

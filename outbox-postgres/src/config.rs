@@ -55,13 +55,7 @@ pub enum Notify {
 /// (more calls queue for a connection).
 pub const DEFAULT_RELAY_CONNECTIONS: u32 = 4;
 
-/// The default of [`PgOutboxConfig::with_held_connections`]: the batches one relay
-/// holds at the default pipeline depth, plus one for a
-/// [`dispatch_ids`](outbox_core::Relay::dispatch_ids) call, plus one spare.
-pub const DEFAULT_HELD_CONNECTIONS: u32 = 4;
-
-/// The default of [`PgOutboxConfig::with_sweep_interval`].
-pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+pub use outbox_core::backend::held::{DEFAULT_HELD_CONNECTIONS, DEFAULT_SWEEP_INTERVAL};
 
 /// Where a [`PgOutbox`](crate::PgOutbox) keeps its messages and how it behaves.
 ///

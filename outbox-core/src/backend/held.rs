@@ -42,6 +42,14 @@ use crate::error::{Error, Result};
 use crate::message::MessageId;
 use crate::store::{Claimed, Failure, Lease, LeaseToken, Renewed, Settled};
 
+/// The default number of connections a store's held-lock claims keep open: the
+/// batches one relay holds at the default pipeline depth, plus one for a
+/// [`dispatch_ids`](crate::Relay::dispatch_ids) call, plus one spare.
+pub const DEFAULT_HELD_CONNECTIONS: u32 = 4;
+
+/// The default interval between sweeps of batches that ended without committing.
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Which due rows a held claim takes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HeldWhich {
@@ -322,6 +330,9 @@ impl<E: HeldEngine> HeldBatches<E> {
             .collect();
         ids.sort_unstable();
         ids.dedup();
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
         let result = match how {
             Settle::Release => Ok(ids.clone()),
             Settle::Complete => self.engine.complete(&mut batch.tx, &ids).await,

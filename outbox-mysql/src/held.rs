@@ -1,0 +1,425 @@
+//! Held-lock claims ([`ClaimMode::HeldLock`](outbox_core::ClaimMode::HeldLock)) on
+//! InnoDB: the row lock is the lease. The kit's
+//! [`HeldBatches`](outbox_core::backend::HeldBatches) keeps the open batches; this
+//! module is its engine.
+//!
+//! # Protocol
+//!
+//! 1. A claim runs on a connection of the held pool (READ COMMITTED, so locking reads
+//!    take no gap locks) in a transaction. One statement picks the due rows no open
+//!    batch has registered by a plain read of `<table>_due` (per-key heads included),
+//!    then locks them by primary key `FOR UPDATE SKIP LOCKED` and reads them, writing
+//!    nothing (see `held_sql` for why not one locking range scan). Before it, the session's
+//!    `idle_transaction_timeout` is set to the lease in whole seconds (rounded up; sent
+//!    only when it changes), so a relay that hangs between statements for longer has
+//!    its connection ended by the server, which rolls the batch back. That setting is
+//!    MariaDB's: MySQL has no bound on an idle transaction, and a claim there fails with
+//!    a [`Config`](outbox_core::ErrorKind::Config) error.
+//! 2. The batch is registered: one row of `<table>_held` (the claim's token, the ids as
+//!    a JSON array), inserted on the relay pool and committed before anything is
+//!    published.
+//! 3. Settles run in the claim's transaction, by primary key, with no token to match.
+//!    The settle that leaves no lease open deletes the registry row and sends `COMMIT;
+//!    BEGIN` in one round trip, keeping the new transaction for the next claim.
+//! 4. A batch that never commits rolls back; its registry row stays. InnoDB cannot say
+//!    whether another session's transaction is alive, so the **sweep** asks the rows
+//!    instead: it locks registry rows `SKIP LOCKED` (one a batch is deleting is
+//!    skipped), then the rows' undelivered messages `SKIP LOCKED`. A live batch holds
+//!    all of its messages locked until it commits, and its commit deletes its registry
+//!    row, so every message the sweep can lock belongs to a batch that ended without an
+//!    outcome: it is charged one attempt. A registry row keeps the ids still locked
+//!    (a live batch's, all of them; a dead batch's messages another claim took meanwhile)
+//!    and is deleted when none are left.
+//!
+//! Cost per batch: the claim, the registry insert (another connection), a settle
+//! statement per publish call, the registry delete and `COMMIT; BEGIN`.
+
+use std::collections::HashSet;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use chrono::NaiveDateTime;
+use outbox_core::backend::{
+    bounded_error, DecodedClaim, HeldEngine, HeldRows, HeldSelect, HeldWhich,
+};
+use outbox_core::backend::{limit_param, micros};
+use outbox_core::message::MAX_DELAY;
+use outbox_core::{Disposition, Error, ErrorKind, Failure, MessageId, MessageLimits, Result};
+use sqlx::{MySql, MySqlConnection, MySqlPool, Transaction};
+use uuid::Uuid;
+
+use crate::error::{from_sqlx, number};
+use crate::held_sql::HeldStatements;
+use crate::row::decode_claimed;
+use crate::sql::{padded, with_ids};
+use crate::store::fail_rows;
+
+/// A held transaction and what its session has armed.
+pub(crate) struct HeldTx {
+    tx: Transaction<'static, MySql>,
+    /// The registry key of the batch it holds, once a claim took rows.
+    batch: Option<Uuid>,
+    /// The session's `idle_transaction_timeout`, seconds, once this store set it.
+    armed: Option<u64>,
+}
+
+/// The InnoDB statements of held-lock claims.
+pub(crate) struct MySqlHeld {
+    /// The held transactions' connections.
+    pool: MySqlPool,
+    /// Registry writes and sweeps: the relay pool.
+    registry: MySqlPool,
+    sql: HeldStatements,
+    limits: MessageLimits,
+}
+
+/// The most seconds MariaDB's `idle_transaction_timeout` takes (one year).
+const MAX_IDLE_SECONDS: u64 = 31_536_000;
+
+/// `lease` as the whole seconds of an idle timeout: rounded up, at least 1.
+fn idle_seconds(lease: Duration) -> u64 {
+    let whole = lease.as_secs() + u64::from(lease.subsec_nanos() > 0);
+    whole.clamp(1, MAX_IDLE_SECONDS)
+}
+
+/// Ids as the JSON array of hex the statements read.
+fn json_ids(ids: impl IntoIterator<Item = Uuid>) -> String {
+    let hex: Vec<String> = ids.into_iter().map(|id| id.simple().to_string()).collect();
+    serde_json::Value::from(hex).to_string()
+}
+
+fn uuids(ids: &[MessageId]) -> Vec<Uuid> {
+    ids.iter().map(MessageId::as_uuid).collect()
+}
+
+impl MySqlHeld {
+    pub(crate) fn new(
+        pool: MySqlPool,
+        registry: MySqlPool,
+        sql: HeldStatements,
+        limits: MessageLimits,
+    ) -> Self {
+        MySqlHeld {
+            pool,
+            registry,
+            sql,
+            limits,
+        }
+    }
+
+    /// The held transactions' pool.
+    pub(crate) fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    /// The statistics statement that counts held messages as in flight.
+    pub(crate) fn stats_sql(&self) -> &str {
+        &self.sql.stats
+    }
+
+    /// Set the session's idle bound to `lease`, unless it is set to that already.
+    async fn arm(&self, tx: &mut HeldTx, lease: Duration) -> Result<()> {
+        let seconds = idle_seconds(lease);
+        if tx.armed == Some(seconds) {
+            return Ok(());
+        }
+        let result = sqlx::query(&self.sql.arm)
+            .bind(seconds)
+            .execute(&mut *tx.tx)
+            .await;
+        match result {
+            Ok(_) => {
+                tx.armed = Some(seconds);
+                Ok(())
+            }
+            // Unknown system variable: a MySQL server.
+            Err(err) if number(&err) == Some(1193) => Err(Error::new(
+                ErrorKind::Config,
+                "held-lock claims need MariaDB's idle_transaction_timeout to end the \
+                 transaction of a relay that hangs; this server has none (MySQL)",
+            )),
+            Err(err) => Err(from_sqlx("claim (idle timeout)", err)),
+        }
+    }
+
+    /// The sweep's one transaction: see the [module docs](self).
+    async fn sweep_once(&self) -> Result<u64> {
+        let err = |e| from_sqlx("sweep", e);
+        let mut tx = self.registry.begin().await.map_err(err)?;
+        let rows: Vec<(String, String)> = sqlx::query_as(&self.sql.swept)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err)?;
+        if rows.is_empty() {
+            tx.rollback().await.map_err(err)?;
+            return Ok(0);
+        }
+        let mut batches: Vec<(String, Vec<Uuid>)> = Vec::with_capacity(rows.len());
+        for (batch, ids) in rows {
+            let ids: Vec<String> = serde_json::from_str(&ids)
+                .map_err(|e| Error::new(ErrorKind::Decode, format!("registry row {batch}: {e}")))?;
+            let ids = ids
+                .iter()
+                .map(|h| Uuid::parse_str(h))
+                .collect::<std::result::Result<Vec<Uuid>, _>>()
+                .map_err(|e| Error::new(ErrorKind::Decode, format!("registry row {batch}: {e}")))?;
+            batches.push((batch, ids));
+        }
+        let listed = json_ids(batches.iter().flat_map(|(_, ids)| ids.iter().copied()));
+        let free: Vec<Uuid> = sqlx::query_scalar(&self.sql.free)
+            .bind(&listed)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err)?;
+        let undelivered: Vec<Uuid> = sqlx::query_scalar(&self.sql.undelivered)
+            .bind(&listed)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err)?;
+        let charged = if free.is_empty() {
+            0
+        } else {
+            sqlx::query(&self.sql.charge)
+                .bind(json_ids(free.iter().copied()))
+                .execute(&mut *tx)
+                .await
+                .map_err(err)?
+                .rows_affected()
+        };
+        let free: HashSet<Uuid> = free.into_iter().collect();
+        let busy: HashSet<Uuid> = undelivered
+            .into_iter()
+            .filter(|id| !free.contains(id))
+            .collect();
+        let mut ended = Vec::new();
+        for (batch, ids) in &batches {
+            let left: Vec<Uuid> = ids.iter().copied().filter(|id| busy.contains(id)).collect();
+            if left.is_empty() {
+                ended.push(serde_json::Value::from(batch.as_str()));
+            } else if left.len() < ids.len() {
+                sqlx::query(&self.sql.keep)
+                    .bind(json_ids(left))
+                    .bind(batch)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(err)?;
+            }
+        }
+        if !ended.is_empty() {
+            sqlx::query(&self.sql.drop_batches)
+                .bind(serde_json::Value::from(ended).to_string())
+                .execute(&mut *tx)
+                .await
+                .map_err(err)?;
+        }
+        tx.commit().await.map_err(err)?;
+        Ok(charged)
+    }
+}
+
+#[async_trait]
+impl HeldEngine for MySqlHeld {
+    type Tx = HeldTx;
+
+    async fn begin(&self) -> Result<HeldTx> {
+        let tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(|e| from_sqlx("claim (begin)", e))?;
+        Ok(HeldTx {
+            tx,
+            batch: None,
+            armed: None,
+        })
+    }
+
+    async fn select(&self, tx: &mut HeldTx, select: HeldSelect<'_>) -> Result<HeldRows> {
+        self.arm(tx, select.lease).await?;
+        let (sql, ids) = match select.which {
+            HeldWhich::Ids(ids) => (with_ids(&self.sql.claim_ids, ids.len()), uuids(ids)),
+            HeldWhich::Excluding(ids) if !ids.is_empty() => {
+                (with_ids(&self.sql.claim_excluding, ids.len()), uuids(ids))
+            }
+            HeldWhich::Due | HeldWhich::Excluding(_) => (self.sql.claim.clone(), Vec::new()),
+        };
+        let query = sqlx::query(&sql).bind(micros("lease", select.lease)?);
+        let limit = limit_param(select.limit);
+        let rows = padded(&ids)
+            .fold(query, |q, id| q.bind(id))
+            .bind(limit)
+            .bind(limit)
+            .fetch_all(&mut *tx.tx)
+            .await
+            .map_err(|e| from_sqlx("claim", e))?;
+        let decoded = decode_claimed(&rows, select.token, &self.limits)?;
+        let batch = select.token.as_uuid();
+        tx.batch = (!rows.is_empty()).then_some(batch);
+        Ok(HeldRows {
+            decoded: DecodedClaim {
+                claimed: decoded.claimed,
+                poison: decoded
+                    .poison
+                    .into_iter()
+                    .map(|(id, why)| (MessageId::from_uuid(id), why))
+                    .collect(),
+            },
+            batch: batch.simple().to_string(),
+        })
+    }
+
+    async fn dead_letter(
+        &self,
+        tx: &mut HeldTx,
+        poison: Vec<(MessageId, String)>,
+    ) -> Result<usize> {
+        let mut poison = poison;
+        poison.sort_by_key(|(id, _)| *id);
+        tracing::warn!(
+            ?poison,
+            "dead-lettering claimed outbox rows that cannot be delivered"
+        );
+        let token = outbox_core::LeaseToken::new();
+        let reasons: Vec<(Uuid, String)> = poison
+            .into_iter()
+            .map(|(id, why)| (id.as_uuid(), bounded_error(why)))
+            .collect();
+        let rows = reasons
+            .iter()
+            .map(|(id, why)| (*id, token, why.as_str(), true, 0));
+        let done = sqlx::query(&self.sql.fail)
+            .bind(fail_rows(rows))
+            .execute(&mut *tx.tx)
+            .await
+            .map_err(|e| from_sqlx("dead-lettering undeliverable rows", e))?;
+        Ok(usize::try_from(done.rows_affected()).unwrap_or(0))
+    }
+
+    async fn register(&self, batch: &str, ids: &[MessageId]) -> Result<()> {
+        sqlx::query(&self.sql.register)
+            .bind(batch)
+            .bind(json_ids(uuids(ids)))
+            .execute(&self.registry)
+            .await
+            .map_err(|e| from_sqlx("claim (registering the batch)", e))?;
+        Ok(())
+    }
+
+    async fn complete(&self, tx: &mut HeldTx, ids: &[MessageId]) -> Result<Vec<MessageId>> {
+        let sql = with_ids(&self.sql.complete, ids.len());
+        let ids_ = uuids(ids);
+        padded(&ids_)
+            .fold(sqlx::query(&sql), |q, id| q.bind(id))
+            .execute(&mut *tx.tx)
+            .await
+            .map_err(|e| from_sqlx("complete", e))?;
+        // The rows are locked by this transaction since the claim, undelivered.
+        Ok(ids.to_vec())
+    }
+
+    async fn fail(&self, tx: &mut HeldTx, failures: &[&Failure]) -> Result<Vec<MessageId>> {
+        let mut rows = Vec::with_capacity(failures.len());
+        for f in failures {
+            let (dead, after) = match f.disposition() {
+                Disposition::Retry { after } => (false, after.min(MAX_DELAY)),
+                Disposition::DeadLetter => (true, Duration::ZERO),
+            };
+            let lease = f.lease();
+            let retry_us = micros("retry delay", after)?;
+            rows.push((lease.id.as_uuid(), lease.token, f.error(), dead, retry_us));
+        }
+        sqlx::query(&self.sql.fail)
+            .bind(fail_rows(rows.into_iter()))
+            .execute(&mut *tx.tx)
+            .await
+            .map_err(|e| from_sqlx("fail", e))?;
+        Ok(failures.iter().map(|f| f.lease().id).collect())
+    }
+
+    async fn finish(&self, mut tx: HeldTx, _by_release: bool) -> Result<HeldTx> {
+        if let Some(batch) = tx.batch.take() {
+            sqlx::query(&self.sql.unregister)
+                .bind(batch)
+                .execute(&mut *tx.tx)
+                .await
+                .map_err(|e| from_sqlx("settle (ending the batch)", e))?;
+        }
+        let conn: &mut MySqlConnection = &mut tx.tx;
+        sqlx::Executor::execute(conn, "COMMIT; BEGIN")
+            .await
+            .map_err(|e| from_sqlx("settle (commit)", e))?;
+        Ok(tx)
+    }
+
+    async fn renew(&self, tx: &mut HeldTx, lease: Duration) -> Result<SystemTime> {
+        tx.armed = None;
+        self.arm(tx, lease).await?;
+        let expires: NaiveDateTime =
+            sqlx::query_scalar("SELECT UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND")
+                .bind(micros("lease", lease)?)
+                .fetch_one(&mut *tx.tx)
+                .await
+                .map_err(|e| from_sqlx("renew", e))?;
+        Ok(expires.and_utc().into())
+    }
+
+    async fn sweep(&self) -> Result<u64> {
+        self.sweep_once().await
+    }
+
+    fn session_gone(&self, err: &Error) -> bool {
+        session_gone(err)
+    }
+}
+
+/// Whether `err` means the held transaction's session is gone: the connection broke,
+/// or the server ended it (idle transaction timeout, `KILL`, shutdown).
+fn session_gone(err: &Error) -> bool {
+    use std::error::Error as _;
+    let mut source = err.source();
+    while let Some(cause) = source {
+        if let Some(sqlx_err) = cause.downcast_ref::<sqlx::Error>() {
+            return match sqlx_err {
+                sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed => true,
+                // Shutdown, network errors, connection killed, client idle timeout.
+                other => number(other).is_some_and(|n| {
+                    matches!(n, 1053 | 1152 | 1158..=1161 | 1927 | 2006 | 2013 | 4031)
+                }),
+            };
+        }
+        source = cause.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_idle_bound_is_the_lease_in_whole_seconds_rounded_up() {
+        assert_eq!(idle_seconds(Duration::from_millis(1)), 1);
+        assert_eq!(idle_seconds(Duration::from_secs(30)), 30);
+        assert_eq!(idle_seconds(Duration::from_millis(30_001)), 31);
+        assert_eq!(
+            idle_seconds(Duration::from_secs(u64::MAX)),
+            MAX_IDLE_SECONDS
+        );
+    }
+
+    #[test]
+    fn ids_are_a_json_array_of_hex() {
+        let id = Uuid::from_u128(0xab);
+        assert_eq!(json_ids([id]), format!("[\"{}\"]", id.simple()));
+    }
+
+    #[test]
+    fn a_broken_connection_is_a_gone_session() {
+        let io = from_sqlx(
+            "settle",
+            sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::BrokenPipe)),
+        );
+        assert!(session_gone(&io));
+        assert!(!session_gone(&Error::new(ErrorKind::Storage, "other")));
+    }
+}
