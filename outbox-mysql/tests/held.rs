@@ -1,0 +1,190 @@
+//! Held-lock claims (`ClaimMode::HeldLock`) on MariaDB beyond the conformance suite,
+//! which runs whole in that mode: a claim writes nothing to its rows, a batch whose
+//! connection dies is claimable at once and charged its attempt, and the server ends a
+//! batch left idle past its lease.
+//!
+//! Run: `OUTBOX_MYSQL_URL=mysql://root@127.0.0.1:3306/outbox_test cargo test -p outbox-mysql --test held`
+
+mod common;
+
+use std::time::Duration;
+
+use outbox_core::{ClaimMode, ClaimRequest, ClaimedMessage, ErrorKind, NewMessage, OutboxAdmin};
+use outbox_core::{OutboxStore, OutboxStoreExt};
+use outbox_mysql::{MySqlClaimConfig, MySqlOutbox, MySqlOutboxConfig};
+use outbox_testkit::wait_until;
+use sqlx::MySqlPool;
+
+const LONG: Duration = Duration::from_secs(300);
+
+/// A held-lock outbox in `schema` whose claims hold at most `connections` batches and
+/// sweep before every claim.
+async fn held_outbox(pool: &MySqlPool, schema: &str, connections: u32) -> MySqlOutbox {
+    let config = MySqlOutboxConfig::default().with_schema(schema);
+    let claims = MySqlClaimConfig::default()
+        .with_claim_mode(ClaimMode::HeldLock)
+        .with_held_connections(connections)
+        .with_sweep_interval(Duration::ZERO);
+    let outbox = MySqlOutbox::new(pool.clone(), config)
+        .unwrap()
+        .with_claims(claims);
+    outbox.install().await.unwrap();
+    outbox
+}
+
+async fn enqueue(outbox: &MySqlOutbox, count: usize) {
+    let messages: Vec<NewMessage> = (0..count)
+        .map(|i| {
+            NewMessage::builder("held")
+                .payload(vec![u8::try_from(i).unwrap()])
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let mut tx = outbox.pool().begin().await.unwrap();
+    outbox.enqueue(&mut tx, &messages).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+async fn claim(store: &MySqlOutbox, lease: Duration) -> Vec<ClaimedMessage> {
+    store
+        .claim(ClaimRequest::new(10, lease).unwrap())
+        .await
+        .unwrap()
+        .into_messages()
+}
+
+/// The server's id of the one connection of `store`'s held pool (made with one
+/// connection, so its next claim runs on it).
+async fn held_connection_id(store: &MySqlOutbox) -> u64 {
+    let (held, _) = store.held_pool().expect("held-lock mode");
+    let mut conn = held.acquire().await.unwrap();
+    sqlx::query_scalar("SELECT CONNECTION_ID()")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+}
+
+async fn connection_alive(pool: &MySqlPool, id: u64) -> bool {
+    let n: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    n > 0
+}
+
+/// End connection `id` as the server does when the process holding it dies, and wait
+/// until it is gone.
+async fn kill(pool: &MySqlPool, id: u64) {
+    sqlx::query("KILL CONNECTION ?")
+        .bind(id)
+        .execute(pool)
+        .await
+        .unwrap();
+    wait_until("the killed connection to end", || async {
+        !connection_alive(pool, id).await
+    })
+    .await;
+}
+
+async fn row(pool: &MySqlPool, store: &MySqlOutbox) -> (i32, bool, String) {
+    let sql = format!(
+        "SELECT attempts, lease_token IS NULL, CAST(available_at AS CHAR) FROM {}",
+        store.qualified_name()
+    );
+    sqlx::query_as(&sql).fetch_one(pool).await.unwrap()
+}
+
+/// The row a held claim takes keeps every column: the claim wrote nothing. Stats count
+/// the message in flight.
+#[tokio::test]
+async fn a_held_claim_writes_nothing_to_its_rows() {
+    let Some(url) = common::url("held-lock claims") else {
+        return;
+    };
+    let pool = common::pool(&url, 4).await;
+    let store = held_outbox(&pool, &common::schema_name(), 2).await;
+    enqueue(&store, 1).await;
+    let before = row(&pool, &store).await;
+    let got = claim(&store, LONG).await;
+    assert_eq!(got[0].message.attempts, 1, "the attempt it starts");
+    assert_eq!(row(&pool, &store).await, before, "the claim wrote nothing");
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.in_flight), (0, 1));
+    store.complete_one(&got[0].lease).await.unwrap();
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.in_flight), (0, 0));
+}
+
+/// A batch whose connection dies is claimable at once, charged the attempt it
+/// started; its leases are lost; a message claimed through three dead connections
+/// starts its fourth attempt (a relay allowing three dead-letters it unpublished).
+#[tokio::test]
+async fn a_batch_whose_connection_dies_is_charged_and_claimable_at_once() {
+    let Some(url) = common::url("held-lock claims") else {
+        return;
+    };
+    let pool = common::pool(&url, 4).await;
+    let schema = common::schema_name();
+    let first = held_outbox(&pool, &schema, 1).await;
+    enqueue(&first, 1).await;
+    let id = held_connection_id(&first).await;
+    let got = claim(&first, LONG).await;
+    assert_eq!(got[0].message.attempts, 1);
+    kill(&pool, id).await;
+    let err = first.complete_one(&got[0].lease).await.unwrap_err();
+    assert_eq!(
+        err.kind(),
+        ErrorKind::LeaseLost,
+        "the batch ended with its connection"
+    );
+    for attempt in 2..=3 {
+        let store = held_outbox(&pool, &schema, 1).await;
+        let id = held_connection_id(&store).await;
+        let again = claim(&store, LONG).await;
+        assert_eq!(again.len(), 1, "claimable at once");
+        assert_eq!(
+            again[0].message.attempts, attempt,
+            "the dead batch was charged"
+        );
+        kill(&pool, id).await;
+    }
+    let last = held_outbox(&pool, &schema, 1).await;
+    let again = claim(&last, LONG).await;
+    assert_eq!(again[0].message.attempts, 4);
+    last.complete_one(&again[0].lease).await.unwrap();
+    let registered: i64 = sqlx::query_scalar(&format!(
+        "SELECT COUNT(*) FROM `{schema}`.`outbox_messages_held`"
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(registered, 0, "every batch's registry row is gone");
+}
+
+/// A batch left idle past its lease has its connection ended by the server
+/// (`idle_transaction_timeout`), which releases its rows.
+#[tokio::test]
+async fn the_server_ends_a_batch_idle_past_its_lease() {
+    let Some(url) = common::url("held-lock claims") else {
+        return;
+    };
+    let pool = common::pool(&url, 4).await;
+    let schema = common::schema_name();
+    let store = held_outbox(&pool, &schema, 1).await;
+    enqueue(&store, 1).await;
+    let id = held_connection_id(&store).await;
+    let got = claim(&store, Duration::from_secs(1)).await;
+    assert_eq!(got.len(), 1);
+    wait_until("the server to end the idle batch", || async {
+        !connection_alive(&pool, id).await
+    })
+    .await;
+    let err = store.complete_one(&got[0].lease).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LeaseLost);
+    let other = held_outbox(&pool, &schema, 1).await;
+    let again = claim(&other, LONG).await;
+    assert_eq!(again[0].message.attempts, 2, "the ended batch was charged");
+}
