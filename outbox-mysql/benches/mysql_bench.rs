@@ -25,8 +25,11 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::NaiveDateTime;
-use outbox_core::{Message, NewMessage, PublishOutcome, Publisher, Relay, RelayConfig, Result};
-use outbox_mysql::{MySqlOutbox, MySqlOutboxConfig};
+use outbox_core::{
+    ClaimMode, Message, NewMessage, PublishOutcome, Publisher, Relay, RelayConfig, Result,
+    DEFAULT_PIPELINE_DEPTH,
+};
+use outbox_mysql::{MySqlClaimConfig, MySqlOutbox, MySqlOutboxConfig};
 use outbox_testkit::cpu::{self, Server};
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{MySqlPool, Row};
@@ -58,11 +61,15 @@ async fn main() -> Result<()> {
          (client = this process, server = the database process)\n",
         if quick { "quick" } else { "full" }
     );
-    println!("## Drain: relays vs the library's claim + complete SQL in a minimal loop\n");
     println!(
-        "| batch | relays | msgs | library msg/s | raw SQL msg/s | library/raw | \
-         library CPU client/server | raw CPU client/server |\n\
-         |---:|---:|---:|---:|---:|---:|---:|---:|"
+        "## Drain: relays (lease and held-lock claims) vs the library's lease claim + \
+         complete SQL in a minimal loop\n"
+    );
+    println!(
+        "| batch | relays | msgs | library msg/s | held-lock msg/s | raw SQL msg/s | \
+         library/raw | held/raw | library CPU client/server | held CPU client/server | \
+         raw CPU client/server |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for batch in BATCHES {
         let messages: u64 = match (batch, quick) {
@@ -73,18 +80,23 @@ async fn main() -> Result<()> {
             (_, false) => 40_000,
         };
         for relays in RELAYS {
-            let (mut library, mut raw) = (Vec::new(), Vec::new());
+            let (mut library, mut held, mut raw) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..repeats {
-                library.push(drain(&pool, messages, batch, relays, false).await?);
-                raw.push(drain(&pool, messages, batch, relays, true).await?);
+                library.push(drain(&pool, messages, batch, relays, Drain::Lease).await?);
+                held.push(drain(&pool, messages, batch, relays, Drain::Held).await?);
+                raw.push(drain(&pool, messages, batch, relays, Drain::Raw).await?);
             }
-            let (library, raw) = (median(library), median(raw));
+            let (library, held, raw) = (median(library), median(held), median(raw));
             println!(
-                "| {batch} | {relays} | {messages} | {:.0} | {:.0} | {:.2} | {} | {} |",
+                "| {batch} | {relays} | {messages} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {} \
+                 | {} | {} |",
                 library.rate,
+                held.rate,
                 raw.rate,
                 library.rate / raw.rate,
+                held.rate / raw.rate,
                 library.cpu(),
+                held.cpu(),
                 raw.cpu()
             );
         }
@@ -169,15 +181,34 @@ async fn drop_database(outbox: &MySqlOutbox) -> Result<()> {
     Ok(())
 }
 
-/// Load `messages`, then drain them with relays or with the raw loop.
+/// Who drains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drain {
+    /// Relays on a lease-mode store.
+    Lease,
+    /// Relays on a held-lock store (connections for every relay's pipeline).
+    Held,
+    /// The lease statements in a minimal loop.
+    Raw,
+}
+
+/// Load `messages`, then drain them as `how` says.
 async fn drain(
     pool: &MySqlPool,
     messages: u64,
     batch: usize,
     workers: usize,
-    raw: bool,
+    how: Drain,
 ) -> Result<Figure> {
-    let outbox = outbox(pool).await?;
+    let mut outbox = outbox(pool).await?;
+    if how == Drain::Held {
+        let connections = u32::try_from(workers * (DEFAULT_PIPELINE_DEPTH + 1)).unwrap_or(u32::MAX);
+        outbox = outbox.with_claims(
+            MySqlClaimConfig::default()
+                .with_claim_mode(ClaimMode::HeldLock)
+                .with_held_connections(connections),
+        );
+    }
     let mut left = messages;
     while left > 0 {
         let n = left.min(1000);
@@ -193,7 +224,7 @@ async fn drain(
         tx.commit().await.map_err(storage)?;
         left -= n;
     }
-    let figure = if raw {
+    let figure = if how == Drain::Raw {
         measure(messages, drain_raw(&outbox, batch, workers)).await?
     } else {
         measure(messages, drain_library(&outbox, batch, workers, messages)).await?
