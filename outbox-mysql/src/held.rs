@@ -338,17 +338,38 @@ impl HeldEngine for MySqlHeld {
 
     async fn finish(&self, mut tx: HeldTx, _by_release: bool) -> Result<HeldTx> {
         if let Some(batch) = tx.batch.take() {
-            sqlx::query(&self.sql.unregister)
+            let done = sqlx::query(&self.sql.unregister)
                 .bind(batch)
                 .execute(&mut *tx.tx)
-                .await
-                .map_err(|e| from_sqlx("settle (ending the batch)", e))?;
+                .await;
+            if let Err(err) = done {
+                self.abandon(tx).await;
+                return Err(from_sqlx("settle (ending the batch)", err));
+            }
         }
         let conn: &mut MySqlConnection = &mut tx.tx;
-        sqlx::Executor::execute(conn, "COMMIT; BEGIN")
-            .await
-            .map_err(|e| from_sqlx("settle (commit)", e))?;
+        let done = sqlx::Executor::execute(conn, "COMMIT; BEGIN").await;
+        if let Err(err) = done {
+            self.abandon(tx).await;
+            return Err(from_sqlx("settle (commit)", err));
+        }
         Ok(tx)
+    }
+
+    async fn restart(&self, mut tx: HeldTx) -> Result<HeldTx> {
+        let conn: &mut MySqlConnection = &mut tx.tx;
+        let done = sqlx::Executor::execute(conn, "ROLLBACK; BEGIN").await;
+        if let Err(err) = done {
+            self.abandon(tx).await;
+            return Err(from_sqlx("claim (rolling back an empty claim)", err));
+        }
+        Ok(tx)
+    }
+
+    async fn abandon(&self, tx: HeldTx) {
+        if let Err(err) = tx.tx.rollback().await {
+            tracing::debug!(error = %err, "rolling back an ended held batch");
+        }
     }
 
     async fn renew(&self, tx: &mut HeldTx, lease: Duration) -> Result<SystemTime> {

@@ -235,16 +235,35 @@ impl HeldEngine for PgHeld {
     /// trip.
     async fn finish(&self, mut tx: Self::Tx, by_release: bool) -> Result<Self::Tx> {
         if by_release {
-            sqlx::query(&self.sql.unregister)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| from_sqlx("release", e))?;
+            let done = sqlx::query(&self.sql.unregister).execute(&mut *tx).await;
+            if let Err(err) = done {
+                self.abandon(tx).await;
+                return Err(from_sqlx("release", err));
+            }
         }
         let conn: &mut PgConnection = &mut tx;
-        sqlx::Executor::execute(conn, "COMMIT; BEGIN")
-            .await
-            .map_err(|e| from_sqlx("settle (commit)", e))?;
+        let done = sqlx::Executor::execute(conn, "COMMIT; BEGIN").await;
+        if let Err(err) = done {
+            self.abandon(tx).await;
+            return Err(from_sqlx("settle (commit)", err));
+        }
         Ok(tx)
+    }
+
+    async fn restart(&self, mut tx: Self::Tx) -> Result<Self::Tx> {
+        let conn: &mut PgConnection = &mut tx;
+        let done = sqlx::Executor::execute(conn, "ROLLBACK; BEGIN").await;
+        if let Err(err) = done {
+            self.abandon(tx).await;
+            return Err(from_sqlx("claim (rolling back an empty claim)", err));
+        }
+        Ok(tx)
+    }
+
+    async fn abandon(&self, tx: Self::Tx) {
+        if let Err(err) = tx.rollback().await {
+            tracing::debug!(error = %err, "rolling back an ended held batch");
+        }
     }
 
     async fn renew(&self, tx: &mut Self::Tx, lease: Duration) -> Result<SystemTime> {

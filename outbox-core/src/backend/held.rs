@@ -6,7 +6,9 @@
 //! # The protocol every engine follows
 //!
 //! 1. A claim begins a transaction (or takes one kept ready) and locks the due rows,
-//!    skipping locked ones, writing nothing to them ([`HeldEngine::select`]). It bounds
+//!    skipping locked ones, writing nothing to them ([`HeldEngine::select`]). A claim
+//!    that returns nothing rolls back ([`HeldEngine::restart`]): it may hold a row it
+//!    locked and then did not return. It bounds
 //!    how long the transaction may sit idle by the lease, so a relay that hangs has its
 //!    session ended by the server, which releases the rows.
 //! 2. Poison rows are dead-lettered in that transaction
@@ -119,8 +121,21 @@ pub trait HeldEngine: Send + Sync + 'static {
 
     /// End the batch: delete its registry row (unless a settle statement did, when
     /// `by_release` is false and the engine's settles do) and commit; begin the next
-    /// transaction on the connection and return it.
+    /// transaction on the connection and return it. On an error, roll back as
+    /// [`abandon`](Self::abandon) does before returning it.
     async fn finish(&self, tx: Self::Tx, by_release: bool) -> Result<Self::Tx>;
+
+    /// Roll `tx` back and begin the next transaction on its connection (one round trip
+    /// where the engine can): after a claim that returned nothing, which may still
+    /// have locked rows (PostgreSQL keeps the lock on a row that changed under a
+    /// `FOR UPDATE` scan and then failed its re-check). On an error, roll back as
+    /// [`abandon`](Self::abandon) does before returning it.
+    async fn restart(&self, tx: Self::Tx) -> Result<Self::Tx>;
+
+    /// Roll `tx` back now, ignoring errors (its session may be gone). A transaction
+    /// that is only dropped may be rolled back when its connection is next used, and
+    /// keep its row locks until then.
+    async fn abandon(&self, tx: Self::Tx);
 
     /// Bound the transaction's idle time by `lease` again; the leases' new expiry.
     async fn renew(&self, tx: &mut Self::Tx, lease: Duration) -> Result<SystemTime>;
@@ -153,9 +168,9 @@ enum Settle<'a> {
 pub struct HeldBatches<E: HeldEngine> {
     engine: E,
     batches: Mutex<HashMap<LeaseToken, Slot<E::Tx>>>,
-    /// Transactions begun and not yet used: the commit that ends a batch begins the
-    /// next one in the same round trip, and a claim that finds nothing leaves its
-    /// transaction here (it locked nothing and wrote nothing).
+    /// Transactions begun and not yet used: the commit that ends a batch, and the
+    /// rollback that ends a claim that found nothing, begin the next one in the same
+    /// round trip.
     ready: Mutex<Vec<E::Tx>>,
     sweep_interval: Duration,
     /// When the last sweep started (`None` before the first claim).
@@ -222,21 +237,35 @@ impl<E: HeldEngine> HeldBatches<E> {
                 Ok(rows) => break (tx, rows),
                 // A transaction kept ready may have lost its session meanwhile (a server
                 // that ends idle transactions, a restart): claim on a new one.
-                Err(err) if reused && self.engine.session_gone(&err) => drop(tx),
-                Err(err) => return Err(err),
+                Err(err) if reused && self.engine.session_gone(&err) => {
+                    self.engine.abandon(tx).await;
+                }
+                Err(err) => {
+                    self.engine.abandon(tx).await;
+                    return Err(err);
+                }
             }
         };
         let DecodedClaim { claimed, poison } = rows.decoded;
         if claimed.is_empty() && poison.is_empty() {
-            // It locked nothing: keep it for the next claim.
-            locked(&self.ready).push(tx);
+            // It returned nothing, but may hold locks on rows it skipped: start over
+            // and keep the new transaction for the next claim.
+            if let Ok(next) = self.engine.restart(tx).await {
+                locked(&self.ready).push(next);
+            }
             return Ok(Claimed::default());
         }
-        // An error from here on drops `tx`, which rolls the claim back.
+        // An error from here on rolls the claim back.
         let dead_lettered = if poison.is_empty() {
             0
         } else {
-            self.engine.dead_letter(&mut tx, poison).await?
+            match self.engine.dead_letter(&mut tx, poison).await {
+                Ok(n) => n,
+                Err(err) => {
+                    self.engine.abandon(tx).await;
+                    return Err(err);
+                }
+            }
         };
         if claimed.is_empty() {
             let next = self.engine.finish(tx, true).await?;
@@ -245,7 +274,10 @@ impl<E: HeldEngine> HeldBatches<E> {
         }
         let open: HashSet<MessageId> = claimed.iter().map(|c| c.message.id).collect();
         let listed: Vec<MessageId> = open.iter().copied().collect();
-        self.engine.register(&rows.batch, &listed).await?;
+        if let Err(err) = self.engine.register(&rows.batch, &listed).await {
+            self.engine.abandon(tx).await;
+            return Err(err);
+        }
         locked(&self.batches).insert(
             token,
             Arc::new(tokio::sync::Mutex::new(Some(Batch { tx, open }))),
@@ -350,9 +382,8 @@ impl<E: HeldEngine> HeldBatches<E> {
             Ok(applied) => applied,
             Err(err) => {
                 // The transaction is aborted (or its session gone): the batch ends here,
-                // rolled back when dropped, and its messages are due again.
-                *guard = None;
-                locked(&self.batches).remove(&token);
+                // rolled back, and its messages are due again.
+                self.end_batch(token, guard.take()).await;
                 return self.ended(err).map(|()| Vec::new());
             }
         };
@@ -373,6 +404,14 @@ impl<E: HeldEngine> HeldBatches<E> {
                 Ok(applied)
             }
             Err(err) => self.ended(err).map(|()| Vec::new()),
+        }
+    }
+
+    /// Forget the batch `token` and roll its transaction back.
+    async fn end_batch(&self, token: LeaseToken, batch: Option<Batch<E::Tx>>) {
+        locked(&self.batches).remove(&token);
+        if let Some(batch) = batch {
+            self.engine.abandon(batch.tx).await;
         }
     }
 
@@ -413,8 +452,7 @@ impl<E: HeldEngine> HeldBatches<E> {
                         .map(|id| (id, expires)),
                 ),
                 Err(err) => {
-                    *guard = None;
-                    locked(&self.batches).remove(&token);
+                    self.end_batch(token, guard.take()).await;
                     self.ended(err)?;
                 }
             }

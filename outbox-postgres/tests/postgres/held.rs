@@ -391,7 +391,7 @@ async fn a_held_claim_dead_letters_poison_rows() {
 }
 
 /// A settle the server refuses (here a trigger another tool installed) ends the batch,
-/// rolled back, and comes back as the error, not as lost leases; the messages are due
+/// rolled back at once, and comes back as the error, not as lost leases; the messages are due
 /// again at once.
 #[tokio::test]
 async fn a_refused_settle_is_an_error_and_rolls_the_batch_back() {
@@ -423,6 +423,12 @@ async fn a_refused_settle_is_an_error_and_rolls_the_batch_back() {
         Some(0),
         "the batch ended"
     );
+    // Rolled back at once, not when its connection is next used: another session can
+    // lock the row without waiting.
+    sqlx::query(&format!("SELECT id FROM {t} FOR UPDATE NOWAIT"))
+        .fetch_all(&pool)
+        .await
+        .expect("the ended batch's row lock is gone");
     let again = one_claim(&outbox).await;
     assert_eq!(again.len(), 1, "due again at once");
     assert_eq!(again[0].message.attempts, 1, "no attempt was written");
