@@ -39,12 +39,9 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use chrono::NaiveDateTime;
-use outbox_core::backend::{
-    bounded_error, DecodedClaim, HeldEngine, HeldRows, HeldSelect, HeldWhich,
-};
+use outbox_core::backend::{bounded_error, HeldEngine, HeldRows, HeldSelect, HeldWhich};
 use outbox_core::backend::{limit_param, micros};
-use outbox_core::message::MAX_DELAY;
-use outbox_core::{Disposition, Error, ErrorKind, Failure, MessageId, MessageLimits, Result};
+use outbox_core::{Error, ErrorKind, Failure, MessageId, MessageLimits, Result};
 use sqlx::{MySql, MySqlConnection, MySqlPool, Transaction};
 use uuid::Uuid;
 
@@ -52,7 +49,7 @@ use crate::error::{from_sqlx, number};
 use crate::held_sql::HeldStatements;
 use crate::row::decode_claimed;
 use crate::sql::{padded, with_ids};
-use crate::store::fail_rows;
+use crate::store::{fail_rows, failure_rows};
 
 /// A held transaction and what its session has armed.
 pub(crate) struct HeldTx {
@@ -256,14 +253,7 @@ impl HeldEngine for MySqlHeld {
         let batch = select.token.as_uuid();
         tx.batch = (!rows.is_empty()).then_some(batch);
         Ok(HeldRows {
-            decoded: DecodedClaim {
-                claimed: decoded.claimed,
-                poison: decoded
-                    .poison
-                    .into_iter()
-                    .map(|(id, why)| (MessageId::from_uuid(id), why))
-                    .collect(),
-            },
+            decoded: decoded.map_ids(MessageId::from_uuid),
             batch: batch.simple().to_string(),
         })
     }
@@ -318,18 +308,8 @@ impl HeldEngine for MySqlHeld {
     }
 
     async fn fail(&self, tx: &mut HeldTx, failures: &[&Failure]) -> Result<Vec<MessageId>> {
-        let mut rows = Vec::with_capacity(failures.len());
-        for f in failures {
-            let (dead, after) = match f.disposition() {
-                Disposition::Retry { after } => (false, after.min(MAX_DELAY)),
-                Disposition::DeadLetter => (true, Duration::ZERO),
-            };
-            let lease = f.lease();
-            let retry_us = micros("retry delay", after)?;
-            rows.push((lease.id.as_uuid(), lease.token, f.error(), dead, retry_us));
-        }
         sqlx::query(&self.sql.fail)
-            .bind(fail_rows(rows.into_iter()))
+            .bind(failure_rows(failures.iter().copied())?)
             .execute(&mut *tx.tx)
             .await
             .map_err(|e| from_sqlx("fail", e))?;

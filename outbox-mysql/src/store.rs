@@ -127,6 +127,22 @@ pub(crate) fn fail_rows<'a>(
     serde_json::Value::from(rows.collect::<Vec<_>>()).to_string()
 }
 
+/// [`fail_rows`] of `failures`: each one's disposition as a dead flag and a retry
+/// delay (capped at [`MAX_DELAY`]).
+pub(crate) fn failure_rows<'a>(failures: impl Iterator<Item = &'a Failure>) -> Result<String> {
+    let mut rows = Vec::new();
+    for f in failures {
+        let (dead, after) = match f.disposition() {
+            Disposition::Retry { after } => (false, after.min(MAX_DELAY)),
+            Disposition::DeadLetter => (true, Duration::ZERO),
+        };
+        let lease = f.lease();
+        let retry_us = micros("retry delay", after)?;
+        rows.push((lease.id.as_uuid(), lease.token, f.error(), dead, retry_us));
+    }
+    Ok(fail_rows(rows.into_iter()))
+}
+
 /// [`MySqlOutbox::relay_pool`] of `pool`: session settings belong in its connect
 /// options, as its `after_connect` hook is not copied.
 pub(crate) fn read_committed(pool: &MySqlPool, max_connections: u32) -> MySqlPool {
@@ -552,17 +568,7 @@ impl OutboxStore for MySqlOutbox {
             return held.fail(failures).await;
         }
         let leases: Vec<Lease> = failures.iter().map(|f| *f.lease()).collect();
-        let mut rows = Vec::with_capacity(failures.len());
-        for f in failures {
-            let (dead, after) = match f.disposition() {
-                Disposition::Retry { after } => (false, after.min(MAX_DELAY)),
-                Disposition::DeadLetter => (true, Duration::ZERO),
-            };
-            let lease = f.lease();
-            let retry_us = micros("retry delay", after)?;
-            rows.push((lease.id.as_uuid(), lease.token, f.error(), dead, retry_us));
-        }
-        let write = Write::Fail(fail_rows(rows.into_iter()));
+        let write = Write::Fail(failure_rows(failures.iter())?);
         self.settled("fail", &leases, write).await
     }
 

@@ -149,14 +149,7 @@ impl HeldEngine for PgHeld {
         let batch: String = get(first, "held_xid")?;
         let decoded = decode_claimed(&rows, select.token, &self.limits)?;
         Ok(HeldRows {
-            decoded: DecodedClaim {
-                claimed: decoded.claimed,
-                poison: decoded
-                    .poison
-                    .into_iter()
-                    .map(|(id, why)| (MessageId::from_uuid(id), why))
-                    .collect(),
-            },
+            decoded: decoded.map_ids(MessageId::from_uuid),
             batch,
         })
     }

@@ -22,6 +22,20 @@ pub struct DecodedClaim<Id> {
     pub poison: Vec<(Id, String)>,
 }
 
+impl<Id> DecodedClaim<Id> {
+    /// The same claim with its poison rows named by `id(row id)`.
+    pub fn map_ids<T>(self, id: impl Fn(Id) -> T) -> DecodedClaim<T> {
+        DecodedClaim {
+            claimed: self.claimed,
+            poison: self
+                .poison
+                .into_iter()
+                .map(|(row, why)| (id(row), why))
+                .collect(),
+        }
+    }
+}
+
 /// Builds a [`DecodedClaim`] from a claim's rows, one [`push`](Self::push) per row, in
 /// any order.
 #[derive(Debug)]
