@@ -54,8 +54,8 @@ pub const ENV_WORKER: &str = "OUTBOX_CHAOS_WORKER";
 pub const ENV_PER_KEY: &str = "OUTBOX_CHAOS_PER_KEY";
 /// Environment variable: connections in the worker's pool (default 4).
 pub const ENV_POOL_SIZE: &str = "OUTBOX_CHAOS_POOL_SIZE";
-/// Environment variable: `1` for held-lock claims (`ClaimMode::HeldLock`, PostgreSQL),
-/// anything else for lease claims.
+/// Environment variable: `1` for held-lock claims (`ClaimMode::HeldLock`, PostgreSQL or
+/// MariaDB), anything else for lease claims.
 pub const ENV_HELD_LOCK: &str = "OUTBOX_CHAOS_HELD_LOCK";
 
 /// Messages per claim in every worker: the most leases one worker holds at a time (its
@@ -89,7 +89,7 @@ pub struct WorkerSettings {
     pub ordering: KeyOrder,
     /// Pool size.
     pub pool_size: u32,
-    /// Held-lock claims instead of leases (PostgreSQL).
+    /// Held-lock claims instead of leases (PostgreSQL or MariaDB).
     pub held_lock: bool,
 }
 

@@ -135,10 +135,21 @@ async fn sigkilled_postgres_workers(label: &str, held_lock: bool, kills: usize) 
 /// and restarted eight times. Publishes are still recorded on PostgreSQL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkilled_workers_lose_nothing_on_mariadb() {
+    sigkilled_mariadb_workers("chaos sigkill mariadb", false, 8).await;
+}
+
+/// As [`sigkilled_workers_lose_nothing_on_mariadb`] with held-lock claims, over twenty
+/// kills: a killed worker's rows are claimable as soon as MariaDB notices its closed
+/// connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkilled_held_lock_workers_lose_nothing_on_mariadb() {
+    sigkilled_mariadb_workers("chaos sigkill mariadb held-lock", true, 20).await;
+}
+
+async fn sigkilled_mariadb_workers(label: &str, held_lock: bool, kills: usize) {
     const MESSAGES: usize = 2000;
     const KEYS: usize = 40;
     const WORKERS: usize = 3;
-    const KILLS: usize = 8;
     let Some(url) = support::url("chaos on MariaDB: the published table") else {
         return;
     };
@@ -166,14 +177,15 @@ async fn sigkilled_workers_lose_nothing_on_mariadb() {
         pool_size: 4,
         mysql_url: Some(mysql_url),
         dynamodb_url: None,
-        held_lock: false,
+        held_lock,
     };
     let mut workers: Vec<Worker> = (0..WORKERS)
         .map(|n| Worker::spawn(&spec, format!("m{n}")))
         .collect();
     let undelivered = "dispatched_at IS NULL AND dead_at IS NULL";
-    let step = MESSAGES / (KILLS + 2);
-    for kill in 1..=KILLS {
+    let step = MESSAGES / (kills + 2);
+    let mut killed = Vec::with_capacity(kills);
+    for kill in 1..=kills {
         let target = i64::try_from(step * kill + fastrand::usize(..step / 2)).unwrap();
         let (pool, schema) = (&pool, schema.as_str());
         support::wait_with_workers(
@@ -184,6 +196,7 @@ async fn sigkilled_workers_lose_nothing_on_mariadb() {
         .await;
         let victim = fastrand::usize(..WORKERS);
         workers[victim].kill().await;
+        killed.push((workers[victim].id.clone(), support::db_now(pool).await));
         let left = support::mariadb::count(&outbox, undelivered).await;
         assert!(left > 0, "kill {kill} came after the drain had finished");
         workers[victim] = Worker::spawn(&spec, format!("m{victim}.{kill}"));
@@ -200,10 +213,11 @@ async fn sigkilled_workers_lose_nothing_on_mariadb() {
     }
     let delivery = support::check_delivery(&pool, &schema, &sent).await;
     let dead = support::mariadb::count(&outbox, "dead_at IS NOT NULL").await;
-    let bound = i64::try_from(KILLS * window()).unwrap();
+    let failover = support::failover(&pool, &schema, &killed).await;
+    let bound = i64::try_from(kills * window()).unwrap();
     println!(
-        "chaos sigkill mariadb: messages={MESSAGES} keys={KEYS} workers={WORKERS} \
-         kills={KILLS} lost={} duplicates={} bound={bound} dead={dead} elapsed={:.1?}",
+        "{label}: messages={MESSAGES} keys={KEYS} workers={WORKERS} kills={kills} lost={} \
+         duplicates={} bound={bound} dead={dead} failover={failover} elapsed={:.1?}",
         delivery.lost,
         delivery.duplicates,
         started.elapsed()

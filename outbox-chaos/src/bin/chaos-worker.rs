@@ -36,7 +36,7 @@ use outbox_chaos::{
 use outbox_core::backend::validate_identifier;
 use outbox_core::{ClaimMode, DispatchReport, OutboxStore, Relay};
 use outbox_dynamodb::DynamoOutbox;
-use outbox_mysql::{MySqlOutbox, MySqlOutboxConfig};
+use outbox_mysql::{MySqlClaimConfig, MySqlOutbox, MySqlOutboxConfig};
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -61,10 +61,10 @@ async fn run(settings: WorkerSettings) -> outbox_core::Result<DispatchReport> {
         .with_table(settings.table.as_str())
         .with_ordering(settings.ordering)
         .with_relay_connections(settings.pool_size);
+    // One connection per batch the relay holds, one for a dispatch, one spare.
+    let depth = relay_config(&settings.worker).pipeline_depth;
+    let held = u32::try_from(depth + 2).unwrap_or(u32::MAX);
     let config = if settings.held_lock {
-        // One connection per batch the relay holds, one for a dispatch, one spare.
-        let depth = relay_config(&settings.worker).pipeline_depth;
-        let held = u32::try_from(depth + 2).unwrap_or(u32::MAX);
         config
             .with_claim_mode(ClaimMode::HeldLock)
             .with_held_connections(held)
@@ -91,7 +91,15 @@ async fn run(settings: WorkerSettings) -> outbox_core::Result<DispatchReport> {
                 .with_schema(settings.schema.as_str())
                 .with_table(settings.table.as_str())
                 .with_ordering(settings.ordering);
-            Arc::new(MySqlOutbox::new(mysql, config)?)
+            let mode = if settings.held_lock {
+                ClaimMode::HeldLock
+            } else {
+                ClaimMode::Lease
+            };
+            let claims = MySqlClaimConfig::default()
+                .with_claim_mode(mode)
+                .with_held_connections(held);
+            Arc::new(MySqlOutbox::new(mysql, config)?.with_claims(claims))
         }
         (None, Some(url)) => {
             // No store here formats the schema: check it as the PostgreSQL one would.
