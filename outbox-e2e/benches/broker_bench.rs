@@ -16,7 +16,8 @@
 //!    keeps in flight, and (b) by relays draining a PostgreSQL outbox pre-loaded
 //!    with them (loading not timed), batch [`BATCHES`], through `NatsPublisher` /
 //!    `RabbitPublisher`: one relay at each pipeline depth of [`DEPTHS`] (1 =
-//!    pipelining off), and two relays at the default depth. The ratio is relay msgs/s
+//!    pipelining off), two relays at the default depth, and one relay at the default
+//!    depth with held-lock claims (`ClaimMode::HeldLock`). The ratio is relay msgs/s
 //!    over raw msgs/s; each figure is the median of the runs, raw and relay taking
 //!    turns.
 //! 2. **Log-tailing relay** (`outbox-postgres-wal`), in the same rounds: one `WalRelay`
@@ -56,8 +57,8 @@ use async_trait::async_trait;
 use futures::{stream, StreamExt};
 use outbox_core::backend::MessageParts;
 use outbox_core::{
-    Message, MessageId, NewMessage, OutboxStore, PublishOutcome, Publisher, Relay, RelayConfig,
-    DEFAULT_PIPELINE_DEPTH,
+    ClaimMode, Message, MessageId, NewMessage, OutboxStore, PublishOutcome, Publisher, Relay,
+    RelayConfig, DEFAULT_PIPELINE_DEPTH,
 };
 use outbox_nats::async_nats::jetstream::{
     self, context::PublishAckFuture, message::PublishMessage, stream::StorageType,
@@ -524,22 +525,40 @@ async fn publisher_alone(
     Ok((took, meter.per(messages.len())))
 }
 
-/// Pre-load `messages` and drain them with `relays` relays, each with its own
+/// One polling-relay run of the throughput table: how many relays, at which pipeline
+/// depth, claiming how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RelayRun {
+    relays: usize,
+    depth: usize,
+    mode: ClaimMode,
+}
+
+/// Pre-load `messages` and drain them with `run.relays` relays, each with its own
 /// publisher; returns the time from the relays' start to the last dispatch.
 async fn relay_drain(
     pg: &Pg,
     outbox: &PgOutbox,
     broker: &dyn Broker,
-    relays: usize,
-    depth: usize,
+    run: RelayRun,
     batch: usize,
     messages: &[NewMessage],
 ) -> Res<(Duration, Cpu)> {
+    let RelayRun {
+        relays,
+        depth,
+        mode,
+    } = run;
     preload(outbox, messages).await?;
-    // A pipelined relay may have a claim and a settle on the wire for each batch.
+    // A pipelined relay may have a claim and a settle on the wire for each batch; held
+    // batches each keep a connection of the held pool, plus one for the next claim.
     let pool = pg.pool(u32::try_from(relays * depth)? + 1).await?;
-    let store: Arc<dyn OutboxStore> =
-        Arc::new(PgOutbox::new(pool.clone(), outbox.config().clone())?);
+    let config = outbox
+        .config()
+        .clone()
+        .with_claim_mode(mode)
+        .with_held_connections(u32::try_from(relays * (depth + 1))?);
+    let store: Arc<dyn OutboxStore> = Arc::new(PgOutbox::new(pool.clone(), config)?);
     let mut running = Vec::new();
     for i in 0..relays {
         let config = RelayConfig::default()
@@ -802,14 +821,26 @@ async fn throughput(
 ) -> Res<()> {
     let n: u64 = mode.pick(20_000, 5_000);
     let runs = mode.pick(3, 1);
-    // Each relay run: (relays, pipeline depth); the last is two relays at the default.
-    let runs_of: Vec<(usize, usize)> = if mode.only_wal {
+    // Each relay run: one relay at each depth, two relays at the default depth, and one
+    // relay with held-lock claims at the default depth.
+    let lease = |relays, depth| RelayRun {
+        relays,
+        depth,
+        mode: ClaimMode::Lease,
+    };
+    let runs_of: Vec<RelayRun> = if mode.only_wal {
         Vec::new()
     } else {
         DEPTHS
             .iter()
-            .map(|&depth| (1, depth))
-            .chain([(2, DEFAULT_PIPELINE_DEPTH)])
+            .map(|&depth| lease(1, depth))
+            .chain([
+                lease(2, DEFAULT_PIPELINE_DEPTH),
+                RelayRun {
+                    mode: ClaimMode::HeldLock,
+                    ..lease(1, DEFAULT_PIPELINE_DEPTH)
+                },
+            ])
             .collect()
     };
     if !mode.only_wal {
@@ -825,9 +856,10 @@ async fn throughput(
         for depth in DEPTHS {
             print!(" {:>10} | {:>5} |", format!("x1 depth {depth}"), "ratio");
         }
-        println!(" {:>10} | {:>5} |", "x2 default", "ratio");
+        print!(" {:>10} | {:>5} |", "x2 default", "ratio");
+        println!(" {:>10} | {:>5} |", "x1 held", "ratio");
         print!("|{:-<17}|{:->7}|{:->12}|{:->12}|", "", "", "", "");
-        for _ in 0..=DEPTHS.len() {
+        for _ in 0..DEPTHS.len() + 2 {
             print!("{:->12}|{:->7}|", "", "");
         }
         println!();
@@ -855,10 +887,10 @@ async fn throughput(
                     alone.push(sent.len(), took, spent);
                     broker.clear().await?;
                 }
-                for (&(relays, depth), runs) in runs_of.iter().zip(&mut relayed) {
+                for (&run, runs) in runs_of.iter().zip(&mut relayed) {
                     let sent = messages()?;
                     let (took, spent) =
-                        relay_drain(pg, &outbox, &**broker, relays, depth, batch, &sent).await?;
+                        relay_drain(pg, &outbox, &**broker, run, batch, &sent).await?;
                     runs.push(sent.len(), took, spent);
                     broker.clear().await?;
                 }
@@ -887,7 +919,7 @@ async fn throughput(
                 let mut default_cpu = Cpu::default();
                 for (&run, runs) in runs_of.iter().zip(relayed) {
                     let (relayed, cpu) = runs.medians();
-                    if run == (1, DEFAULT_PIPELINE_DEPTH) {
+                    if run == lease(1, DEFAULT_PIPELINE_DEPTH) {
                         default_cpu = cpu;
                     }
                     print!(" {relayed:>10.0} | {:>5} |", cell(relayed / raw, 2));
@@ -930,8 +962,8 @@ async fn throughput(
         println!(
             "\npublisher = the library's publisher alone, batch-sized calls one at a time, no \
              database; x1 depth d = one relay with pipeline_depth d (1 = pipelining off); x2 \
-             default = two relays at the default depth ({DEFAULT_PIPELINE_DEPTH}); ratio = relay \
-             msgs/s / raw msgs/s (target for one relay: at least 0.80); the no-op rows are \
+             default = two relays at the default depth ({DEFAULT_PIPELINE_DEPTH}); x1 held = one \
+             relay at the default depth with held-lock claims; ratio = relay msgs/s / raw msgs/s (target for one relay: at least 0.80); the no-op rows are \
              relays with no broker: what PostgreSQL alone allows"
         );
         println!(

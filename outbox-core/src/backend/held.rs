@@ -491,3 +491,489 @@ impl<E: HeldEngine> HeldBatches<E> {
         Ok(charged)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The bookkeeping against a scripted engine: which engine calls each store call
+    //! makes, with which transaction. The statements themselves are tested against the
+    //! real servers by each backend's suites.
+
+    use std::collections::VecDeque;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::message::{Message, MessageParts};
+    use crate::store::{ClaimedMessage, Disposition};
+    use crate::ErrorKind;
+
+    /// A transaction: the connection it runs on.
+    #[derive(Debug)]
+    struct Tx(usize);
+
+    /// What the next select returns.
+    enum Rows {
+        Messages(Vec<MessageId>),
+        Poison(Vec<MessageId>),
+        Fails(Error),
+    }
+
+    #[derive(Default)]
+    struct Scripted {
+        log: Mutex<Vec<String>>,
+        selects: Mutex<VecDeque<Rows>>,
+        /// Operations that fail once, by name.
+        failing: Mutex<HashMap<&'static str, Error>>,
+        connections: AtomicUsize,
+        sweeps: AtomicUsize,
+    }
+
+    fn gone() -> Error {
+        Error::new(ErrorKind::Unavailable, "the session is gone")
+    }
+
+    fn refused() -> Error {
+        Error::new(ErrorKind::Storage, "refused")
+    }
+
+    fn names(ids: &[MessageId]) -> String {
+        let mut ids: Vec<String> = ids
+            .iter()
+            .map(|id| id.to_string()[..4].to_owned())
+            .collect();
+        ids.sort();
+        ids.join(",")
+    }
+
+    impl Scripted {
+        fn note(&self, entry: String) {
+            locked(&self.log).push(entry);
+        }
+
+        fn fails(&self, op: &'static str) -> Result<()> {
+            locked(&self.failing).remove(op).map_or(Ok(()), Err)
+        }
+
+        fn log(&self) -> Vec<String> {
+            std::mem::take(&mut *locked(&self.log))
+        }
+    }
+
+    fn message(id: MessageId, token: LeaseToken) -> ClaimedMessage {
+        let message = Message::from(MessageParts {
+            id,
+            destination: "d".to_owned(),
+            partition_key: None,
+            payload: Vec::new(),
+            content_type: None,
+            headers: crate::Headers::new(),
+            created_at: SystemTime::UNIX_EPOCH,
+            attempts: 1,
+            last_error: None,
+        });
+        let lease = Lease {
+            id,
+            token,
+            expires_at: SystemTime::UNIX_EPOCH,
+        };
+        ClaimedMessage { message, lease }
+    }
+
+    #[async_trait]
+    impl HeldEngine for Arc<Scripted> {
+        type Tx = Tx;
+
+        async fn begin(&self) -> Result<Tx> {
+            self.fails("begin")?;
+            let n = self.connections.fetch_add(1, Ordering::SeqCst) + 1;
+            self.note(format!("begin {n}"));
+            Ok(Tx(n))
+        }
+
+        async fn select(&self, tx: &mut Tx, select: HeldSelect<'_>) -> Result<HeldRows> {
+            self.note(format!("select {}", tx.0));
+            let rows = locked(&self.selects).pop_front();
+            let (claimed, poison) = match rows {
+                None => (Vec::new(), Vec::new()),
+                Some(Rows::Fails(err)) => return Err(err),
+                Some(Rows::Messages(ids)) => (
+                    ids.into_iter()
+                        .map(|id| message(id, select.token))
+                        .collect(),
+                    Vec::new(),
+                ),
+                Some(Rows::Poison(ids)) => (
+                    Vec::new(),
+                    ids.into_iter().map(|id| (id, "bad".to_owned())).collect(),
+                ),
+            };
+            Ok(HeldRows {
+                decoded: DecodedClaim { claimed, poison },
+                batch: format!("batch {}", tx.0),
+            })
+        }
+
+        async fn dead_letter(
+            &self,
+            tx: &mut Tx,
+            poison: Vec<(MessageId, String)>,
+        ) -> Result<usize> {
+            self.fails("dead_letter")?;
+            self.note(format!("dead_letter {} {}", tx.0, poison.len()));
+            Ok(poison.len())
+        }
+
+        async fn register(&self, batch: &str, ids: &[MessageId]) -> Result<()> {
+            self.fails("register")?;
+            self.note(format!("register {batch} [{}]", names(ids)));
+            Ok(())
+        }
+
+        async fn complete(&self, tx: &mut Tx, ids: &[MessageId]) -> Result<Vec<MessageId>> {
+            self.fails("complete")?;
+            self.note(format!("complete {} [{}]", tx.0, names(ids)));
+            Ok(ids.to_vec())
+        }
+
+        async fn fail(&self, tx: &mut Tx, failures: &[&Failure]) -> Result<Vec<MessageId>> {
+            self.fails("fail")?;
+            let ids: Vec<MessageId> = failures.iter().map(|f| f.lease().id).collect();
+            assert!(
+                ids.windows(2).all(|w| w[0] < w[1]),
+                "one per id, in id order"
+            );
+            self.note(format!("fail {} [{}]", tx.0, names(&ids)));
+            Ok(ids)
+        }
+
+        async fn finish(&self, tx: Tx, by_release: bool) -> Result<Tx> {
+            if let Err(err) = self.fails("finish") {
+                self.abandon(tx).await;
+                return Err(err);
+            }
+            self.note(format!("finish {} by_release={by_release}", tx.0));
+            Ok(tx)
+        }
+
+        async fn restart(&self, tx: Tx) -> Result<Tx> {
+            self.note(format!("restart {}", tx.0));
+            Ok(tx)
+        }
+
+        async fn abandon(&self, tx: Tx) {
+            self.note(format!("abandon {}", tx.0));
+        }
+
+        async fn renew(&self, tx: &mut Tx, _lease: Duration) -> Result<SystemTime> {
+            self.fails("renew")?;
+            self.note(format!("renew {}", tx.0));
+            Ok(SystemTime::UNIX_EPOCH + Duration::from_secs(60))
+        }
+
+        async fn sweep(&self) -> Result<u64> {
+            self.sweeps.fetch_add(1, Ordering::SeqCst);
+            self.fails("sweep")?;
+            Ok(2)
+        }
+
+        fn session_gone(&self, err: &Error) -> bool {
+            err.kind() == ErrorKind::Unavailable
+        }
+    }
+
+    fn held(interval: Duration) -> (HeldBatches<Arc<Scripted>>, Arc<Scripted>) {
+        let engine = Arc::new(Scripted::default());
+        (HeldBatches::new(Arc::clone(&engine), interval), engine)
+    }
+
+    fn ids(n: usize) -> Vec<MessageId> {
+        let mut ids: Vec<MessageId> = (0..n).map(|_| MessageId::new()).collect();
+        ids.sort();
+        ids
+    }
+
+    async fn claim(held: &HeldBatches<Arc<Scripted>>) -> Vec<ClaimedMessage> {
+        held.claim(HeldWhich::Due, 10, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .into_messages()
+    }
+
+    fn leases(claimed: &[ClaimedMessage]) -> Vec<Lease> {
+        claimed.iter().map(|c| c.lease).collect()
+    }
+
+    #[tokio::test]
+    async fn an_empty_claim_restarts_its_transaction_and_keeps_it_ready() {
+        let (held, engine) = held(Duration::ZERO);
+        assert!(claim(&held).await.is_empty());
+        assert!(claim(&held).await.is_empty());
+        assert_eq!(
+            engine.log(),
+            ["begin 1", "select 1", "restart 1", "select 1", "restart 1"]
+        );
+        assert_eq!(
+            engine.sweeps.load(Ordering::SeqCst),
+            2,
+            "interval zero: every claim"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_batch_registers_settles_in_its_transaction_and_commits_with_its_last_lease() {
+        let (held, engine) = held(Duration::from_secs(3600));
+        let listed = ids(3);
+        locked(&engine.selects).push_back(Rows::Messages(listed.clone()));
+        let got = claim(&held).await;
+        assert_eq!(got.len(), 3);
+        assert_eq!(held.open_batches(), 1);
+        let leases = leases(&got);
+        let first = held.complete(&leases[..1]).await.unwrap();
+        assert_eq!((first.applied, first.lost.len()), (1, 0));
+        let again = held.complete(&leases[..1]).await.unwrap();
+        assert_eq!(again.lost, vec![leases[0].id], "settled already: lost");
+        assert_eq!(held.open_batches(), 1);
+        let failure = Failure::new(
+            leases[1],
+            "x",
+            Disposition::Retry {
+                after: Duration::ZERO,
+            },
+        );
+        let failed = held.fail(&[failure.clone(), failure]).await.unwrap();
+        assert_eq!(failed.applied, 1);
+        let released = held.release(&leases[2..]).await.unwrap();
+        assert_eq!(released.applied, 1);
+        assert_eq!(held.open_batches(), 0);
+        let n = |i: usize| names(&listed[i..=i]);
+        assert_eq!(
+            engine.log(),
+            [
+                "begin 1".to_owned(),
+                "select 1".to_owned(),
+                format!("register batch 1 [{}]", names(&listed)),
+                format!("complete 1 [{}]", n(0)),
+                format!("fail 1 [{}]", n(1)),
+                "finish 1 by_release=true".to_owned(),
+            ]
+        );
+        assert_eq!(
+            engine.sweeps.load(Ordering::SeqCst),
+            1,
+            "only the first claim sweeps"
+        );
+        // The committed connection's next transaction serves the next claim.
+        assert!(claim(&held).await.is_empty());
+        assert_eq!(engine.log(), ["select 1", "restart 1"]);
+    }
+
+    #[tokio::test]
+    async fn a_batch_ended_by_a_complete_commits_without_a_release() {
+        let (held, engine) = held(Duration::ZERO);
+        locked(&engine.selects).push_back(Rows::Messages(ids(2)));
+        let got = claim(&held).await;
+        held.complete(&leases(&got))
+            .await
+            .unwrap()
+            .into_result()
+            .unwrap();
+        assert_eq!(engine.log().last().unwrap(), "finish 1 by_release=false");
+        assert!(held.complete(&[]).await.unwrap().lost.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_refused_settle_ends_the_batch_rolled_back_and_is_returned() {
+        let (held, engine) = held(Duration::ZERO);
+        locked(&engine.selects).push_back(Rows::Messages(ids(2)));
+        let got = claim(&held).await;
+        locked(&engine.failing).insert("complete", refused());
+        let err = held.complete(&leases(&got)[..1]).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Storage);
+        assert_eq!(held.open_batches(), 0);
+        assert_eq!(engine.log().last().unwrap(), "abandon 1");
+        let lost = held.complete(&leases(&got)[1..]).await.unwrap();
+        assert_eq!(lost.lost.len(), 1, "the batch is gone");
+        assert!(engine.log().is_empty(), "nothing ran for it");
+    }
+
+    #[tokio::test]
+    async fn a_batch_whose_session_is_gone_loses_its_leases() {
+        let (held, engine) = held(Duration::ZERO);
+        locked(&engine.selects).push_back(Rows::Messages(ids(1)));
+        let got = claim(&held).await;
+        locked(&engine.failing).insert("fail", gone());
+        let failure = Failure::new(got[0].lease, "x", Disposition::DeadLetter);
+        let settled = held.fail(&[failure]).await.unwrap();
+        assert_eq!(settled.lost, vec![got[0].lease.id]);
+        assert_eq!(engine.log().last().unwrap(), "abandon 1");
+        // A commit that finds the session gone loses the leases too.
+        locked(&engine.selects).push_back(Rows::Messages(ids(1)));
+        let got = claim(&held).await;
+        locked(&engine.failing).insert("finish", gone());
+        let settled = held.release(&leases(&got)).await.unwrap();
+        assert_eq!(settled.lost.len(), 1);
+        assert_eq!(held.open_batches(), 0);
+        locked(&engine.selects).push_back(Rows::Messages(ids(1)));
+        let got = claim(&held).await;
+        locked(&engine.failing).insert("finish", refused());
+        assert!(held.release(&leases(&got)).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_claim_that_fails_after_locking_rolls_back_at_once() {
+        let (held, engine) = held(Duration::ZERO);
+        locked(&engine.selects).push_back(Rows::Messages(ids(2)));
+        locked(&engine.failing).insert("register", refused());
+        assert!(held
+            .claim(HeldWhich::Due, 10, Duration::from_secs(1))
+            .await
+            .is_err());
+        assert_eq!(engine.log(), ["begin 1", "select 1", "abandon 1"]);
+        assert_eq!(held.open_batches(), 0);
+        locked(&engine.selects).push_back(Rows::Fails(refused()));
+        assert!(held
+            .claim(HeldWhich::Due, 10, Duration::from_secs(1))
+            .await
+            .is_err());
+        assert_eq!(engine.log(), ["begin 2", "select 2", "abandon 2"]);
+        locked(&engine.selects).push_back(Rows::Poison(ids(1)));
+        locked(&engine.failing).insert("dead_letter", refused());
+        assert!(held
+            .claim(HeldWhich::Due, 10, Duration::from_secs(1))
+            .await
+            .is_err());
+        assert_eq!(engine.log(), ["begin 3", "select 3", "abandon 3"]);
+    }
+
+    #[tokio::test]
+    async fn poison_alone_is_dead_lettered_and_committed() {
+        let (held, engine) = held(Duration::ZERO);
+        locked(&engine.selects).push_back(Rows::Poison(ids(2)));
+        let claimed = held
+            .claim(HeldWhich::Due, 10, Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert_eq!((claimed.messages.len(), claimed.dead_lettered), (0, 2));
+        assert_eq!(
+            engine.log(),
+            [
+                "begin 1",
+                "select 1",
+                "dead_letter 1 2",
+                "finish 1 by_release=true"
+            ]
+        );
+        assert!(claim(&held).await.is_empty());
+        assert_eq!(
+            engine.log(),
+            ["select 1", "restart 1"],
+            "its connection is ready"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_ready_transaction_whose_session_ended_is_replaced_once() {
+        let (held, engine) = held(Duration::ZERO);
+        assert!(claim(&held).await.is_empty());
+        engine.log();
+        locked(&engine.selects).push_back(Rows::Fails(gone()));
+        assert!(claim(&held).await.is_empty());
+        assert_eq!(
+            engine.log(),
+            ["select 1", "abandon 1", "begin 2", "select 2", "restart 2"]
+        );
+        // A new transaction's session ending is an error, not retried.
+        let (fresh, engine) = held_pair();
+        locked(&engine.selects).push_back(Rows::Fails(gone()));
+        assert!(fresh
+            .claim(HeldWhich::Due, 1, Duration::from_secs(1))
+            .await
+            .is_err());
+    }
+
+    fn held_pair() -> (HeldBatches<Arc<Scripted>>, Arc<Scripted>) {
+        held(Duration::ZERO)
+    }
+
+    #[tokio::test]
+    async fn renew_extends_open_leases_and_reports_the_others_lost() {
+        let (held, engine) = held(Duration::ZERO);
+        locked(&engine.selects).push_back(Rows::Messages(ids(2)));
+        let got = claim(&held).await;
+        let mut leases = leases(&got);
+        held.complete(&leases[..1])
+            .await
+            .unwrap()
+            .into_result()
+            .unwrap();
+        leases.push(Lease {
+            id: MessageId::new(),
+            token: LeaseToken::new(),
+            ..leases[1]
+        });
+        let renewed = held.renew(&leases, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(renewed.leases.len(), 1);
+        assert_eq!(
+            renewed.leases[0].expires_at,
+            SystemTime::UNIX_EPOCH + Duration::from_secs(60)
+        );
+        assert_eq!(
+            renewed.lost.len(),
+            2,
+            "the settled one and the unknown batch's"
+        );
+        locked(&engine.failing).insert("renew", refused());
+        assert!(held
+            .renew(&leases[1..2], Duration::from_secs(5))
+            .await
+            .is_err());
+        assert_eq!(held.open_batches(), 0);
+        assert_eq!(engine.log().last().unwrap(), "abandon 1");
+        let after = held
+            .renew(&leases[1..2], Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(after.lost.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn sweeps_keep_their_interval_and_a_failed_sweep_does_not_fail_the_claim() {
+        let (held, engine) = held(Duration::from_secs(3600));
+        locked(&engine.failing).insert("sweep", refused());
+        assert!(claim(&held).await.is_empty());
+        assert!(claim(&held).await.is_empty());
+        assert_eq!(engine.sweeps.load(Ordering::SeqCst), 1);
+        assert_eq!(held.sweep().await.unwrap(), 2);
+        assert!(format!("{held:?}").contains("open_batches: 0"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sweep_is_due_once_the_whole_interval_has_passed() {
+        let (held, engine) = held(Duration::from_secs(10));
+        assert!(claim(&held).await.is_empty());
+        tokio::time::advance(Duration::from_millis(9_999)).await;
+        assert!(claim(&held).await.is_empty());
+        assert_eq!(engine.sweeps.load(Ordering::SeqCst), 1);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(claim(&held).await.is_empty());
+        assert_eq!(engine.sweeps.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn settles_spanning_batches_run_in_each_batch() {
+        let (held, engine) = held(Duration::ZERO);
+        locked(&engine.selects).push_back(Rows::Messages(ids(1)));
+        locked(&engine.selects).push_back(Rows::Messages(ids(1)));
+        let a = claim(&held).await;
+        let b = claim(&held).await;
+        assert_eq!(held.open_batches(), 2);
+        engine.log();
+        let both = [a[0].lease, b[0].lease];
+        held.complete(&both).await.unwrap().into_result().unwrap();
+        let mut log = engine.log();
+        log.sort();
+        assert_eq!(log.len(), 4, "{log:?}");
+        assert!(log.iter().any(|l| l.starts_with("complete 1")));
+        assert!(log.iter().any(|l| l.starts_with("complete 2")));
+        assert!(held.engine().connections.load(Ordering::SeqCst) == 2);
+    }
+}
