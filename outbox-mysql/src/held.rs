@@ -17,22 +17,23 @@
 //!    a [`Config`](outbox_core::ErrorKind::Config) error.
 //! 2. The batch is registered: one row of `<table>_held` (the claim's token, the ids as
 //!    a JSON array), inserted on the relay pool and committed before anything is
-//!    published.
+//!    published, then locked `FOR UPDATE` in the batch's transaction.
 //! 3. Settles run in the claim's transaction, by primary key, with no token to match.
 //!    The settle that leaves no lease open deletes the registry row and sends `COMMIT;
 //!    BEGIN` in one round trip, keeping the new transaction for the next claim.
-//! 4. A batch that never commits rolls back; its registry row stays. InnoDB cannot say
-//!    whether another session's transaction is alive, so the **sweep** asks the rows
-//!    instead: it locks registry rows `SKIP LOCKED` (one a batch is deleting is
-//!    skipped), then the rows' undelivered messages `SKIP LOCKED`. A live batch holds
-//!    all of its messages locked until it commits, and its commit deletes its registry
-//!    row, so every message the sweep can lock belongs to a batch that ended without an
-//!    outcome: it is charged one attempt. A registry row keeps the ids still locked
-//!    (a live batch's, all of them; a dead batch's messages another claim took meanwhile)
-//!    and is deleted when none are left.
+//! 4. A batch that never commits rolls back, which unlocks its registry row. InnoDB
+//!    cannot say whether another session's transaction is alive, so the **sweep** asks
+//!    the locks instead: it locks registry rows `SKIP LOCKED`, which passes over every
+//!    live batch's, then the rows' undelivered messages `SKIP LOCKED`. Every message it
+//!    can lock belongs to a batch that ended without an outcome: it is charged one
+//!    attempt. A registry row keeps the ids still locked (a dead batch's messages
+//!    another claim took meanwhile) and is deleted when none are left. (A sweep that
+//!    read live batches' rows deadlocked with them: a locking read waits on a row a
+//!    live batch has deleted, `SKIP LOCKED` or not, while that batch waits for its
+//!    registry row.)
 //!
-//! Cost per batch: the claim, the registry insert (another connection), a settle
-//! statement per publish call, the registry delete and `COMMIT; BEGIN`.
+//! Cost per batch: the claim, the registry insert (another connection) and its lock,
+//! a settle statement per publish call, the registry delete and `COMMIT; BEGIN`.
 
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
@@ -285,13 +286,20 @@ impl HeldEngine for MySqlHeld {
         Ok(usize::try_from(done.rows_affected()).unwrap_or(0))
     }
 
-    async fn register(&self, batch: &str, ids: &[MessageId]) -> Result<()> {
+    /// Inserted on the relay pool, then locked in the batch's transaction, so sweeps
+    /// skip it for as long as the batch lives (and never wait on its messages).
+    async fn register(&self, tx: &mut HeldTx, batch: &str, ids: &[MessageId]) -> Result<()> {
         sqlx::query(&self.sql.register)
             .bind(batch)
             .bind(json_ids(uuids(ids)))
             .execute(&self.registry)
             .await
             .map_err(|e| from_sqlx("claim (registering the batch)", e))?;
+        sqlx::query(&self.sql.hold)
+            .bind(batch)
+            .execute(&mut *tx.tx)
+            .await
+            .map_err(|e| from_sqlx("claim (holding the batch's record)", e))?;
         Ok(())
     }
 

@@ -36,9 +36,12 @@ pub(crate) struct HeldStatements {
     /// Batch (hex), ids (a JSON array of hex): record an open batch, on another
     /// connection, committed before the relay publishes.
     pub(crate) register: String,
+    /// Batch (hex): lock its registry row in the batch's transaction, so sweeps skip it
+    /// while the batch lives.
+    pub(crate) hold: String,
     /// Batch: delete its registry row (in the batch's transaction, before it commits).
     pub(crate) unregister: String,
-    /// Lock up to 64 registry rows no batch is ending, oldest first: `batch`, `ids`.
+    /// Lock up to 64 registry rows no live batch holds, oldest first: `batch`, `ids`.
     pub(crate) swept: String,
     /// Ids (a JSON array of hex): the undelivered ones no live claim holds, locked.
     pub(crate) free: String,
@@ -96,6 +99,7 @@ impl HeldStatements {
             register: format!(
                 "INSERT INTO {held} (batch, ids, held_at) VALUES (UNHEX(?), ?, {NOW})"
             ),
+            hold: format!("SELECT batch FROM {held} WHERE batch = UNHEX(?) FOR UPDATE"),
             unregister: format!("DELETE FROM {held} WHERE batch = ?"),
             swept: format!(
                 "SELECT HEX(batch) AS batch, CAST(ids AS CHAR) AS ids FROM {held} \

@@ -178,7 +178,9 @@ impl HeldEngine for PgHeld {
         Ok(done.len())
     }
 
-    async fn register(&self, batch: &str, ids: &[MessageId]) -> Result<()> {
+    /// The sweep tells live batches by their transaction's status, so the record is
+    /// not locked.
+    async fn register(&self, _tx: &mut Self::Tx, batch: &str, ids: &[MessageId]) -> Result<()> {
         sqlx::query(&self.sql.register)
             .bind(batch)
             .bind(uuids(ids))

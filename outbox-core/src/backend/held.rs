@@ -110,8 +110,9 @@ pub trait HeldEngine: Send + Sync + 'static {
     ) -> Result<usize>;
 
     /// Record the open batch `batch` of `ids`, on another connection, committed before
-    /// returning.
-    async fn register(&self, batch: &str, ids: &[MessageId]) -> Result<()>;
+    /// returning. An engine whose sweep tells live batches by their locks also locks
+    /// the record in `tx`, the batch's transaction.
+    async fn register(&self, tx: &mut Self::Tx, batch: &str, ids: &[MessageId]) -> Result<()>;
 
     /// Complete `ids` (sorted, each once) in `tx`; the ids applied.
     async fn complete(&self, tx: &mut Self::Tx, ids: &[MessageId]) -> Result<Vec<MessageId>>;
@@ -274,7 +275,7 @@ impl<E: HeldEngine> HeldBatches<E> {
         }
         let open: HashSet<MessageId> = claimed.iter().map(|c| c.message.id).collect();
         let listed: Vec<MessageId> = open.iter().copied().collect();
-        if let Err(err) = self.engine.register(&rows.batch, &listed).await {
+        if let Err(err) = self.engine.register(&mut tx, &rows.batch, &listed).await {
             self.engine.abandon(tx).await;
             return Err(err);
         }
@@ -622,7 +623,7 @@ mod tests {
             Ok(poison.len())
         }
 
-        async fn register(&self, batch: &str, ids: &[MessageId]) -> Result<()> {
+        async fn register(&self, _tx: &mut Tx, batch: &str, ids: &[MessageId]) -> Result<()> {
             self.fails("register")?;
             self.note(format!("register {batch} [{}]", names(ids)));
             Ok(())
