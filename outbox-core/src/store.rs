@@ -652,24 +652,7 @@ pub trait OutboxStore: Send + Sync + fmt::Debug {
         settlement: Settlement<'_>,
         next: ClaimRequest,
     ) -> Result<SettledAndClaimed> {
-        let completed = settle_part(
-            settlement.complete.len(),
-            self.complete(settlement.complete),
-        );
-        let completed = completed.await?;
-        let failed = settle_part(settlement.fail.len(), self.fail(settlement.fail)).await?;
-        let released = settle_part(settlement.release.len(), self.release(settlement.release));
-        let released = released.await?;
-        let claimed = match self.claim(next).await {
-            Ok(claimed) => exclude_settled(self, claimed, &settlement).await,
-            Err(err) => Err(err),
-        };
-        Ok(SettledAndClaimed {
-            completed,
-            failed,
-            released,
-            claimed,
-        })
+        settle_then_claim(self, settlement, next).await
     }
 
     /// Extend `leases` to `lease` from now, by the storage's clock, keeping their
@@ -698,13 +681,44 @@ pub trait OutboxStore: Send + Sync + fmt::Debug {
     }
 }
 
+/// [`OutboxStore::settle_and_claim`]'s default, for a store that overrides it only in
+/// some modes: `complete`, `fail` and `release` (skipping empty parts), then `claim`,
+/// releasing at once (attempt given back) any claimed message the settlement named.
+///
+/// # Errors
+/// The first settle's error; a failed claim, or a failed release of the named messages
+/// it claimed, is reported in [`SettledAndClaimed::claimed`].
+pub async fn settle_then_claim<S: OutboxStore + ?Sized>(
+    store: &S,
+    settlement: Settlement<'_>,
+    next: ClaimRequest,
+) -> Result<SettledAndClaimed> {
+    let completed = settle_part(
+        settlement.complete.len(),
+        store.complete(settlement.complete),
+    );
+    let completed = completed.await?;
+    let failed = settle_part(settlement.fail.len(), store.fail(settlement.fail)).await?;
+    let released = settle_part(settlement.release.len(), store.release(settlement.release));
+    let released = released.await?;
+    let claimed = match store.claim(next).await {
+        Ok(claimed) => exclude_settled(store, claimed, &settlement).await,
+        Err(err) => Err(err),
+    };
+    Ok(SettledAndClaimed {
+        completed,
+        failed,
+        released,
+        claimed,
+    })
+}
+
 /// `claimed` without the messages `settlement` named, which are released at once
-/// (attempt given back): how [`OutboxStore::settle_and_claim`]'s default keeps its
-/// rule with a plain claim, for stores that override it only in part.
+/// (attempt given back).
 ///
 /// # Errors
 /// The release's error; the claimed leases then lapse as after a crash.
-pub async fn exclude_settled<S: OutboxStore + ?Sized>(
+async fn exclude_settled<S: OutboxStore + ?Sized>(
     store: &S,
     claimed: Claimed,
     settlement: &Settlement<'_>,

@@ -18,7 +18,7 @@ use outbox_core::backend::{check_enqueue, in_id_order, limit_param, micros, vali
 use outbox_core::backend::{finish_claim, CommittedClaim, DecodedClaim};
 use outbox_core::backend::{HeldBatches, HeldWhich};
 use outbox_core::message::MAX_DELAY;
-use outbox_core::store::exclude_settled;
+use outbox_core::store::settle_then_claim;
 use outbox_core::{
     ClaimIds, ClaimMode, ClaimRequest, Claimed, Disposition, Error, Failure, Lease, LeaseToken,
     MessageId, NewMessage, OutboxStore, Renewed, Result, Settled, SettledAndClaimed, Settlement,
@@ -197,7 +197,7 @@ impl MySqlOutbox {
             let engine = MySqlHeld::new(
                 read_committed(&self.pool, claims.held_connections()),
                 self.relay.clone(),
-                HeldStatements::new(&inner.name, &inner.config, &inner.sql),
+                HeldStatements::new(&inner.name, &inner.config),
                 inner.config.limits().clone(),
             );
             HeldBatches::new(engine, claims.sweep_interval())
@@ -579,34 +579,17 @@ impl OutboxStore for MySqlOutbox {
         self.settled("release", leases, Write::Release).await
     }
 
-    /// In held-lock mode the settles commit their batches' transactions and the claim
-    /// begins the next, skipping what they named (a release or a retry at once is due
-    /// again); in lease mode, the settles and a claim one after the other, as the
-    /// trait's default.
+    /// In held-lock mode, [`HeldBatches::settle_and_claim`]; in lease mode, the trait's
+    /// default.
     async fn settle_and_claim(
         &self,
         settlement: Settlement<'_>,
         next: ClaimRequest,
     ) -> Result<SettledAndClaimed> {
-        let completed = self.complete(settlement.complete).await?;
-        let failed = self.fail(settlement.fail).await?;
-        let released = self.release(settlement.release).await?;
-        let claimed = match &self.inner.held {
-            Some(held) => {
-                let named = HeldWhich::Excluding(settlement.ids().collect());
-                held.claim(named, next.limit(), next.lease()).await
-            }
-            None => match self.claim(next).await {
-                Ok(claimed) => exclude_settled(self, claimed, &settlement).await,
-                Err(err) => Err(err),
-            },
-        };
-        Ok(SettledAndClaimed {
-            completed,
-            failed,
-            released,
-            claimed,
-        })
+        match &self.inner.held {
+            Some(held) => held.settle_and_claim(settlement, next).await,
+            None => settle_then_claim(self, settlement, next).await,
+        }
     }
 
     async fn renew(&self, leases: &[Lease], lease: Duration) -> Result<Renewed> {

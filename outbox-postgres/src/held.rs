@@ -159,12 +159,6 @@ impl HeldEngine for PgHeld {
         tx: &mut Self::Tx,
         poison: Vec<(MessageId, String)>,
     ) -> Result<usize> {
-        let mut poison = poison;
-        poison.sort_by_key(|(id, _)| *id);
-        tracing::warn!(
-            ?poison,
-            "dead-lettering claimed outbox rows that cannot be delivered"
-        );
         let (ids, reasons): (Vec<Uuid>, Vec<String>) = poison
             .into_iter()
             .map(|(id, reason)| (id.as_uuid(), crate::store::storable(bounded_error(reason))))

@@ -620,19 +620,7 @@ impl OutboxStore for PgOutbox {
         next: ClaimRequest,
     ) -> Result<SettledAndClaimed> {
         if let Some(held) = &self.inner.held {
-            // The settles commit their batches' transactions; the claim begins the next,
-            // skipping what they named (a release or a retry at once is due again).
-            let completed = self.complete(settlement.complete).await?;
-            let failed = self.fail(settlement.fail).await?;
-            let released = self.release(settlement.release).await?;
-            let named = HeldWhich::Excluding(settlement.ids().collect());
-            let claimed = held.claim(named, next.limit(), next.lease()).await;
-            return Ok(SettledAndClaimed {
-                completed,
-                failed,
-                released,
-                claimed,
-            });
+            return held.settle_and_claim(settlement, next).await;
         }
         let failed = self.fail(settlement.fail).await?;
         let released = self.release(settlement.release).await?;

@@ -42,7 +42,10 @@ use super::claim::DecodedClaim;
 use super::rules::in_id_order;
 use crate::error::{Error, Result};
 use crate::message::MessageId;
-use crate::store::{Claimed, Failure, Lease, LeaseToken, Renewed, Settled};
+use crate::store::{
+    ClaimRequest, Claimed, Failure, Lease, LeaseToken, Renewed, Settled, SettledAndClaimed,
+    Settlement,
+};
 
 /// The default number of connections a store's held-lock claims keep open: the
 /// batches one relay holds at the default pipeline depth, plus one for a
@@ -102,7 +105,8 @@ pub trait HeldEngine: Send + Sync + 'static {
     /// nothing to them; bound the transaction's idle time by the lease.
     async fn select(&self, tx: &mut Self::Tx, select: HeldSelect<'_>) -> Result<HeldRows>;
 
-    /// Dead-letter claimed rows that cannot be delivered, in `tx`; how many were.
+    /// Dead-letter claimed rows that cannot be delivered (sorted by id, the kit has
+    /// logged them), in `tx`; how many were.
     async fn dead_letter(
         &self,
         tx: &mut Self::Tx,
@@ -260,6 +264,12 @@ impl<E: HeldEngine> HeldBatches<E> {
         let dead_lettered = if poison.is_empty() {
             0
         } else {
+            let mut poison = poison;
+            poison.sort_by_key(|(id, _)| *id);
+            tracing::warn!(
+                ?poison,
+                "dead-lettering claimed outbox rows that cannot be delivered"
+            );
             match self.engine.dead_letter(&mut tx, poison).await {
                 Ok(n) => n,
                 Err(err) => {
@@ -310,6 +320,32 @@ impl<E: HeldEngine> HeldBatches<E> {
     pub async fn fail(&self, failures: &[Failure]) -> Result<Settled> {
         let leases: Vec<Lease> = failures.iter().map(|f| *f.lease()).collect();
         self.settle(&leases, Settle::Fail(failures)).await
+    }
+
+    /// Settle a batch and claim the next: the settles commit their batches'
+    /// transactions, then the claim begins the next, skipping what the settlement named
+    /// (a release or a retry at once is due again). The store's
+    /// [`settle_and_claim`](crate::OutboxStore::settle_and_claim) in held-lock mode.
+    ///
+    /// # Errors
+    /// The first settle's error; a failed claim is reported in
+    /// [`SettledAndClaimed::claimed`].
+    pub async fn settle_and_claim(
+        &self,
+        settlement: Settlement<'_>,
+        next: ClaimRequest,
+    ) -> Result<SettledAndClaimed> {
+        let completed = self.complete(settlement.complete).await?;
+        let failed = self.fail(settlement.fail).await?;
+        let released = self.release(settlement.release).await?;
+        let named = HeldWhich::Excluding(settlement.ids().collect());
+        let claimed = self.claim(named, next.limit(), next.lease()).await;
+        Ok(SettledAndClaimed {
+            completed,
+            failed,
+            released,
+            claimed,
+        })
     }
 
     /// Settle `leases` batch by batch; report per lease.
