@@ -10,10 +10,10 @@
 
 use outbox_core::store::MAX_ATTEMPTS;
 
-use outbox_core::KeyOrder;
+use outbox_core::{KeyOrder, Retention};
 
 use crate::config::{MySqlOutboxConfig, QualifiedName};
-use crate::sql::{Statements, COLUMNS, NOW};
+use crate::sql::{COLUMNS, NOW};
 
 /// Prebuilt statement text of held-lock claims; `{ids}` marks an id list
 /// ([`with_ids`](crate::sql::with_ids)).
@@ -26,7 +26,9 @@ pub(crate) struct HeldStatements {
     /// Lease µs, ids, limit: as `claim`, skipping the listed ids (what a
     /// settle-and-claim settled).
     pub(crate) claim_excluding: String,
-    /// Ids: complete (delete or stamp dispatched).
+    /// Ids (a JSON array of hex): complete (delete or stamp dispatched), each reached by
+    /// primary key from the array (never a scan, which would wait on every row other
+    /// batches hold: the optimizer scans when the ids are a large part of a small table).
     pub(crate) complete: String,
     /// One JSON array of `[id, token, error, dead, retry µs]` rows (the lease fail's
     /// shape, the token ignored): record failed attempts.
@@ -39,6 +41,11 @@ pub(crate) struct HeldStatements {
     /// Batch (hex): lock its registry row in the batch's transaction, so sweeps skip it
     /// while the batch lives.
     pub(crate) hold: String,
+    /// End a transaction's batch and begin the next: commit, release the batch's lock
+    /// ([`batch_lock`]), begin.
+    pub(crate) commit: &'static str,
+    /// As `commit`, rolling back.
+    pub(crate) rollback: &'static str,
     /// Batch: delete its registry row (in the batch's transaction, before it commits).
     pub(crate) unregister: String,
     /// Lock up to 64 registry rows no live batch holds, oldest first: `batch`, `ids`.
@@ -58,6 +65,17 @@ pub(crate) struct HeldStatements {
     pub(crate) stats: String,
 }
 
+/// The prefix of a batch's user-level lock: `obx-held-` and the batch's 32 hex digits.
+const BATCH_LOCK_PREFIX: &str = "obx-held-";
+
+/// The user-level lock (`GET_LOCK`) a batch's session holds from its claim until its
+/// transaction ends: what tells a sweep that the batch is alive in the moment between its
+/// registry row's commit and the batch's lock on that row. The server frees it with the
+/// session.
+pub(crate) fn batch_lock(batch: &str) -> String {
+    format!("{BATCH_LOCK_PREFIX}{batch}")
+}
+
 /// `<table>_held`, in the outbox's database.
 pub(crate) fn held_table(t: &QualifiedName) -> String {
     format!("{}.{}", t.quoted_schema(), t.quoted_derived("held"))
@@ -69,7 +87,7 @@ fn next_attempt(column: &str) -> String {
 }
 
 impl HeldStatements {
-    pub(crate) fn new(t: &QualifiedName, config: &MySqlOutboxConfig, lease: &Statements) -> Self {
+    pub(crate) fn new(t: &QualifiedName, config: &MySqlOutboxConfig) -> Self {
         let per_key = config.ordering() == KeyOrder::PerKey;
         let held = held_table(t);
         let json_ids = "JSON_TABLE(?, '$[*]' COLUMNS (h CHAR(32) PATH '$')) AS j";
@@ -84,7 +102,13 @@ impl HeldStatements {
             claim: claim(t, &due, "", &registered, per_key),
             claim_ids: claim(t, "PRIMARY", "c.id IN ({ids}) AND ", &registered, per_key),
             claim_excluding: claim(t, &due, "c.id NOT IN ({ids}) AND ", &registered, per_key),
-            complete: lease.complete.clone(),
+            complete: match config.retention() {
+                Retention::Delete => format!("DELETE {t} FROM {by_json}"),
+                Retention::Keep { .. } => format!(
+                    "UPDATE {by_json} SET dispatched_at = {NOW}, lease_token = NULL \
+                     WHERE {t}.due_at IS NOT NULL"
+                ),
+            },
             fail: format!(
                 "UPDATE JSON_TABLE(?, '$[*]' COLUMNS (h CHAR(32) PATH '$[0]', e TEXT CHARACTER \
                  SET utf8mb4 PATH '$[2]', d INT PATH '$[3]', r BIGINT PATH '$[4]')) AS j \
@@ -101,8 +125,11 @@ impl HeldStatements {
             ),
             hold: format!("SELECT batch FROM {held} WHERE batch = UNHEX(?) FOR UPDATE"),
             unregister: format!("DELETE FROM {held} WHERE batch = ?"),
+            commit: "COMMIT; DO RELEASE_ALL_LOCKS(); BEGIN",
+            rollback: "ROLLBACK; DO RELEASE_ALL_LOCKS(); BEGIN",
             swept: format!(
                 "SELECT HEX(batch) AS batch, CAST(ids AS CHAR) AS ids FROM {held} \
+                 WHERE IS_USED_LOCK(CONCAT('{BATCH_LOCK_PREFIX}', LOWER(HEX(batch)))) IS NULL \
                  ORDER BY held_at, batch LIMIT 64 \
                  FOR UPDATE SKIP LOCKED"
             ),
@@ -137,8 +164,9 @@ impl HeldStatements {
 
 /// A held claim: the due rows not registered to an open batch, chosen by a plain read
 /// (as the lease claim chooses them, per-key heads included), then locked by primary
-/// key, skipping locked ones, and read. Parameters: lease µs, the ids `which` lists,
-/// the candidates' limit, the claim's limit.
+/// key, skipping locked ones, and read; the session takes the batch's lock
+/// ([`batch_lock`]) with the rows. Parameters: lease µs, the batch's lock, the ids
+/// `which` lists, the candidates' limit, the claim's limit.
 ///
 /// Two steps because a locking range scan that finds fewer rows than its limit also
 /// locks the first row past its range, and InnoDB keeps that lock to the end of the
@@ -156,7 +184,7 @@ fn claim(t: &QualifiedName, index: &str, which: &str, registered: &str, per_key:
     };
     format!(
         "SELECT {COLUMNS}, {attempt} AS attempts, due_at + INTERVAL 0 SECOND AS due_time, seq, \
-         {NOW} + INTERVAL ? MICROSECOND AS lease_expires_at \
+         {NOW} + INTERVAL ? MICROSECOND AS lease_expires_at, GET_LOCK(?, 0) AS batch_lock \
          FROM (SELECT c.id AS cid FROM {t} AS c FORCE INDEX ({index}) \
              WHERE {which}c.due_at <= {NOW}{head} AND c.id NOT IN ({registered}) \
              ORDER BY c.due_at, c.seq LIMIT ?) AS x \
@@ -190,7 +218,7 @@ mod tests {
             .with_schema("s")
             .with_table("t");
         let name = config.qualified_name().unwrap();
-        HeldStatements::new(&name, &config, &Statements::new(&name, &config))
+        HeldStatements::new(&name, &config)
     }
 
     #[test]
@@ -208,6 +236,29 @@ mod tests {
     }
 
     #[test]
+    fn a_held_complete_reaches_each_row_by_primary_key() {
+        let s = statements();
+        assert!(
+            s.complete.starts_with("DELETE `s`.`t` FROM JSON_TABLE(?, "),
+            "{}",
+            s.complete
+        );
+        assert!(s
+            .complete
+            .contains("STRAIGHT_JOIN `s`.`t` FORCE INDEX (PRIMARY) ON `s`.`t`.id = UNHEX(j.h)"));
+        let config = MySqlOutboxConfig::default()
+            .with_schema("s")
+            .with_table("t")
+            .with_retention(Retention::Keep {
+                window: std::time::Duration::from_secs(60),
+            });
+        let name = config.qualified_name().unwrap();
+        let keep = HeldStatements::new(&name, &config).complete;
+        assert!(keep.starts_with("UPDATE JSON_TABLE(?, "), "{keep}");
+        assert!(keep.ends_with("WHERE `s`.`t`.due_at IS NOT NULL"), "{keep}");
+    }
+
+    #[test]
     fn a_held_failure_writes_the_attempt_and_matches_no_token() {
         let s = statements();
         assert!(s
@@ -222,6 +273,17 @@ mod tests {
     fn the_sweep_skips_what_live_claims_and_ending_batches_lock() {
         let s = statements();
         assert!(s.swept.ends_with("FOR UPDATE SKIP LOCKED"));
+        assert!(s
+            .swept
+            .contains("WHERE IS_USED_LOCK(CONCAT('obx-held-', LOWER(HEX(batch)))) IS NULL"));
+        for claim in [&s.claim, &s.claim_ids, &s.claim_excluding] {
+            assert!(claim.contains("GET_LOCK(?, 0) AS batch_lock"), "{claim}");
+        }
+        assert_eq!(
+            batch_lock(&"ab".repeat(16)).len(),
+            41,
+            "at most 64 characters"
+        );
         assert!(s.free.ends_with("FOR UPDATE SKIP LOCKED"));
         assert!(!s.undelivered.contains("FOR UPDATE"));
         assert!(s.stats.contains("`s`.`t_held`"));

@@ -188,3 +188,100 @@ async fn the_server_ends_a_batch_idle_past_its_lease() {
     let again = claim(&other, LONG).await;
     assert_eq!(again[0].message.attempts, 2, "the ended batch was charged");
 }
+
+/// Between its registry row's commit and its lock on that row, a batch is known alive
+/// only by its session's user-level lock (`obx-held-<batch>`): a sweep then passes
+/// over the row and charges nothing; once the lock is free (the session ended), the
+/// sweep charges the row's messages and deletes it.
+#[tokio::test]
+async fn a_sweep_passes_over_a_batch_whose_session_holds_its_lock() {
+    let Some(url) = common::url("held-lock claims") else {
+        return;
+    };
+    let pool = common::pool(&url, 4).await;
+    let schema = common::schema_name();
+    let store = held_outbox(&pool, &schema, 2).await;
+    enqueue(&store, 3).await;
+    let ids: Vec<String> = sqlx::query_scalar(&format!(
+        "SELECT LOWER(HEX(id)) FROM {} ORDER BY seq",
+        store.qualified_name()
+    ))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let batch = uuid::Uuid::now_v7().simple().to_string();
+    // The batch's session: its lock taken, its registry row committed, no row lock yet.
+    let mut session = pool.acquire().await.unwrap();
+    let got: i64 = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+        .bind(format!("obx-held-{batch}"))
+        .fetch_one(&mut *session)
+        .await
+        .unwrap();
+    assert_eq!(got, 1);
+    sqlx::query(&format!(
+        "INSERT INTO `{schema}`.`outbox_messages_held` (batch, ids, held_at) \
+         VALUES (UNHEX(?), ?, UTC_TIMESTAMP(6))"
+    ))
+    .bind(&batch)
+    .bind(serde_json::to_string(&ids).unwrap())
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(store.sweep_held().await.unwrap(), 0, "the batch lives");
+    assert_eq!(row_attempts(&pool, &store).await, vec![0, 0, 0]);
+    session.close().await.unwrap();
+    assert_eq!(store.sweep_held().await.unwrap(), 3, "the batch ended");
+    assert_eq!(row_attempts(&pool, &store).await, vec![1, 1, 1]);
+    let registered: i64 = sqlx::query_scalar(&format!(
+        "SELECT COUNT(*) FROM `{schema}`.`outbox_messages_held`"
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(registered, 0);
+}
+
+async fn row_attempts(pool: &MySqlPool, store: &MySqlOutbox) -> Vec<i32> {
+    sqlx::query_scalar(&format!(
+        "SELECT attempts FROM {} ORDER BY seq",
+        store.qualified_name()
+    ))
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// Two held batches that each hold half of a small table complete at once: each
+/// complete reaches its own rows by primary key. (A `DELETE ... WHERE id IN (...)` of
+/// half the table is planned as a scan, which waits on the rows the other batch holds:
+/// the two batches deadlocked, and the loser published its messages again.)
+#[tokio::test]
+async fn batches_holding_most_of_a_small_table_complete_without_waiting() {
+    let Some(url) = common::url("held-lock claims") else {
+        return;
+    };
+    let pool = common::pool(&url, 4).await;
+    let store = held_outbox(&pool, &common::schema_name(), 2).await;
+    enqueue(&store, 20).await;
+    sqlx::query(&format!("ANALYZE TABLE {}", store.qualified_name()))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let first = claim(&store, LONG).await;
+    let second = claim(&store, LONG).await;
+    assert_eq!((first.len(), second.len()), (10, 10));
+    let leases = |c: &[ClaimedMessage]| c.iter().map(|c| c.lease).collect::<Vec<_>>();
+    let (a, b) = (leases(&first), leases(&second));
+    let (done_a, done_b) = tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::join!(store.complete(&a), store.complete(&b))
+    })
+    .await
+    .expect("neither complete waits on the other batch's rows");
+    assert!(done_a.unwrap().lost.is_empty());
+    assert!(done_b.unwrap().lost.is_empty());
+    let left: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {}", store.qualified_name()))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+}
