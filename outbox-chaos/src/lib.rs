@@ -5,8 +5,9 @@
 //! with a [`TablePublisher`] that records every publish as a row of
 //! `<schema>.published` on PostgreSQL. The tests SIGKILL workers mid-drain (on
 //! DynamoDB Local under injected throttles, cancelled transactions and a lagging index:
-//! see [`dynamodb`]), restart a private PostgreSQL cluster under them and plant poison
-//! rows, then read the outbox and the `published` table.
+//! see [`dynamodb`]), restart a private PostgreSQL cluster under them, plant poison
+//! rows and enqueue a message whose publish aborts the worker ([`ENV_CRASH_ON`]), then
+//! read the outbox and the `published` table.
 //!
 //! ```sh
 //! eval "$(scripts/services.sh)"
@@ -57,6 +58,12 @@ pub const ENV_POOL_SIZE: &str = "OUTBOX_CHAOS_POOL_SIZE";
 /// Environment variable: `1` for held-lock claims (`ClaimMode::HeldLock`, PostgreSQL or
 /// MariaDB), anything else for lease claims.
 pub const ENV_HELD_LOCK: &str = "OUTBOX_CHAOS_HELD_LOCK";
+/// Environment variable: a destination; the worker's publisher aborts the whole process
+/// (SIGABRT, no cleanup) when it is asked to publish a message to it, as a message that
+/// crashes its relay would.
+pub const ENV_CRASH_ON: &str = "OUTBOX_CHAOS_CRASH_ON";
+/// Environment variable: the relay's `max_attempts` (default 20, see [`relay_config`]).
+pub const ENV_MAX_ATTEMPTS: &str = "OUTBOX_CHAOS_MAX_ATTEMPTS";
 
 /// Messages per claim in every worker: the most leases one worker holds at a time (its
 /// relay loop claims the next batch only after settling the previous one).
@@ -91,6 +98,10 @@ pub struct WorkerSettings {
     pub pool_size: u32,
     /// Held-lock claims instead of leases (PostgreSQL or MariaDB).
     pub held_lock: bool,
+    /// The destination whose messages abort the worker process when published.
+    pub crash_on: Option<String>,
+    /// The relay's `max_attempts`, if not [`relay_config`]'s.
+    pub max_attempts: Option<u32>,
 }
 
 impl fmt::Debug for WorkerSettings {
@@ -104,6 +115,8 @@ impl fmt::Debug for WorkerSettings {
             .field("pool_size", &self.pool_size)
             .field("fault_seed", &self.fault_seed)
             .field("held_lock", &self.held_lock)
+            .field("crash_on", &self.crash_on)
+            .field("max_attempts", &self.max_attempts)
             .finish_non_exhaustive()
     }
 }
@@ -121,6 +134,14 @@ impl WorkerSettings {
                 .parse()
                 .map_err(|_| format!("{ENV_POOL_SIZE}={n:?} is not a number"))?,
             None => 4,
+        };
+        let max_attempts = match var(ENV_MAX_ATTEMPTS) {
+            Some(n) => Some(
+                n.trim()
+                    .parse()
+                    .map_err(|_| format!("{ENV_MAX_ATTEMPTS}={n:?} is not a u32"))?,
+            ),
+            None => None,
         };
         let fault_seed = match var(ENV_FAULT_SEED) {
             Some(n) => Some(
@@ -145,7 +166,21 @@ impl WorkerSettings {
             },
             pool_size,
             held_lock: var(ENV_HELD_LOCK).as_deref() == Some("1"),
+            crash_on: var(ENV_CRASH_ON),
+            max_attempts,
         })
+    }
+
+    /// [`relay_config`] for this worker, with its `max_attempts` if one is set.
+    pub fn relay_config(&self) -> RelayConfig {
+        let config = relay_config(&self.worker);
+        match self.max_attempts {
+            Some(n) => config.retry(
+                RetryPolicy::with_max_attempts(n)
+                    .backoff(Duration::from_millis(10), Duration::from_millis(200)),
+            ),
+            None => config,
+        }
     }
 }
 
@@ -220,6 +255,7 @@ pub struct TablePublisher {
     pool: PgPool,
     insert: String,
     worker: String,
+    crash_on: Option<String>,
 }
 
 impl TablePublisher {
@@ -233,7 +269,15 @@ impl TablePublisher {
                  VALUES ($1, $2, $3, $4)"
             ),
             worker: worker.into(),
+            crash_on: None,
         }
+    }
+
+    /// Abort the process (SIGABRT: no destructor, no settle, no shutdown) when asked to
+    /// publish a message to `destination`, before publishing it.
+    pub fn crash_on(mut self, destination: Option<String>) -> Self {
+        self.crash_on = destination;
+        self
     }
 }
 
@@ -244,6 +288,13 @@ impl Publisher for TablePublisher {
     async fn publish(&self, batch: &[Message]) -> outbox_core::Result<Vec<PublishOutcome>> {
         let mut outcomes = Vec::with_capacity(batch.len());
         for message in batch {
+            if self.crash_on.as_deref() == Some(message.destination.as_str()) {
+                println!(
+                    "chaos-worker {}: crashing on message {} (attempt {})",
+                    self.worker, message.id, message.attempts
+                );
+                std::process::abort();
+            }
             if let Some(PublishOutcome::Retryable(_)) = outcomes.last() {
                 outcomes.push(PublishOutcome::Retryable(
                     "not tried after an earlier insert failed".to_owned(),

@@ -1,6 +1,8 @@
 //! Process-level chaos: `chaos-worker` relay processes SIGKILLed mid-drain (on
 //! PostgreSQL, on MariaDB, and on DynamoDB Local under injected faults), the PostgreSQL
-//! server restarted under them, poison rows planted beside normal messages.
+//! server restarted under them, poison rows planted beside normal messages, a message
+//! whose publish aborts the worker process (on PostgreSQL and MariaDB, both claim
+//! modes).
 //! Every publish is a row of `<schema>.published`, which is what the checks read.
 //!
 //! ```sh
@@ -71,6 +73,7 @@ async fn sigkilled_postgres_workers(label: &str, held_lock: bool, kills: usize) 
         mysql_url: None,
         dynamodb_url: None,
         held_lock,
+        crash: None,
     };
     let mut workers: Vec<Worker> = (0..WORKERS)
         .map(|n| Worker::spawn(&spec, format!("w{n}")))
@@ -178,6 +181,7 @@ async fn sigkilled_mariadb_workers(label: &str, held_lock: bool, kills: usize) {
         mysql_url: Some(mysql_url),
         dynamodb_url: None,
         held_lock,
+        crash: None,
     };
     let mut workers: Vec<Worker> = (0..WORKERS)
         .map(|n| Worker::spawn(&spec, format!("m{n}")))
@@ -225,6 +229,224 @@ async fn sigkilled_mariadb_workers(label: &str, held_lock: bool, kills: usize) {
     delivery.assert_within(bound);
     assert_eq!(dead, 0, "no message should be dead-lettered");
     support::mariadb::drop_database(&outbox).await;
+    support::drop_schema(&pool, &schema).await;
+}
+
+/// A message whose publish kills its relay (the worker process aborts before the
+/// publish, SIGABRT) is dead-lettered after `max_attempts` crashes, in both claim modes
+/// on PostgreSQL and on MariaDB, and the messages of its key and the others around it
+/// are delivered. Every crash must be charged exactly one attempt: with leases by the
+/// claim's stamp, with held locks (a rolled-back claim records nothing) by the next
+/// relay's sweep of the dead batch's registry row. So the crashes number exactly
+/// `max_attempts`: a crash left uncharged would add one, a crash charged twice would
+/// dead-letter the message one crash early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_kills_its_relay_is_dead_lettered() {
+    let Some(url) = support::url("chaos: a message that kills its relay") else {
+        return;
+    };
+    let _serial = support::serial().await;
+    for held_lock in [false, true] {
+        crashing_message(&url, None, held_lock).await;
+    }
+    if let Some(mysql_url) =
+        support::mariadb::url("chaos on MariaDB: a message that kills its relay")
+    {
+        for held_lock in [false, true] {
+            crashing_message(&url, Some(&mysql_url), held_lock).await;
+        }
+    }
+}
+
+/// One run of [`a_message_that_kills_its_relay_is_dead_lettered`]: the outbox on
+/// MariaDB when `mysql_url` is given, on PostgreSQL otherwise.
+async fn crashing_message(url: &str, mysql_url: Option<&str>, held_lock: bool) {
+    use std::os::unix::process::ExitStatusExt;
+
+    use outbox_core::{DeadLetterFilter, DeadLetterPage, NewMessage, OutboxAdmin};
+
+    const NORMALS: usize = 40;
+    const KEYS: usize = 4;
+    const MAX_ATTEMPTS: u32 = 3;
+    const CRASH: &str = "chaos.crash";
+    let label = format!(
+        "chaos crashing message {} {}",
+        if mysql_url.is_some() {
+            "mariadb"
+        } else {
+            "postgres"
+        },
+        if held_lock { "held-lock" } else { "lease" }
+    );
+    let started = Instant::now();
+    let pool = support::connect_shared(url, 4).await;
+    let schema = support::schema_name();
+    // The crash heads `key-000`: that key's other messages wait until it is dead.
+    let crash = NewMessage::builder(CRASH)
+        .partition_key(poison::SHARED_KEY)
+        .payload(b"crash".to_vec())
+        .build()
+        .expect("a valid message");
+    let crash_id = crash.id();
+    let (normals, sent) = support::keyed_messages(NORMALS, KEYS, &mut fastrand::Rng::new());
+    let messages: Vec<NewMessage> = std::iter::once(crash).chain(normals).collect();
+    let (admin, mariadb): (Box<dyn OutboxAdmin>, _) = match mysql_url {
+        None => {
+            let outbox = support::install(&pool, &schema, TABLE, KeyOrder::PerKey).await;
+            let mut tx = outbox.pool().begin().await.expect("begin");
+            outbox.enqueue(&mut tx, &messages).await.expect("enqueue");
+            tx.commit().await.expect("commit");
+            (Box::new(outbox), None)
+        }
+        Some(mysql_url) => {
+            sqlx::raw_sql(&format!(
+                "CREATE SCHEMA \"{schema}\"; {}",
+                outbox_chaos::published_ddl(&schema)
+            ))
+            .execute(&pool)
+            .await
+            .expect("create the published table");
+            let outbox = support::mariadb::install(mysql_url, &schema, KeyOrder::PerKey).await;
+            let mut tx = outbox.pool().begin().await.expect("begin");
+            outbox.enqueue(&mut tx, &messages).await.expect("enqueue");
+            tx.commit().await.expect("commit");
+            (Box::new(outbox.clone()), Some(outbox))
+        }
+    };
+    let spec = WorkerSpec {
+        url: url.to_owned(),
+        schema: schema.clone(),
+        table: TABLE.to_owned(),
+        order: KeyOrder::PerKey,
+        pool_size: 4,
+        mysql_url: mysql_url.map(str::to_owned),
+        dynamodb_url: None,
+        held_lock,
+        crash: Some(support::Crash {
+            destination: CRASH.to_owned(),
+            max_attempts: MAX_ATTEMPTS,
+        }),
+    };
+
+    let mut worker = Worker::spawn(&spec, "c0");
+    let mut crashes = 0;
+    loop {
+        let stats = admin.stats().await.expect("read the outbox's stats");
+        if stats.pending + stats.in_flight == 0 && stats.dead > 0 {
+            break;
+        }
+        if let Some(status) = worker.exited() {
+            assert_eq!(
+                status.signal(),
+                Some(6),
+                "{label}: worker {} ended with {status}, not by the crash:\n{}",
+                worker.id,
+                worker.log_tail(20)
+            );
+            let said = worker.log_lines_with("crashing on message");
+            assert_eq!(said.len(), 1, "{label}: {said:?}");
+            assert!(said[0].contains(&crash_id.to_string()), "{label}: {said:?}");
+            crashes += 1;
+            assert!(
+                crashes <= MAX_ATTEMPTS,
+                "{label}: {crashes} crashes, more than the {MAX_ATTEMPTS} attempts allowed \
+                 (a crash went uncharged): {stats:?}"
+            );
+            worker = Worker::spawn(&spec, format!("c{crashes}"));
+        }
+        assert!(
+            started.elapsed() < support::DEADLINE,
+            "{label}: not settled after {:?}: {crashes} crashes, {stats:?}\n{}",
+            support::DEADLINE,
+            worker.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let status = worker.stop().await;
+    assert!(
+        status.success(),
+        "{label}: the last worker stopped with {status}"
+    );
+
+    let dead = admin
+        .dead_letters(&DeadLetterPage::new(DeadLetterFilter::default(), 100).expect("a page"))
+        .await
+        .expect("list dead letters");
+    let crashed = dead
+        .iter()
+        .find(|d| d.message.id == crash_id)
+        .unwrap_or_else(|| panic!("{label}: the crashing message is not dead: {dead:?}"));
+    assert_eq!(
+        crashes, MAX_ATTEMPTS,
+        "{label}: dead-lettered after {crashes} crashes, not {MAX_ATTEMPTS} (a crash was \
+         charged more than once): {:?}",
+        crashed.message
+    );
+    assert_eq!(crashed.message.attempts, MAX_ATTEMPTS + 1, "{label}");
+    // Every message the crashing batches held unsettled was charged with each crash: the
+    // ones claimed with it every time share its fate, for the same reason.
+    for d in &dead {
+        let why = d.message.last_error.as_deref().unwrap_or_default();
+        assert!(
+            why.contains("ended without an outcome"),
+            "{label}: {} dead for another reason: {why}",
+            d.message.id
+        );
+    }
+    let collateral: std::collections::HashSet<uuid::Uuid> = dead
+        .iter()
+        .filter(|d| d.message.id != crash_id)
+        .map(|d| d.message.id.as_uuid())
+        .collect();
+    assert!(
+        collateral.len() < window(),
+        "{label}: {} messages died with the crashing one, more than its batches held",
+        collateral.len()
+    );
+    // The collateral may have been published before a crash (and never completed):
+    // check order and duplicates over every message, loss over the survivors.
+    let delivery = support::check_delivery(&pool, &schema, &sent).await;
+    let published: std::collections::HashSet<uuid::Uuid> = sqlx::query_scalar(&format!(
+        "SELECT DISTINCT message_id FROM \"{schema}\".published"
+    ))
+    .fetch_all(&pool)
+    .await
+    .expect("read the published table")
+    .into_iter()
+    .collect();
+    let lost: Vec<uuid::Uuid> = sent
+        .iter()
+        .map(|s| s.id)
+        .filter(|id| !collateral.contains(id) && !published.contains(id))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{label}: survivors never published: {lost:?}"
+    );
+    let bound = i64::from(MAX_ATTEMPTS) * i64::try_from(window()).unwrap();
+    println!(
+        "{label}: crashes={crashes} dead attempts={} collateral={} lost={} duplicates={} \
+         bound={bound} elapsed={:.1?}",
+        crashed.message.attempts,
+        collateral.len(),
+        lost.len(),
+        delivery.duplicates,
+        started.elapsed()
+    );
+    assert_eq!(delivery.unexpected, 0, "{label}: {delivery:?}");
+    assert!(
+        delivery.duplicates <= bound,
+        "{label}: {} duplicates exceed the bound of {bound}",
+        delivery.duplicates
+    );
+    assert!(
+        delivery.order_violations.is_empty(),
+        "{label}: per-key order broken: {:?}",
+        delivery.order_violations
+    );
+    if let Some(outbox) = mariadb {
+        support::mariadb::drop_database(&outbox).await;
+    }
     support::drop_schema(&pool, &schema).await;
 }
 
@@ -310,6 +532,7 @@ async fn sigkilled_workers_lose_nothing_on_dynamodb() {
         mysql_url: None,
         dynamodb_url: Some(dynamodb_url),
         held_lock: false,
+        crash: None,
     };
     let mut spawned = 0_u64;
     let mut spawn = |id: String| {
@@ -443,6 +666,7 @@ async fn workers_resume_after_postgres_restarts() {
         mysql_url: None,
         dynamodb_url: None,
         held_lock: false,
+        crash: None,
     };
     let mut workers: Vec<Worker> = (0..WORKERS)
         .map(|n| Worker::spawn(&spec, format!("w{n}")))
@@ -576,6 +800,7 @@ async fn wal_relay_survives_sigkills_and_restarts() {
         mysql_url: None,
         dynamodb_url: None,
         held_lock: false,
+        crash: None,
     };
     let mut workers: Vec<Worker> = (0..WORKERS)
         .map(|n| Worker::spawn_wal(&spec, format!("w{n}")))
@@ -674,6 +899,7 @@ async fn poison_rows_do_not_stop_delivery() {
                 mysql_url: None,
                 dynamodb_url: None,
                 held_lock: false,
+                crash: None,
             };
             let worker = Worker::spawn(&spec, format!("{prefix}-{}", poison.name));
             trials.push((outbox, table, poison, order, worker));
@@ -792,6 +1018,7 @@ async fn streams_relay_loses_nothing_across_sigkills() {
         mysql_url: None,
         dynamodb_url: Some(dynamodb_url),
         held_lock: false,
+        crash: None,
     };
     let mut workers: Vec<Worker> = (0..WORKERS)
         .map(|n| Worker::spawn_streams(&spec, format!("s{n}")))

@@ -12,6 +12,10 @@
 //! With `OUTBOX_CHAOS_HELD_LOCK=1` the PostgreSQL outbox claims with held locks
 //! (`ClaimMode::HeldLock`).
 //!
+//! With `OUTBOX_CHAOS_CRASH_ON=<destination>` the worker aborts (SIGABRT) when its relay
+//! publishes a message to that destination; `OUTBOX_CHAOS_MAX_ATTEMPTS` sets the relay's
+//! `max_attempts`.
+//!
 //! With `OUTBOX_CHAOS_DYNAMODB_URL` set, the outbox is a `DynamoOutbox` in the table
 //! `OUTBOX_CHAOS_TABLE` at that endpoint, its client under the seeded fault mix of
 //! `outbox_chaos::dynamodb` (seed `OUTBOX_CHAOS_FAULT_SEED`, random when unset; the
@@ -30,8 +34,7 @@ use std::time::Duration;
 
 use outbox_chaos::dynamodb::{self, FaultCounts, FAULTS_EVERY, FAULTS_LINE};
 use outbox_chaos::{
-    relay_config, storage_error, TablePublisher, WorkerSettings, ENV_DYNAMODB_URL, ENV_FAULT_SEED,
-    ENV_MYSQL_URL,
+    storage_error, TablePublisher, WorkerSettings, ENV_DYNAMODB_URL, ENV_FAULT_SEED, ENV_MYSQL_URL,
 };
 use outbox_core::backend::validate_identifier;
 use outbox_core::{ClaimMode, DispatchReport, OutboxStore, Relay};
@@ -62,7 +65,7 @@ async fn run(settings: WorkerSettings) -> outbox_core::Result<DispatchReport> {
         .with_ordering(settings.ordering)
         .with_relay_connections(settings.pool_size);
     // One connection per batch the relay holds, one for a dispatch, one spare.
-    let depth = relay_config(&settings.worker).pipeline_depth;
+    let depth = settings.relay_config().pipeline_depth;
     let held = u32::try_from(depth + 2).unwrap_or(u32::MAX);
     let config = if settings.held_lock {
         config
@@ -107,8 +110,9 @@ async fn run(settings: WorkerSettings) -> outbox_core::Result<DispatchReport> {
             return run_on_dynamodb(url, pool, &settings).await;
         }
     };
-    let publisher = TablePublisher::new(pool, &settings.schema, settings.worker.as_str());
-    let relay = Relay::new(outbox, Arc::new(publisher), relay_config(&settings.worker))?;
+    let publisher = TablePublisher::new(pool, &settings.schema, settings.worker.as_str())
+        .crash_on(settings.crash_on.clone());
+    let relay = Relay::new(outbox, Arc::new(publisher), settings.relay_config())?;
     let handle = relay.spawn();
     println!("chaos-worker {} running: {settings:?}", settings.worker);
     let why = outbox_chaos::stop_requested("chaos-worker").await;

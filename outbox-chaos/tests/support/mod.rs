@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use outbox_chaos::{
-    published_ddl, ENV_DYNAMODB_URL, ENV_FAULT_SEED, ENV_HELD_LOCK, ENV_MYSQL_URL, ENV_PER_KEY,
-    ENV_POOL_SIZE, ENV_SCHEMA, ENV_TABLE, ENV_URL, ENV_WORKER,
+    published_ddl, ENV_CRASH_ON, ENV_DYNAMODB_URL, ENV_FAULT_SEED, ENV_HELD_LOCK, ENV_MAX_ATTEMPTS,
+    ENV_MYSQL_URL, ENV_PER_KEY, ENV_POOL_SIZE, ENV_SCHEMA, ENV_TABLE, ENV_URL, ENV_WORKER,
 };
 use outbox_core::{KeyOrder, NewMessage};
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
@@ -314,8 +314,19 @@ pub(crate) struct WorkerSpec {
     pub(crate) mysql_url: Option<String>,
     /// The DynamoDB endpoint of the outbox (table `table`), if not PostgreSQL.
     pub(crate) dynamodb_url: Option<String>,
-    /// Held-lock claims instead of leases (PostgreSQL).
+    /// Held-lock claims instead of leases (PostgreSQL or MariaDB).
     pub(crate) held_lock: bool,
+    /// A destination whose messages abort the worker, and the relay's attempts.
+    pub(crate) crash: Option<Crash>,
+}
+
+/// Messages that crash the worker publishing them.
+#[derive(Debug, Clone)]
+pub(crate) struct Crash {
+    /// Their destination.
+    pub(crate) destination: String,
+    /// The relay's `max_attempts`: how many crashes before the relay dead-letters them.
+    pub(crate) max_attempts: u32,
 }
 
 /// A `chaos-worker` process. Dropping it kills the process.
@@ -368,6 +379,11 @@ impl Worker {
         }
         if let Some(url) = &spec.dynamodb_url {
             command.env(ENV_DYNAMODB_URL, url);
+        }
+        if let Some(crash) = &spec.crash {
+            command
+                .env(ENV_CRASH_ON, &crash.destination)
+                .env(ENV_MAX_ATTEMPTS, crash.max_attempts.to_string());
         }
         if let Some(seed) = fault_seed {
             command.env(ENV_FAULT_SEED, seed.to_string());
