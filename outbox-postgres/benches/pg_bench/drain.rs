@@ -10,6 +10,11 @@
 //! `pgbench` running the library's own claim + complete statements (the ceiling); and
 //! by pgmq's pure-Rust client (the peer). Each run starts from a truncated, freshly
 //! loaded and vacuumed table.
+//!
+//! `OUTBOX_BENCH_TRACE=1` prints a line per library drain: its rate, the relays' counts,
+//! and what the server did meanwhile (the deltas of `pg_stat_bgwriter`, `pg_stat_wal`
+//! and the outbox table's `pg_stat_user_tables` row), to find what a slow round had
+//! that the others did not.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -328,6 +333,52 @@ async fn ensure_empty(outbox: &PgOutbox, who: &str) -> Res<()> {
     Ok(())
 }
 
+/// Whether `OUTBOX_BENCH_TRACE=1` asks for a line per library drain.
+fn tracing() -> bool {
+    std::env::var("OUTBOX_BENCH_TRACE").is_ok_and(|v| v.trim() == "1")
+}
+
+/// The server's cumulative counters that could explain a slow drain: background writer
+/// and checkpoints, WAL, and the outbox table's scans, tuples and (auto)vacuums.
+async fn server_counters(outbox: &PgOutbox) -> Res<serde_json::Map<String, serde_json::Value>> {
+    let table = qualified(outbox);
+    let sql = format!(
+        "SELECT json_build_object(\
+         'bgw', (SELECT row_to_json(b) FROM pg_stat_bgwriter AS b), \
+         'wal', (SELECT row_to_json(w) FROM pg_stat_wal AS w), \
+         'tbl', (SELECT row_to_json(t) FROM pg_stat_user_tables AS t \
+                 WHERE t.relid = '{table}'::regclass))::text"
+    );
+    let text: String = sqlx::query_scalar(&sql).fetch_one(outbox.pool()).await?;
+    let mut flat = serde_json::Map::new();
+    if let serde_json::Value::Object(groups) = serde_json::from_str(&text)? {
+        for (group, fields) in groups {
+            if let serde_json::Value::Object(fields) = fields {
+                for (name, value) in fields {
+                    flat.insert(format!("{group}.{name}"), value);
+                }
+            }
+        }
+    }
+    Ok(flat)
+}
+
+/// `name=delta` for every numeric counter that moved, in name order.
+fn counter_deltas(
+    before: &serde_json::Map<String, serde_json::Value>,
+    after: &serde_json::Map<String, serde_json::Value>,
+) -> String {
+    let mut moved: Vec<String> = after
+        .iter()
+        .filter_map(|(name, value)| {
+            let delta = value.as_f64()? - before.get(name)?.as_f64()?;
+            (delta != 0.0).then(|| format!("{name}={delta}"))
+        })
+        .collect();
+    moved.sort();
+    moved.join(" ")
+}
+
 /// Which relay path a library drain takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RelayPath {
@@ -433,6 +484,10 @@ async fn library_drain(
             futures::future::try_join_all((0..held).map(|_| held_pool.acquire())).await?;
         drop(warm);
     }
+    let before = match tracing() {
+        true => Some(server_counters(outbox).await?),
+        false => None,
+    };
     let cpu = cpu::sample(outbox_testkit::cpu::Server::Postgres);
     let start = Instant::now();
     let handles: Vec<_> = relays.iter().map(Relay::spawn).collect();
@@ -449,11 +504,25 @@ async fn library_drain(
     }
     let took = start.elapsed();
     let spent = cpu::since(cpu);
+    let after = match before {
+        Some(_) => Some(server_counters(outbox).await?),
+        None => None,
+    };
+    let mut claimed = 0;
     for handle in handles {
         let report = handle.shutdown().await?;
         if report.retried + report.dead_lettered + report.leases_lost > 0 {
             return Err(format!("relay did not just dispatch: {report:?}").into());
         }
+        claimed += report.claimed;
+    }
+    if let (Some(before), Some(after)) = (before, after) {
+        println!(
+            "trace {path:?} batch={batch} relays={} rate={:.0}/s claimed={claimed} {}",
+            relays.len(),
+            n as f64 / took.as_secs_f64(),
+            counter_deltas(&before, &after)
+        );
     }
     pool.close().await;
     relay_pool.close().await;
