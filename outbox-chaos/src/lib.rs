@@ -129,28 +129,22 @@ impl WorkerSettings {
     pub fn from_env() -> Result<Self, String> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         let required = |name: &str| var(name).ok_or_else(|| format!("{name} is not set"));
-        let pool_size = match var(ENV_POOL_SIZE) {
-            Some(n) => n
-                .parse()
-                .map_err(|_| format!("{ENV_POOL_SIZE}={n:?} is not a number"))?,
-            None => 4,
-        };
-        let max_attempts = match var(ENV_MAX_ATTEMPTS) {
-            Some(n) => Some(
-                n.trim()
-                    .parse()
-                    .map_err(|_| format!("{ENV_MAX_ATTEMPTS}={n:?} is not a u32"))?,
-            ),
-            None => None,
-        };
-        let fault_seed = match var(ENV_FAULT_SEED) {
-            Some(n) => Some(
-                n.trim()
-                    .parse()
-                    .map_err(|_| format!("{ENV_FAULT_SEED}={n:?} is not a u64"))?,
-            ),
-            None => None,
-        };
+        // A variable that is set must parse as a `T`.
+        fn parsed<T: std::str::FromStr>(
+            name: &str,
+            value: Option<String>,
+        ) -> Result<Option<T>, String> {
+            value
+                .map(|v| {
+                    v.trim().parse().map_err(|_| {
+                        format!("{name}={v:?} is not a {}", std::any::type_name::<T>())
+                    })
+                })
+                .transpose()
+        }
+        let pool_size = parsed(ENV_POOL_SIZE, var(ENV_POOL_SIZE))?.unwrap_or(4);
+        let max_attempts = parsed(ENV_MAX_ATTEMPTS, var(ENV_MAX_ATTEMPTS))?;
+        let fault_seed = parsed(ENV_FAULT_SEED, var(ENV_FAULT_SEED))?;
         Ok(WorkerSettings {
             url: required(ENV_URL)?,
             schema: required(ENV_SCHEMA)?,

@@ -155,13 +155,11 @@ async fn a_batch_whose_connection_dies_is_charged_and_claimable_at_once() {
     let again = claim(&last, LONG).await;
     assert_eq!(again[0].message.attempts, 4);
     last.complete_one(&again[0].lease).await.unwrap();
-    let registered: i64 = sqlx::query_scalar(&format!(
-        "SELECT COUNT(*) FROM `{schema}`.`outbox_messages_held`"
-    ))
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(registered, 0, "every batch's registry row is gone");
+    assert_eq!(
+        count(&pool, &format!("`{schema}`.`outbox_messages_held`")).await,
+        0,
+        "every batch's registry row is gone"
+    );
 }
 
 /// A batch left idle past its lease has its connection ended by the server
@@ -232,13 +230,18 @@ async fn a_sweep_passes_over_a_batch_whose_session_holds_its_lock() {
     session.close().await.unwrap();
     assert_eq!(store.sweep_held().await.unwrap(), 3, "the batch ended");
     assert_eq!(row_attempts(&pool, &store).await, vec![1, 1, 1]);
-    let registered: i64 = sqlx::query_scalar(&format!(
-        "SELECT COUNT(*) FROM `{schema}`.`outbox_messages_held`"
-    ))
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(registered, 0);
+    assert_eq!(
+        count(&pool, &format!("`{schema}`.`outbox_messages_held`")).await,
+        0
+    );
+}
+
+/// Rows of `table` (quoted).
+async fn count(pool: &MySqlPool, table: &str) -> i64 {
+    sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {table}"))
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
 
 async fn row_attempts(pool: &MySqlPool, store: &MySqlOutbox) -> Vec<i32> {
@@ -279,9 +282,5 @@ async fn batches_holding_most_of_a_small_table_complete_without_waiting() {
     .expect("neither complete waits on the other batch's rows");
     assert!(done_a.unwrap().lost.is_empty());
     assert!(done_b.unwrap().lost.is_empty());
-    let left: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {}", store.qualified_name()))
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(left, 0);
+    assert_eq!(count(&pool, &store.qualified_name().to_string()).await, 0);
 }

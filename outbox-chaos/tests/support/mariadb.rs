@@ -24,6 +24,23 @@ pub(crate) async fn install(url: &str, schema: &str, order: KeyOrder) -> MySqlOu
     outbox
 }
 
+/// [`install`], with `<schema>.published` created on PostgreSQL (`pool`).
+pub(crate) async fn install_with_published(
+    pool: &sqlx::PgPool,
+    url: &str,
+    schema: &str,
+    order: KeyOrder,
+) -> MySqlOutbox {
+    sqlx::raw_sql(&format!(
+        "CREATE SCHEMA \"{schema}\"; {}",
+        outbox_chaos::published_ddl(schema)
+    ))
+    .execute(pool)
+    .await
+    .expect("create the published table");
+    install(url, schema, order).await
+}
+
 /// `count` messages over `keys` keys (every key used), in batches of 100, in order.
 pub(crate) async fn enqueue_keyed(outbox: &MySqlOutbox, count: usize, keys: usize) -> Vec<Sent> {
     let (messages, sent) = super::keyed_messages(count, keys, &mut fastrand::Rng::new());
