@@ -371,14 +371,35 @@ fn complete(t: &QualifiedName, retention: Retention, ids: &str, tokens: &str) ->
 /// twice in one statement is undefined. Under per-key order the snapshot also shows a
 /// completed head as undelivered, so its key's next message waits for the next claim:
 /// order holds, a claim later.
+///
+/// The complete first locks the batch's rows (in the order of the ids, which are
+/// sorted), `NOWAIT`, and then writes them by `ctid`: it never waits while holding rows
+/// it already wrote. A claim whose snapshot predates another relay's claim of a row
+/// locks that row's newest version, fails its re-check and keeps the lock to the end of
+/// its statement; a complete that waited for it could deadlock with that claim (four
+/// relays did, about once in 40,000 messages, each a one-second stall until
+/// `deadlock_timeout`). Refused instead (`55P03`, retryable), the relay settles again on
+/// its own.
 fn complete_and_claim(t: &QualifiedName, per_key: bool, retention: Retention) -> String {
     let (ctes, update) = claim_parts(t, per_key, Claim::Excluding);
+    let done = match retention {
+        Retention::Delete => {
+            format!("DELETE FROM {t} AS m USING mine WHERE m.ctid = mine.ctid RETURNING m.id")
+        }
+        Retention::Keep { .. } => format!(
+            "UPDATE {t} AS m SET dispatched_at = now(), lease_token = NULL FROM mine \
+             WHERE m.ctid = mine.ctid RETURNING m.id"
+        ),
+    };
     format!(
-        "WITH done AS ({complete}), {ctes}, claimed AS ({update}) \
+        "WITH mine AS (SELECT m.ctid FROM {t} AS m, \
+         unnest($4::uuid[], $5::uuid[]) AS l(id, token) \
+         WHERE {by_key} AND m.lease_token = l.token FOR UPDATE OF m NOWAIT), \
+         done AS ({done}), {ctes}, claimed AS ({update}) \
          SELECT CASE WHEN row_number() OVER () = 1 THEN d.completed END AS completed, c.* \
          FROM (SELECT array(SELECT id FROM done) AS completed) AS d \
          LEFT JOIN claimed AS c ON true",
-        complete = complete(t, retention, "$4", "$5"),
+        by_key = by_primary_key("m", "l"),
     )
 }
 
@@ -587,6 +608,25 @@ mod tests {
         assert!(k
             .complete
             .contains("SET dispatched_at = now(), lease_token = NULL"));
+    }
+
+    #[test]
+    fn complete_and_claim_locks_its_rows_without_waiting_before_writing_them() {
+        let s = statements(&config());
+        assert!(
+            s.complete_and_claim.starts_with(
+                "WITH mine AS (SELECT m.ctid FROM \"s\".\"t\" AS m, \
+                 unnest($4::uuid[], $5::uuid[]) AS l(id, token)"
+            ),
+            "{}",
+            s.complete_and_claim
+        );
+        assert!(s
+            .complete_and_claim
+            .contains("m.lease_token = l.token FOR UPDATE OF m NOWAIT), done AS (DELETE"));
+        assert!(s
+            .complete_and_claim
+            .contains("USING mine WHERE m.ctid = mine.ctid RETURNING m.id"));
     }
 
     #[test]

@@ -613,7 +613,10 @@ impl OutboxStore for PgOutbox {
     }
 
     /// Fails and releases (rare between batches) go first, as their own statements;
-    /// then one prepared statement completes and claims, one round trip per batch.
+    /// then one prepared statement completes and claims, one round trip per batch. That
+    /// statement locks the batch's rows `NOWAIT` before writing them: when another
+    /// statement holds one, it is refused at once (`Contention`), and the relay settles
+    /// on its own and claims as usual.
     async fn settle_and_claim(
         &self,
         settlement: Settlement<'_>,

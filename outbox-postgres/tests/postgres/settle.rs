@@ -125,3 +125,62 @@ async fn overlapping_batches_in_opposite_orders_do_not_deadlock() {
         );
     }
 }
+
+/// The one-statement settle-and-claim does not wait while it holds rows it already
+/// wrote: when another transaction holds one of the batch's rows (as a claim whose
+/// snapshot was older holds a row it locked and then passed over, until its statement
+/// ends), the call is refused at once with a retryable `Contention`, nothing written,
+/// and the batch completes once the row is free. (Waiting, it deadlocked with such a
+/// claim: a one-second stall until `deadlock_timeout`.)
+#[tokio::test]
+async fn settle_and_claim_refuses_at_once_when_a_batch_row_is_held() {
+    use outbox_core::{ErrorKind, Settlement};
+
+    let Some(url) = common::url("settle and claim without waiting") else {
+        return;
+    };
+    let admin = common::pool(&url, 2).await;
+    let pool = common::pool(&url, 4).await;
+    let config = PgOutboxConfig::default().with_schema(common::schema_name());
+    let outbox = PgOutbox::new(pool, config).unwrap();
+    outbox.install().await.unwrap();
+    let messages: Vec<_> = (0..4).map(crate::msg).collect();
+    crate::enqueue(&outbox, &messages).await;
+    let claimed = outbox
+        .claim(ClaimRequest::new(4, LONG).unwrap())
+        .await
+        .unwrap()
+        .into_messages();
+    let leases: Vec<Lease> = claimed.iter().map(|c| c.lease).collect();
+    let held = leases[2].id.as_uuid();
+    let mut other = admin.begin().await.unwrap();
+    sqlx::query(&format!(
+        "SELECT 1 FROM {} WHERE id = $1 FOR UPDATE",
+        table(&outbox)
+    ))
+    .bind(held)
+    .execute(&mut *other)
+    .await
+    .unwrap();
+    let next = ClaimRequest::new(4, LONG).unwrap();
+    let refused = tokio::time::timeout(
+        Duration::from_secs(10),
+        outbox.settle_and_claim(
+            Settlement {
+                complete: &leases,
+                ..Settlement::default()
+            },
+            next,
+        ),
+    )
+    .await
+    .expect("the call does not wait for the held row")
+    .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Contention, "{refused:?}");
+    assert!(refused.is_retryable());
+    assert_eq!(crate::row_count(&outbox).await, 4, "nothing was written");
+    other.rollback().await.unwrap();
+    let done = outbox.complete(&leases).await.unwrap();
+    assert!(done.lost.is_empty());
+    assert_eq!(crate::row_count(&outbox).await, 0);
+}
