@@ -118,9 +118,9 @@ impl MySqlHeld {
         &self.pool
     }
 
-    /// The statistics statement that counts held messages as in flight.
-    pub(crate) fn stats_sql(&self) -> &str {
-        &self.sql.stats
+    /// The statements.
+    pub(crate) fn statements(&self) -> &HeldStatements {
+        &self.sql
     }
 
     /// Set the session's idle bound to `lease`, unless it is set to that already.

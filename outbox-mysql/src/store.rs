@@ -247,7 +247,7 @@ impl MySqlOutbox {
     /// The statistics statement: held-lock claims count registered batches in flight.
     pub(crate) fn stats_sql(&self) -> &str {
         match &self.inner.held {
-            Some(held) => held.engine().stats_sql(),
+            Some(held) => &held.engine().statements().stats,
             None => &self.inner.sql.stats,
         }
     }
@@ -299,8 +299,9 @@ impl MySqlOutbox {
         Ok(())
     }
 
-    /// The text of a relay or admin statement by name, with room for `ids` ids: for
-    /// the plan tests, which explain what the store sends.
+    /// The text of a relay or admin statement by name (held-lock statements prefixed
+    /// `held_`, in that mode only), with room for `ids` ids: for the plan tests, which
+    /// explain what the store sends.
     #[doc(hidden)]
     pub fn relay_sql(&self, statement: &str, ids: usize) -> Option<String> {
         let sql = &self.inner.sql;
@@ -321,7 +322,26 @@ impl MySqlOutbox {
             "discard_matching" => &sql.admin.discard_matching,
             "count_dead" => &sql.admin.count_dead,
             "count_dispatched" => &sql.admin.count_dispatched,
-            _ => return None,
+            held => {
+                let held_sql = self.inner.held.as_ref()?.engine().statements();
+                match held {
+                    "held_claim" => &held_sql.claim,
+                    "held_claim_ids" => &held_sql.claim_ids,
+                    "held_claim_excluding" => &held_sql.claim_excluding,
+                    "held_complete" => &held_sql.complete,
+                    "held_fail" => &held_sql.fail,
+                    "held_hold" => &held_sql.hold,
+                    "held_unregister" => &held_sql.unregister,
+                    "held_swept" => &held_sql.swept,
+                    "held_free" => &held_sql.free,
+                    "held_undelivered" => &held_sql.undelivered,
+                    "held_charge" => &held_sql.charge,
+                    "held_drop_batches" => &held_sql.drop_batches,
+                    "held_keep" => &held_sql.keep,
+                    "held_stats" => &held_sql.stats,
+                    _ => return None,
+                }
+            }
         };
         Some(with_ids(text, ids))
     }

@@ -41,8 +41,8 @@ impl PlanHarness for MySqlPlanHarness {
 }
 
 /// The statements an operation sends, by the store's names, each with how its
-/// parameters are bound: `i` an integer, `t` a time, `b` an id or token,
-/// `s` text, `L` the id list, `F` the ids as the JSON rows of a fail.
+/// parameters are bound: `i` an integer, `t` a time, `b` an id or token (`h` as
+/// hex), `s` text, `L` the id list, `F` the ids as the JSON rows of a fail.
 fn statements(op: RelayOp) -> &'static [(&'static str, &'static str)] {
     const LOCK: (&str, &str) = ("lock", "iL");
     const CLAIM: [(&str, &str); 2] = [("claim", "ii"), ("lease", "tbL")];
@@ -199,6 +199,7 @@ async fn explain(
             'i' => query.bind(100_i64),
             't' => query.bind(chrono::Utc::now().naive_utc()),
             'b' => query.bind(ids[0]),
+            'h' => query.bind(ids[0].simple().to_string()),
             's' => query.bind("reason"),
             'L' => ids.iter().fold(query, |q, id| q.bind(*id)),
             'J' => query.bind(json),
@@ -352,5 +353,107 @@ async fn dedup_purge_reads_its_index_then_the_primary_key() {
         .await
         .expect("plan");
         assert_eq!(planned.accesses, [expected], "{planned}");
+    }
+}
+
+/// Every `(table or alias, access type, key)` of a MySQL or MariaDB JSON plan.
+fn table_accesses(plan: &Value, out: &mut Vec<(String, String, String)>) {
+    match plan {
+        Value::Object(map) => {
+            if let Some(name) = map.get("table_name").and_then(Value::as_str) {
+                let field = |f: &str| map.get(f).and_then(Value::as_str).unwrap_or("");
+                out.push((
+                    name.to_owned(),
+                    field("access_type").to_owned(),
+                    field("key").to_owned(),
+                ));
+            }
+            map.values().for_each(|v| table_accesses(v, out));
+        }
+        Value::Array(items) => items.iter().for_each(|v| table_accesses(v, out)),
+        _ => {}
+    }
+}
+
+/// The held-lock statements on the same frozen history: every read of the outbox
+/// table (by name or the claim's aliases `c`, `e`, `m`) goes through an index, never a
+/// scan; the registry is reached by primary key where a statement names its batch. (The
+/// registry is read whole where a claim excludes registered ids and where a sweep picks
+/// rows: one row per open batch.)
+#[tokio::test]
+async fn held_statements_reach_rows_through_their_indexes() {
+    let Some(harness) = harness().await else {
+        return;
+    };
+    let config = MySqlOutboxConfig::default().with_schema(common::schema_name());
+    let claims =
+        outbox_mysql::MySqlClaimConfig::default().with_claim_mode(outbox_core::ClaimMode::HeldLock);
+    let outbox = MySqlOutbox::new(harness.pool.clone(), config)
+        .expect("outbox")
+        .with_claims(claims);
+    outbox.install().await.expect("install");
+    let fixture = common::MySqlFixture { outbox };
+    let history = History {
+        dispatched: 40_000,
+        dead: 40_000,
+        due: 10_000,
+        waiting: 10_000,
+    };
+    fixture.add_history(history).await.expect("history");
+    let t = fixture.outbox.qualified_name();
+    let due: Vec<Uuid> = sqlx::query_scalar(&format!(
+        "SELECT id FROM {t} WHERE due_at IS NOT NULL ORDER BY id LIMIT 64"
+    ))
+    .fetch_all(fixture.outbox.pool())
+    .await
+    .expect("due ids");
+    let registry = format!("{}_held", t.table());
+    // One registry row, for the statements that name their batch (the first due id).
+    sqlx::query(&format!(
+        "INSERT INTO {}.`{registry}` (batch, ids, held_at) VALUES (?, '[]', UTC_TIMESTAMP(6))",
+        t.quoted_schema()
+    ))
+    .bind(due[0])
+    .execute(fixture.outbox.pool())
+    .await
+    .expect("a registry row");
+    let cases = [
+        ("held_claim", "isii"),
+        ("held_claim_ids", "isLii"),
+        ("held_claim_excluding", "isLii"),
+        ("held_complete", "J"),
+        ("held_fail", "F"),
+        ("held_hold", "h"),
+        ("held_unregister", "b"),
+        ("held_swept", ""),
+        ("held_free", "J"),
+        ("held_undelivered", "J"),
+        ("held_charge", "J"),
+        ("held_drop_batches", "J"),
+        ("held_keep", "Jh"),
+        ("held_stats", ""),
+    ];
+    for (name, binds) in cases {
+        let planned = fixture.explain(name, binds, &due).await.expect("plan");
+        let json: Value = serde_json::from_str(&valid_json(&planned.plan)).expect("a JSON plan");
+        let mut found = Vec::new();
+        table_accesses(&json, &mut found);
+        let names_its_batch = ["held_hold", "held_unregister", "held_keep"].contains(&name);
+        assert!(!found.is_empty(), "{planned}");
+        for (table, kind, key) in &found {
+            let outbox_table = [t.table(), "c", "e", "m"].contains(&table.as_str());
+            if outbox_table {
+                assert!(
+                    !matches!(kind.as_str(), "ALL" | "index") && !key.is_empty(),
+                    "{name} reads {table} with {kind} {key}:\n{planned}"
+                );
+            }
+            if names_its_batch && (table == &registry || table == "b") {
+                assert_eq!(
+                    key, "PRIMARY",
+                    "{name} reads {table} with {kind}:\n{planned}"
+                );
+            }
+        }
     }
 }
