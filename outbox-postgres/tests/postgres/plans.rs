@@ -764,3 +764,127 @@ async fn complete_and_claim_is_prepared_once_per_connection() {
     assert!(again.is_empty(), "reused, not prepared again: {again:?}");
     close(&twin).await;
 }
+
+/// Whether a plan line scans `name` itself (not `<name>_held` or another table that
+/// starts with it) sequentially or by bitmap.
+fn scans_table(plan: &str, name: &str) -> bool {
+    plan.lines().any(|line| {
+        ["Seq Scan on ", "Bitmap Heap Scan on "].iter().any(|scan| {
+            line.split(scan)
+                .nth(1)
+                .is_some_and(|rest| rest.split_whitespace().next() == Some(name))
+        })
+    })
+}
+
+/// As [`plans_cached_on_an_empty_table_stay_on_their_indexes_after_it_grows`], with
+/// held-lock claims: every statement prepared on the held connection while the table
+/// held a dozen rows (generic plans forced) still reads the outbox through its indexes
+/// once the table has grown, without statistics, to 100,000 rows. (The registry,
+/// one row per open batch, may be read whole.)
+#[tokio::test]
+async fn held_lock_plans_cached_on_an_empty_table_stay_on_their_indexes_after_it_grows() {
+    assert!(scans_table("  ->  Seq Scan on t m", "t"));
+    assert!(scans_table("Bitmap Heap Scan on t", "t"));
+    assert!(!scans_table("  ->  Seq Scan on t_held h", "t"));
+    let Some(url) = common::url("held-lock cached plans after growth") else {
+        return;
+    };
+    let pool = common::pool(&url, 2).await;
+    let config = PgOutboxConfig::default()
+        .with_claim_mode(outbox_core::ClaimMode::HeldLock)
+        .with_sweep_interval(Duration::ZERO);
+    let outbox = crate::outbox(&pool, config).await;
+    no_autovacuum(&outbox).await;
+    let store = PgOutbox::new(
+        common::pool(&url, 1).await,
+        outbox
+            .config()
+            .clone()
+            .with_relay_connections(1)
+            .with_held_connections(1),
+    )
+    .unwrap();
+    let held_pool = store.held_pool().expect("held-lock mode").0.clone();
+    sqlx::raw_sql("SET plan_cache_mode = force_generic_plan")
+        .execute(&held_pool)
+        .await
+        .unwrap();
+    let msgs: Vec<_> = (0..12).map(crate::msg).collect();
+    crate::enqueue(&outbox, &msgs).await;
+    let next = |n| ClaimRequest::new(n, LONG).unwrap();
+    let mut held: Vec<Lease> = store
+        .claim(next(1))
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.lease)
+        .collect();
+    for _ in 0..6 {
+        let settlement = outbox_core::Settlement {
+            complete: &held,
+            ..outbox_core::Settlement::default()
+        };
+        let out = store.settle_and_claim(settlement, next(1)).await.unwrap();
+        assert_eq!(out.completed.applied, 1);
+        held = out.claimed.unwrap().iter().map(|c| c.lease).collect();
+    }
+    assert_eq!(store.renew(&held, LONG).await.unwrap().leases.len(), 1);
+    let _ = store.release(&held).await.unwrap();
+    let claimed = store.claim(next(2)).await.unwrap();
+    let failures: Vec<Failure> = claimed
+        .iter()
+        .map(|c| Failure::new(c.lease, "boom", Disposition::DeadLetter))
+        .collect();
+    assert_eq!(store.fail(&failures).await.unwrap().applied, 2);
+    let listed = outbox_core::ClaimIds::new(&[msgs[11].id()], LONG).unwrap();
+    let claimed = store.claim_ids(&listed).await.unwrap();
+    let leases: Vec<Lease> = claimed.iter().map(|c| c.lease).collect();
+    assert_eq!(store.complete(&leases).await.unwrap().applied, 1);
+    // Dropping the store gives the held connection back to the pool kept here, its
+    // prepared statements intact (its open transaction is rolled back on next use).
+    drop(store);
+
+    load_without_statistics(&outbox, 100_000).await;
+    let ids = random_ids(&outbox, 100).await;
+    let name = outbox.config().table();
+    let due = format!("{name}_due");
+    let mut conn = held_pool.acquire().await.unwrap();
+    let cached: Vec<(String, String, Vec<String>)> = sqlx::query_as(
+        "SELECT name, statement, parameter_types::text[] FROM pg_prepared_statements \
+         WHERE statement LIKE '%' || $1 || '%'",
+    )
+    .bind(name)
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    let mut claims = 0;
+    for (statement, text, types) in &cached {
+        let args = settle_args(types, &ids);
+        let args = if args.is_empty() {
+            String::new()
+        } else {
+            format!("({})", args.join(", "))
+        };
+        let plan: Vec<String> =
+            sqlx::query_scalar(&format!("EXPLAIN (COSTS OFF) EXECUTE {statement}{args}"))
+                .fetch_all(&mut *conn)
+                .await
+                .unwrap();
+        let plan = plan.join("\n");
+        assert!(!scans_table(&plan, name), "{text}\n{plan}");
+        if text.contains("SKIP LOCKED") && plan.contains(&due) {
+            claims += 1;
+        }
+    }
+    assert!(
+        claims >= 2,
+        "the claims were cached and read {due}: {cached:?}"
+    );
+    assert!(
+        cached.len() >= 5,
+        "claim, claim ids, claim excluding, settles: {cached:?}"
+    );
+    drop(conn);
+    held_pool.close().await;
+}
