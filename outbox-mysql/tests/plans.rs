@@ -237,6 +237,27 @@ async fn harness() -> Option<MySqlPlanHarness> {
 
 outbox_testkit::plan_suite!(harness);
 
+/// `outbox` installed with 100,000 rows of frozen history (40,000 dispatched, 40,000
+/// dead, 10,000 due, 10,000 waiting), and 64 ids of the rows `chosen` picks (a
+/// condition and an order).
+async fn with_history(outbox: MySqlOutbox, chosen: &str) -> (common::MySqlFixture, Vec<Uuid>) {
+    outbox.install().await.expect("install");
+    let fixture = common::MySqlFixture { outbox };
+    let history = History {
+        dispatched: 40_000,
+        dead: 40_000,
+        due: 10_000,
+        waiting: 10_000,
+    };
+    fixture.add_history(history).await.expect("history");
+    let t = fixture.outbox.qualified_name();
+    let ids = sqlx::query_scalar(&format!("SELECT id FROM {t} WHERE {chosen} LIMIT 64"))
+        .fetch_all(fixture.outbox.pool())
+        .await
+        .expect("ids");
+    (fixture, ids)
+}
+
 /// The admin statements on the same history (not part of the kit's plan suite): those
 /// naming ids reach the table by primary key only (MariaDB before 11.1 has no
 /// semijoin for a single-table `UPDATE`/`DELETE`, so an `IN (JSON_TABLE)` there was a
@@ -253,22 +274,8 @@ async fn admin_statements_reach_rows_through_their_indexes() {
             window: std::time::Duration::from_secs(3600),
         });
     let outbox = MySqlOutbox::new(harness.pool.clone(), config).expect("outbox");
-    outbox.install().await.expect("install");
-    let fixture = common::MySqlFixture { outbox };
-    let history = History {
-        dispatched: 40_000,
-        dead: 40_000,
-        due: 10_000,
-        waiting: 10_000,
-    };
-    fixture.add_history(history).await.expect("history");
+    let (fixture, dead) = with_history(outbox, "dead_flag = 1 ORDER BY id DESC").await;
     let t = fixture.outbox.qualified_name();
-    let dead: Vec<Uuid> = sqlx::query_scalar(&format!(
-        "SELECT id FROM {t} WHERE dead_flag = 1 ORDER BY id DESC LIMIT 64"
-    ))
-    .fetch_all(fixture.outbox.pool())
-    .await
-    .expect("dead ids");
     let filter = "ssiiJJ";
     let cases = [
         ("requeue_ids", "J", true),
@@ -391,22 +398,8 @@ async fn held_statements_reach_rows_through_their_indexes() {
     let outbox = MySqlOutbox::new(harness.pool.clone(), config)
         .expect("outbox")
         .with_claims(claims);
-    outbox.install().await.expect("install");
-    let fixture = common::MySqlFixture { outbox };
-    let history = History {
-        dispatched: 40_000,
-        dead: 40_000,
-        due: 10_000,
-        waiting: 10_000,
-    };
-    fixture.add_history(history).await.expect("history");
+    let (fixture, due) = with_history(outbox, "due_at IS NOT NULL ORDER BY id").await;
     let t = fixture.outbox.qualified_name();
-    let due: Vec<Uuid> = sqlx::query_scalar(&format!(
-        "SELECT id FROM {t} WHERE due_at IS NOT NULL ORDER BY id LIMIT 64"
-    ))
-    .fetch_all(fixture.outbox.pool())
-    .await
-    .expect("due ids");
     let registry = format!("{}_held", t.table());
     // One registry row, for the statements that name their batch (the first due id).
     sqlx::query(&format!(

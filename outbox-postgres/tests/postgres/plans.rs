@@ -544,57 +544,15 @@ async fn plans_cached_on_an_empty_table_stay_on_their_indexes_after_it_grows() {
         .execute(relay)
         .await
         .unwrap();
-    let msgs: Vec<_> = (0..12).map(crate::msg).collect();
-    crate::enqueue(&outbox, &msgs).await;
+    relay_statements_on_a_dozen_rows(&outbox, &twin).await;
     let next = |n| ClaimRequest::new(n, LONG).unwrap();
-    let mut held: Vec<Lease> = twin
-        .claim(next(1))
-        .await
-        .unwrap()
-        .iter()
-        .map(|c| c.lease)
-        .collect();
-    for _ in 0..6 {
-        let settlement = outbox_core::Settlement {
-            complete: &held,
-            ..outbox_core::Settlement::default()
-        };
-        let out = twin.settle_and_claim(settlement, next(1)).await.unwrap();
-        assert_eq!(out.completed.applied, 1);
-        held = out.claimed.unwrap().iter().map(|c| c.lease).collect();
-    }
-    let renewed = twin.renew(&held, LONG).await.unwrap();
-    assert_eq!(renewed.leases.len(), 1);
-    let _ = twin.release(&held).await.unwrap();
-    let claimed = twin.claim(next(2)).await.unwrap();
-    let failures: Vec<Failure> = claimed
-        .iter()
-        .map(|c| Failure::new(c.lease, "boom", Disposition::DeadLetter))
-        .collect();
-    assert_eq!(twin.fail(&failures).await.unwrap().applied, 2);
-    let listed = outbox_core::ClaimIds::new(&[msgs[11].id()], LONG).unwrap();
-    let claimed = twin.claim_ids(&listed).await.unwrap();
-    assert_eq!(
-        twin.complete(&claimed.iter().map(|c| c.lease).collect::<Vec<_>>())
-            .await
-            .unwrap()
-            .applied,
-        1
-    );
 
     load_without_statistics(&outbox, 100_000).await;
     let ids = random_ids(&outbox, 100).await;
     let name = outbox.config().table();
     let (pkey, due) = (format!("{name}_pkey"), format!("{name}_due"));
     let mut conn = relay.acquire().await.unwrap();
-    let cached: Vec<(String, String, Vec<String>)> = sqlx::query_as(
-        "SELECT name, statement, parameter_types::text[] FROM pg_prepared_statements \
-         WHERE statement LIKE '%' || $1 || '%'",
-    )
-    .bind(name)
-    .fetch_all(&mut *conn)
-    .await
-    .unwrap();
+    let cached = cached_on(&mut conn, name).await;
     let mut seen = std::collections::BTreeSet::new();
     for (statement, text, types) in &cached {
         let args = settle_args(types, &ids);
@@ -765,6 +723,58 @@ async fn complete_and_claim_is_prepared_once_per_connection() {
     close(&twin).await;
 }
 
+/// Enqueue a dozen messages into `outbox` and send every relay statement through
+/// `store` (a twin of it): claim, settle and claim six times, renew, release, claim and
+/// fail, claim by id and complete.
+async fn relay_statements_on_a_dozen_rows(outbox: &PgOutbox, store: &PgOutbox) {
+    let msgs: Vec<_> = (0..12).map(crate::msg).collect();
+    crate::enqueue(outbox, &msgs).await;
+    let next = |n| ClaimRequest::new(n, LONG).unwrap();
+    let mut held: Vec<Lease> = store
+        .claim(next(1))
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.lease)
+        .collect();
+    for _ in 0..6 {
+        let settlement = outbox_core::Settlement {
+            complete: &held,
+            ..outbox_core::Settlement::default()
+        };
+        let out = store.settle_and_claim(settlement, next(1)).await.unwrap();
+        assert_eq!(out.completed.applied, 1);
+        held = out.claimed.unwrap().iter().map(|c| c.lease).collect();
+    }
+    assert_eq!(store.renew(&held, LONG).await.unwrap().leases.len(), 1);
+    let _ = store.release(&held).await.unwrap();
+    let claimed = store.claim(next(2)).await.unwrap();
+    let failures: Vec<Failure> = claimed
+        .iter()
+        .map(|c| Failure::new(c.lease, "boom", Disposition::DeadLetter))
+        .collect();
+    assert_eq!(store.fail(&failures).await.unwrap().applied, 2);
+    let listed = outbox_core::ClaimIds::new(&[msgs[11].id()], LONG).unwrap();
+    let claimed = store.claim_ids(&listed).await.unwrap();
+    let leases: Vec<Lease> = claimed.iter().map(|c| c.lease).collect();
+    assert_eq!(store.complete(&leases).await.unwrap().applied, 1);
+}
+
+/// The statements prepared on `conn` that name `table`: name, text, parameter types.
+async fn cached_on(
+    conn: &mut sqlx::PgConnection,
+    table: &str,
+) -> Vec<(String, String, Vec<String>)> {
+    sqlx::query_as(
+        "SELECT name, statement, parameter_types::text[] FROM pg_prepared_statements \
+         WHERE statement LIKE '%' || $1 || '%'",
+    )
+    .bind(table)
+    .fetch_all(conn)
+    .await
+    .unwrap()
+}
+
 /// Whether a plan line scans `name` itself (not `<name>_held` or another table that
 /// starts with it) sequentially or by bitmap.
 fn scans_table(plan: &str, name: &str) -> bool {
@@ -810,37 +820,7 @@ async fn held_lock_plans_cached_on_an_empty_table_stay_on_their_indexes_after_it
         .execute(&held_pool)
         .await
         .unwrap();
-    let msgs: Vec<_> = (0..12).map(crate::msg).collect();
-    crate::enqueue(&outbox, &msgs).await;
-    let next = |n| ClaimRequest::new(n, LONG).unwrap();
-    let mut held: Vec<Lease> = store
-        .claim(next(1))
-        .await
-        .unwrap()
-        .iter()
-        .map(|c| c.lease)
-        .collect();
-    for _ in 0..6 {
-        let settlement = outbox_core::Settlement {
-            complete: &held,
-            ..outbox_core::Settlement::default()
-        };
-        let out = store.settle_and_claim(settlement, next(1)).await.unwrap();
-        assert_eq!(out.completed.applied, 1);
-        held = out.claimed.unwrap().iter().map(|c| c.lease).collect();
-    }
-    assert_eq!(store.renew(&held, LONG).await.unwrap().leases.len(), 1);
-    let _ = store.release(&held).await.unwrap();
-    let claimed = store.claim(next(2)).await.unwrap();
-    let failures: Vec<Failure> = claimed
-        .iter()
-        .map(|c| Failure::new(c.lease, "boom", Disposition::DeadLetter))
-        .collect();
-    assert_eq!(store.fail(&failures).await.unwrap().applied, 2);
-    let listed = outbox_core::ClaimIds::new(&[msgs[11].id()], LONG).unwrap();
-    let claimed = store.claim_ids(&listed).await.unwrap();
-    let leases: Vec<Lease> = claimed.iter().map(|c| c.lease).collect();
-    assert_eq!(store.complete(&leases).await.unwrap().applied, 1);
+    relay_statements_on_a_dozen_rows(&outbox, &store).await;
     // Dropping the store gives the held connection back to the pool kept here, its
     // prepared statements intact (its open transaction is rolled back on next use).
     drop(store);
@@ -850,14 +830,7 @@ async fn held_lock_plans_cached_on_an_empty_table_stay_on_their_indexes_after_it
     let name = outbox.config().table();
     let due = format!("{name}_due");
     let mut conn = held_pool.acquire().await.unwrap();
-    let cached: Vec<(String, String, Vec<String>)> = sqlx::query_as(
-        "SELECT name, statement, parameter_types::text[] FROM pg_prepared_statements \
-         WHERE statement LIKE '%' || $1 || '%'",
-    )
-    .bind(name)
-    .fetch_all(&mut *conn)
-    .await
-    .unwrap();
+    let cached = cached_on(&mut conn, name).await;
     let mut claims = 0;
     for (statement, text, types) in &cached {
         let args = settle_args(types, &ids);
