@@ -562,6 +562,8 @@ mod tests {
         failing: Mutex<HashMap<&'static str, Error>>,
         connections: AtomicUsize,
         sweeps: AtomicUsize,
+        /// What each select was asked for.
+        asked: Mutex<Vec<HeldWhich>>,
     }
 
     fn gone() -> Error {
@@ -628,6 +630,7 @@ mod tests {
 
         async fn select(&self, tx: &mut Tx, select: HeldSelect<'_>) -> Result<HeldRows> {
             self.note(format!("select {}", tx.0));
+            locked(&self.asked).push(select.which.clone());
             let rows = locked(&self.selects).pop_front();
             let (claimed, poison) = match rows {
                 None => (Vec::new(), Vec::new()),
@@ -655,6 +658,10 @@ mod tests {
             poison: Vec<(MessageId, String)>,
         ) -> Result<usize> {
             self.fails("dead_letter")?;
+            assert!(
+                poison.windows(2).all(|w| w[0].0 < w[1].0),
+                "poison in id order"
+            );
             self.note(format!("dead_letter {} {}", tx.0, poison.len()));
             Ok(poison.len())
         }
@@ -752,6 +759,74 @@ mod tests {
             engine.sweeps.load(Ordering::SeqCst),
             2,
             "interval zero: every claim"
+        );
+    }
+
+    #[tokio::test]
+    async fn settle_and_claim_settles_then_claims_past_what_it_settled() {
+        let (held, engine) = held(Duration::from_secs(3600));
+        let listed = ids(3);
+        locked(&engine.selects).push_back(Rows::Messages(listed.clone()));
+        let first = leases(&claim(&held).await);
+        let failure = Failure::new(
+            first[1],
+            "x",
+            Disposition::Retry {
+                after: Duration::ZERO,
+            },
+        );
+        let next = ids(2);
+        locked(&engine.selects).push_back(Rows::Messages(next.clone()));
+        engine.log();
+        let settlement = Settlement {
+            complete: &first[..1],
+            fail: std::slice::from_ref(&failure),
+            release: &first[2..],
+        };
+        let request = ClaimRequest::new(10, Duration::from_secs(30)).unwrap();
+        let out = held.settle_and_claim(settlement, request).await.unwrap();
+        let applied = (
+            out.completed.applied,
+            out.failed.applied,
+            out.released.applied,
+        );
+        assert_eq!(applied, (1, 1, 1));
+        let claimed = out.claimed.unwrap().into_messages();
+        let got: Vec<MessageId> = claimed.iter().map(|c| c.message.id).collect();
+        assert_eq!(got, next);
+        assert_eq!(
+            locked(&engine.asked).last(),
+            Some(&HeldWhich::Excluding(listed.clone())),
+            "the claim skips every id the settlement named (a release is due again)"
+        );
+        assert_eq!(
+            engine.log(),
+            [
+                format!("complete 1 [{}]", names(&listed[..1])),
+                format!("fail 1 [{}]", names(&listed[1..2])),
+                "finish 1 by_release=true".to_owned(),
+                "select 1".to_owned(),
+                format!("register batch 1 [{}]", names(&next)),
+            ]
+        );
+
+        // A settle that fails ends the call before any claim.
+        let second = leases(&claimed);
+        locked(&engine.failing).insert("complete", refused());
+        engine.log();
+        let settlement = Settlement {
+            complete: &second,
+            ..Settlement::default()
+        };
+        let request = ClaimRequest::new(10, Duration::from_secs(30)).unwrap();
+        let err = held
+            .settle_and_claim(settlement, request)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Storage);
+        assert!(
+            !engine.log().iter().any(|entry| entry.starts_with("select")),
+            "no claim after a failed settle"
         );
     }
 
@@ -884,7 +959,10 @@ mod tests {
     #[tokio::test]
     async fn poison_alone_is_dead_lettered_and_committed() {
         let (held, engine) = held(Duration::ZERO);
-        locked(&engine.selects).push_back(Rows::Poison(ids(2)));
+        // Out of order: the kit hands them to the engine sorted.
+        let mut poison = ids(2);
+        poison.reverse();
+        locked(&engine.selects).push_back(Rows::Poison(poison));
         let claimed = held
             .claim(HeldWhich::Due, 10, Duration::from_secs(1))
             .await
