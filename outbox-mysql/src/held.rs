@@ -57,7 +57,7 @@ use uuid::Uuid;
 use crate::error::{from_sqlx, number};
 use crate::held_sql::{batch_lock, HeldStatements};
 use crate::row::decode_claimed;
-use crate::sql::{padded, with_ids};
+use crate::sql::{json_hex, padded, with_ids};
 use crate::store::{fail_rows, failure_rows};
 
 /// A held transaction and what its session has armed.
@@ -86,12 +86,6 @@ const MAX_IDLE_SECONDS: u64 = 31_536_000;
 fn idle_seconds(lease: Duration) -> u64 {
     let whole = lease.as_secs() + u64::from(lease.subsec_nanos() > 0);
     whole.clamp(1, MAX_IDLE_SECONDS)
-}
-
-/// Ids as the JSON array of hex the statements read.
-fn json_ids(ids: impl IntoIterator<Item = Uuid>) -> String {
-    let hex: Vec<String> = ids.into_iter().map(|id| id.simple().to_string()).collect();
-    serde_json::Value::from(hex).to_string()
 }
 
 fn uuids(ids: &[MessageId]) -> Vec<Uuid> {
@@ -178,7 +172,7 @@ impl MySqlHeld {
                 .map_err(|e| Error::new(ErrorKind::Decode, format!("registry row {batch}: {e}")))?;
             batches.push((batch, ids));
         }
-        let listed = json_ids(batches.iter().flat_map(|(_, ids)| ids.iter().copied()));
+        let listed = json_hex(batches.iter().flat_map(|(_, ids)| ids.iter().copied()));
         let free: Vec<Uuid> = sqlx::query_scalar(&self.sql.free)
             .bind(&listed)
             .fetch_all(&mut *tx)
@@ -193,7 +187,7 @@ impl MySqlHeld {
             0
         } else {
             sqlx::query(&self.sql.charge)
-                .bind(json_ids(free.iter().copied()))
+                .bind(json_hex(free.iter().copied()))
                 .execute(&mut *tx)
                 .await
                 .map_err(err)?
@@ -211,7 +205,7 @@ impl MySqlHeld {
                 ended.push(serde_json::Value::from(batch.as_str()));
             } else if left.len() < ids.len() {
                 sqlx::query(&self.sql.keep)
-                    .bind(json_ids(left))
+                    .bind(json_hex(left))
                     .bind(batch)
                     .execute(&mut *tx)
                     .await
@@ -303,7 +297,7 @@ impl HeldEngine for MySqlHeld {
     async fn register(&self, tx: &mut HeldTx, batch: &str, ids: &[MessageId]) -> Result<()> {
         sqlx::query(&self.sql.register)
             .bind(batch)
-            .bind(json_ids(uuids(ids)))
+            .bind(json_hex(uuids(ids)))
             .execute(&self.registry)
             .await
             .map_err(|e| from_sqlx("claim (registering the batch)", e))?;
@@ -317,7 +311,7 @@ impl HeldEngine for MySqlHeld {
 
     async fn complete(&self, tx: &mut HeldTx, ids: &[MessageId]) -> Result<Vec<MessageId>> {
         sqlx::query(&self.sql.complete)
-            .bind(json_ids(uuids(ids)))
+            .bind(json_hex(uuids(ids)))
             .execute(&mut *tx.tx)
             .await
             .map_err(|e| from_sqlx("complete", e))?;
@@ -434,7 +428,7 @@ mod tests {
     #[test]
     fn ids_are_a_json_array_of_hex() {
         let id = Uuid::from_u128(0xab);
-        assert_eq!(json_ids([id]), format!("[\"{}\"]", id.simple()));
+        assert_eq!(json_hex([id]), format!("[\"{}\"]", id.simple()));
     }
 
     #[test]

@@ -10,10 +10,12 @@
 
 use outbox_core::store::MAX_ATTEMPTS;
 
-use outbox_core::{KeyOrder, Retention};
+use outbox_core::KeyOrder;
+#[cfg(test)]
+use outbox_core::Retention;
 
 use crate::config::{MySqlOutboxConfig, QualifiedName};
-use crate::sql::{COLUMNS, NOW};
+use crate::sql::{Statements, COLUMNS, NOW};
 
 /// Prebuilt statement text of held-lock claims; `{ids}` marks an id list
 /// ([`with_ids`](crate::sql::with_ids)).
@@ -27,8 +29,7 @@ pub(crate) struct HeldStatements {
     /// settle-and-claim settled).
     pub(crate) claim_excluding: String,
     /// Ids (a JSON array of hex): complete (delete or stamp dispatched), each reached by
-    /// primary key from the array (never a scan, which would wait on every row other
-    /// batches hold: the optimizer scans when the ids are a large part of a small table).
+    /// primary key from the array: the lease complete (see `crate::sql`).
     pub(crate) complete: String,
     /// One JSON array of `[id, token, error, dead, retry µs]` rows (the lease fail's
     /// shape, the token ignored): record failed attempts.
@@ -87,7 +88,7 @@ fn next_attempt(column: &str) -> String {
 }
 
 impl HeldStatements {
-    pub(crate) fn new(t: &QualifiedName, config: &MySqlOutboxConfig) -> Self {
+    pub(crate) fn new(t: &QualifiedName, config: &MySqlOutboxConfig, lease: &Statements) -> Self {
         let per_key = config.ordering() == KeyOrder::PerKey;
         let held = held_table(t);
         let json_ids = "JSON_TABLE(?, '$[*]' COLUMNS (h CHAR(32) PATH '$')) AS j";
@@ -102,13 +103,7 @@ impl HeldStatements {
             claim: claim(t, &due, "", &registered, per_key),
             claim_ids: claim(t, "PRIMARY", "c.id IN ({ids}) AND ", &registered, per_key),
             claim_excluding: claim(t, &due, "c.id NOT IN ({ids}) AND ", &registered, per_key),
-            complete: match config.retention() {
-                Retention::Delete => format!("DELETE {t} FROM {by_json}"),
-                Retention::Keep { .. } => format!(
-                    "UPDATE {by_json} SET dispatched_at = {NOW}, lease_token = NULL \
-                     WHERE {t}.due_at IS NOT NULL"
-                ),
-            },
+            complete: lease.complete.clone(),
             fail: format!(
                 "UPDATE JSON_TABLE(?, '$[*]' COLUMNS (h CHAR(32) PATH '$[0]', e TEXT CHARACTER \
                  SET utf8mb4 PATH '$[2]', d INT PATH '$[3]', r BIGINT PATH '$[4]')) AS j \
@@ -218,7 +213,7 @@ mod tests {
             .with_schema("s")
             .with_table("t");
         let name = config.qualified_name().unwrap();
-        HeldStatements::new(&name, &config)
+        HeldStatements::new(&name, &config, &Statements::new(&name, &config))
     }
 
     #[test]
@@ -253,7 +248,7 @@ mod tests {
                 window: std::time::Duration::from_secs(60),
             });
         let name = config.qualified_name().unwrap();
-        let keep = HeldStatements::new(&name, &config).complete;
+        let keep = HeldStatements::new(&name, &config, &Statements::new(&name, &config)).complete;
         assert!(keep.starts_with("UPDATE JSON_TABLE(?, "), "{keep}");
         assert!(keep.ends_with("WHERE `s`.`t`.due_at IS NOT NULL"), "{keep}");
     }

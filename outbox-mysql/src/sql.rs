@@ -11,9 +11,13 @@
 //!   dead-lettering of poison rows) reaches rows through `PRIMARY` (`FORCE INDEX`), so
 //!   it can never become a locking range scan of a secondary index. Id lists are
 //!   `IN (?, ...)` lists padded to a power of two by repeating the last id, so a
-//!   connection prepares at most a few shapes of each statement; rows with values
-//!   (fail, dead-lettering) and the admin's id lists are one JSON array read with
-//!   `JSON_TABLE`, joined first (`STRAIGHT_JOIN`).
+//!   connection prepares at most a few shapes of each statement; a settle's lock and
+//!   its complete, rows with values (fail, dead-lettering) and the admin's id lists are
+//!   one JSON array read with `JSON_TABLE`, joined first (`STRAIGHT_JOIN`). (An `IN`
+//!   list naming much of a small table is planned as a scan, and a locking scan, or a
+//!   `DELETE`'s, waits on every row others hold.)
+//!
+//! [`json_hex`] writes those arrays.
 //! - Admin statements read `<table>_dead` (dead letters, in id order) and
 //!   `<table>_dispatched` (purges). MySQL refuses `LIMIT` in an `IN` subquery and a
 //!   subquery on the table being changed, so bounded changes join a derived table;
@@ -36,8 +40,8 @@ pub(crate) const COLUMNS: &str = "id, destination, partition_key, payload, conte
 
 /// Prebuilt statement text; `{ids}` marks where an id list goes ([`with_ids`]).
 /// Parameters: `claim` lease µs, limit (`claim_ids`: lease µs, ids, limit); `lease`
-/// expiry, token, ids; `lock` lease µs (0 but for renewals), ids; `complete` and
-/// `release` ids; `renew` expiry, ids; `fail` one JSON array of `[id, token, error,
+/// expiry, token, ids; `lock` lease µs (0 but for renewals), ids as a JSON array of
+/// hex; `complete` the same JSON array; `release` ids; `renew` expiry, ids; `fail` one JSON array of `[id, token, error,
 /// dead, retry µs]` (id and token in hex), fenced by token; `release_claim` token, ids.
 #[derive(Debug)]
 pub(crate) struct Statements {
@@ -63,6 +67,12 @@ pub(crate) struct Statements {
 pub(crate) fn with_ids(sql: &str, n: usize) -> String {
     let list = vec!["?"; n.max(1).next_power_of_two()].join(", ");
     sql.replace("{ids}", &list)
+}
+
+/// Ids as the JSON array of 32-digit hex strings the `JSON_TABLE` statements read.
+pub(crate) fn json_hex(ids: impl IntoIterator<Item = uuid::Uuid>) -> String {
+    let hex: Vec<String> = ids.into_iter().map(|id| id.simple().to_string()).collect();
+    serde_json::Value::from(hex).to_string()
 }
 
 /// `items` repeated at the end to fill the list of [`with_ids`].
@@ -129,7 +139,9 @@ impl Statements {
         );
         // Joined, not `IN (JSON_TABLE)`: MariaDB < 11.1 has no semijoin for a
         // single-table UPDATE/DELETE and scans the table with a dependent subquery.
-        // `STRAIGHT_JOIN`: the ids first, or a small table is scanned (and locked).
+        // `STRAIGHT_JOIN`: the ids first, or a small table is scanned (and locked). A
+        // settle's lock and complete read their ids this way too: an `IN (...)` list naming
+        // much of a small table is planned as a scan, which waits on every row others hold.
         let by_json =
             format!("{JSON_TABLE} STRAIGHT_JOIN {t} FORCE INDEX (PRIMARY) ON {t}.id = UNHEX(j.h)");
         // The listed ids that are dead letters, found through `<table>_dead` (the rows
@@ -161,17 +173,16 @@ impl Statements {
                  attempts = IF(attempts < {MAX_ATTEMPTS}, attempts + 1, attempts)"
             )) + "id IN ({ids})",
             lock: format!(
-                "SELECT id, lease_token, due_at IS NOT NULL AS undelivered, \
-                 {NOW} + INTERVAL ? MICROSECOND AS expiry FROM {t} FORCE INDEX (PRIMARY) \
-                 WHERE id IN ({{ids}}) ORDER BY id FOR UPDATE"
+                "SELECT {t}.id, {t}.lease_token, {t}.due_at IS NOT NULL AS undelivered, \
+                 {NOW} + INTERVAL ? MICROSECOND AS expiry FROM {by_json} \
+                 ORDER BY {t}.id FOR UPDATE"
             ),
             complete: match config.retention() {
-                Retention::Delete => {
-                    format!("DELETE {t} FROM {t} FORCE INDEX (PRIMARY) WHERE id IN ({{ids}})")
-                }
-                Retention::Keep { .. } => {
-                    by_id("dispatched_at = UTC_TIMESTAMP(6), lease_token = NULL") + "id IN ({ids})"
-                }
+                Retention::Delete => format!("DELETE {t} FROM {by_json}"),
+                Retention::Keep { .. } => format!(
+                    "UPDATE {by_json} SET dispatched_at = {NOW}, lease_token = NULL \
+                     WHERE {t}.due_at IS NOT NULL"
+                ),
             },
             release: by_id(release) + "id IN ({ids})",
             renew: by_id("available_at = ?") + "id IN ({ids})",

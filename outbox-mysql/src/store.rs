@@ -31,7 +31,7 @@ use crate::held::MySqlHeld;
 use crate::held_sql::{held_registry, HeldStatements};
 use crate::row::{decode_claimed, get};
 use crate::schema;
-use crate::sql::{padded, with_ids, Statements};
+use crate::sql::{json_hex, padded, with_ids, Statements};
 
 /// The most messages one `INSERT` of an enqueue carries (7 parameters each).
 const ENQUEUE_CHUNK: usize = 4096;
@@ -197,7 +197,7 @@ impl MySqlOutbox {
             let engine = MySqlHeld::new(
                 read_committed(&self.pool, claims.held_connections()),
                 self.relay.clone(),
-                HeldStatements::new(&inner.name, &inner.config),
+                HeldStatements::new(&inner.name, &inner.config, &inner.sql),
                 inner.config.limits().clone(),
             );
             HeldBatches::new(engine, claims.sweep_interval())
@@ -484,8 +484,9 @@ impl MySqlOutbox {
             .map(|l| (l.id.as_uuid(), l.token.as_uuid()))
             .collect();
         let lease_us = if let Write::Renew(us) = write { us } else { 0 };
-        let lock = with_ids(&sql.lock, ids.len());
-        let query = padded(&ids).fold(sqlx::query_as(&lock).bind(lease_us), |q, id| q.bind(id));
+        let query = sqlx::query_as(&sql.lock)
+            .bind(lease_us)
+            .bind(json_hex(ids.iter().copied()));
         let mut tx = self.relay.begin().await.map_err(err)?;
         let rows: Vec<(Uuid, Option<Uuid>, bool, NaiveDateTime)> =
             query.fetch_all(&mut *tx).await.map_err(err)?;
@@ -504,7 +505,7 @@ impl MySqlOutbox {
         }
         let ids: Vec<Uuid> = applied.iter().map(|(id, _)| *id).collect();
         let text = match &write {
-            Write::Complete => with_ids(&sql.complete, ids.len()),
+            Write::Complete => sql.complete.clone(),
             Write::Release => with_ids(&sql.release, ids.len()),
             Write::Renew(_) => with_ids(&sql.renew, ids.len()),
             Write::Fail(_) => sql.fail.clone(),
@@ -512,6 +513,7 @@ impl MySqlOutbox {
         let by_ids = |q| padded(&ids).fold(q, |q: Query<'_>, id| q.bind(id));
         let query = match &write {
             Write::Fail(rows) => sqlx::query(&text).bind(rows),
+            Write::Complete => sqlx::query(&text).bind(json_hex(ids.iter().copied())),
             Write::Renew(_) => by_ids(sqlx::query(&text).bind(applied[0].1)),
             _ => by_ids(sqlx::query(&text)),
         };

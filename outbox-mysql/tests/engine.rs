@@ -340,3 +340,39 @@ async fn dedup_purge_skips_a_held_record() {
     assert_eq!(purged.expect("purge the freed record"), 1);
     assert_eq!(rows(&pool, &t).await, 0);
 }
+
+/// A settle touches only its own rows: while another transaction holds a row of a
+/// different batch (a held-lock batch sharing the table, a relay settling), completing
+/// half of a small table does not wait. (Its lock and delete took the ids as an `IN`
+/// list, which MariaDB plans as a scan when they are much of a small table; the scan
+/// waited on every row others held, and two settles could deadlock.)
+#[tokio::test]
+async fn a_settle_waits_for_no_row_but_its_own() {
+    let Some((pool, outbox)) = outbox("settles by primary key", MySqlOutboxConfig::default()).await
+    else {
+        return;
+    };
+    enqueue(&outbox, 20).await;
+    sqlx::query(&format!("ANALYZE TABLE {}", outbox.qualified_name()))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let claim = |n| outbox.claim(ClaimRequest::new(n, LEASE).unwrap());
+    let mine: Vec<_> = claim(10).await.unwrap().iter().map(|c| c.lease).collect();
+    let theirs = claim(10).await.unwrap().into_messages();
+    let mut other = pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "SELECT id FROM {} WHERE id = ? FOR UPDATE",
+        outbox.qualified_name()
+    ))
+    .bind(theirs[5].message.id.as_uuid())
+    .execute(&mut *other)
+    .await
+    .unwrap();
+    let done = tokio::time::timeout(Duration::from_secs(10), outbox.complete(&mine))
+        .await
+        .expect("the complete does not wait for a row of another batch")
+        .unwrap();
+    assert_eq!((done.applied, done.lost.len()), (10, 0));
+    other.rollback().await.unwrap();
+}

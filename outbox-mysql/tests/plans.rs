@@ -44,14 +44,14 @@ impl PlanHarness for MySqlPlanHarness {
 /// parameters are bound: `i` an integer, `t` a time, `b` an id or token (`h` as
 /// hex), `s` text, `L` the id list, `F` the ids as the JSON rows of a fail.
 fn statements(op: RelayOp) -> &'static [(&'static str, &'static str)] {
-    const LOCK: (&str, &str) = ("lock", "iL");
+    const LOCK: (&str, &str) = ("lock", "iJ");
     const CLAIM: [(&str, &str); 2] = [("claim", "ii"), ("lease", "tbL")];
     match op {
         RelayOp::Claim => &[CLAIM[0], CLAIM[1], ("fail", "F")],
         RelayOp::ClaimIds => &[("claim_ids", "iLi"), CLAIM[1]],
         // The trait's default: complete, then claim.
-        RelayOp::SettleAndClaim => &[LOCK, ("complete", "L"), CLAIM[0], CLAIM[1]],
-        RelayOp::Complete => &[LOCK, ("complete", "L")],
+        RelayOp::SettleAndClaim => &[LOCK, ("complete", "J"), CLAIM[0], CLAIM[1]],
+        RelayOp::Complete => &[LOCK, ("complete", "J")],
         RelayOp::Fail => &[LOCK, ("fail", "F")],
         RelayOp::Release => &[LOCK, ("release", "L")],
         RelayOp::Renew => &[LOCK, ("renew", "tL")],
