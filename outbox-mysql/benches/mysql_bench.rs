@@ -329,15 +329,21 @@ async fn raw_worker(outbox: &MySqlOutbox, batch: usize) -> Result<()> {
         tx.commit().await.map_err(storage)?;
         // Complete: lock by id, check the token, delete.
         let mut tx = pool.begin().await.map_err(storage)?;
-        let locked: Vec<(Uuid, Option<Uuid>, bool, NaiveDateTime)> =
-            pad_as(&ids, n, sqlx::query_as(&lock).bind(0_i64))
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(storage)?;
+        // The lock and the complete take the ids as one JSON array of hex, as the store
+        // sends them.
+        let hex: Vec<String> = ids.iter().map(|id| id.simple().to_string()).collect();
+        let json = serde_json::Value::from(hex).to_string();
+        let locked: Vec<(Uuid, Option<Uuid>, bool, NaiveDateTime)> = sqlx::query_as(&lock)
+            .bind(0_i64)
+            .bind(&json)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(storage)?;
         assert!(locked
             .iter()
             .all(|(_, t, live, _)| *live && *t == Some(token)));
-        pad(&ids, n, sqlx::query(&complete))
+        sqlx::query(&complete)
+            .bind(&json)
             .execute(&mut *tx)
             .await
             .map_err(storage)?;
@@ -346,14 +352,9 @@ async fn raw_worker(outbox: &MySqlOutbox, batch: usize) -> Result<()> {
 }
 
 type Query<'q> = sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>;
-type QueryAs<'q, T> = sqlx::query::QueryAs<'q, sqlx::MySql, T, sqlx::mysql::MySqlArguments>;
 
 /// `ids` bound, the last repeated up to `n`, as the store pads its lists.
 fn pad<'q>(ids: &[Uuid], n: usize, query: Query<'q>) -> Query<'q> {
-    (0..n).fold(query, |q, i| q.bind(ids[i.min(ids.len() - 1)]))
-}
-
-fn pad_as<'q, T>(ids: &[Uuid], n: usize, query: QueryAs<'q, T>) -> QueryAs<'q, T> {
     (0..n).fold(query, |q, i| q.bind(ids[i.min(ids.len() - 1)]))
 }
 
