@@ -2,16 +2,19 @@
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::ops::Range;
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::settler::Deferred;
+use super::report::Counter;
+use super::settler::{self, Deferred, SettleOutcome};
 use super::{DispatchReport, Inner};
-use crate::backoff::Backoff;
 use crate::error::Result;
 use crate::message::{Message, MessageId};
 use crate::publisher::PublishOutcome;
@@ -21,11 +24,12 @@ use crate::store::{ClaimedMessage, Disposition, Failure, Lease, Settled};
 /// measured from it, by the relay's clock).
 ///
 /// A batch is published in chunks of [`publish_batch_size`](super::RelayConfig), up to
-/// [`publish_concurrency`](super::RelayConfig) at once; each chunk settles its own
-/// leases as soon as its publish returns, except that the loop's batches leave the
-/// settle of the chunk that finishes last to the next claim (see [`Deferred`]), handed
-/// back as a value. Every count goes through [`Tally::record`](super::Tally) once, when
-/// the chunk is settled (or its settle deferred).
+/// [`publish_concurrency`](super::RelayConfig) at once (a chunk holds its place until
+/// its settle returns); each chunk settles its own leases as soon as its publish
+/// returns, except that the loop's batches leave the settle of the chunk that finishes
+/// publishing last to the next claim (see [`Deferred`]), handed back as a value. That
+/// choice is made in one place, [`publish_chunks`](Self::publish_chunks). Every count
+/// goes through the batch's [`Counter`] once, when it happens.
 ///
 /// On a store that renews leases, a chunk about to start renews the batch's unsettled
 /// leases when too little lease is left for its publish, so later waves never find
@@ -42,6 +46,8 @@ pub(super) struct Batch<'r> {
     /// publish). They are dead-lettered without being published again, so a message
     /// whose publish kills the relay cannot loop for ever.
     exhausted: Vec<Failure>,
+    /// What the batch counted, fed to the relay's totals as it goes.
+    counter: Counter<'r>,
     /// When the leases lapse by the relay's clock: the claim's start plus the lease,
     /// moved on by each renewal (its start plus the lease).
     deadline: Mutex<Instant>,
@@ -50,11 +56,35 @@ pub(super) struct Batch<'r> {
     started: Mutex<HashSet<MessageId>>,
     /// Ids whose settle was sent (or deferred): renewals leave them out.
     settling: Mutex<HashSet<MessageId>>,
-    /// Chunks not yet finished publishing: the one that brings it to zero is the
-    /// last, whose settle the loop's batches defer.
-    unfinished: AtomicUsize,
     /// One renewal at a time: chunks that need one wait for it and re-check.
     renewing: tokio::sync::Mutex<()>,
+}
+
+/// Who settles the chunk that finishes publishing last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LastSettle {
+    /// The batch, like every other chunk (explicit dispatch).
+    Own,
+    /// The next claim of the loop, which carries it (unless the relay is stopping, or
+    /// a chunk of the batch was released: its lease was short, so nothing waits).
+    Defer,
+}
+
+/// How one chunk's publish ended.
+enum Chunk {
+    /// Its leases were given back unattempted (counted already).
+    Released,
+    /// Published: what to complete and what to fail.
+    Published {
+        done: Vec<Lease>,
+        failures: Vec<Failure>,
+    },
+}
+
+/// A step of [`Batch::publish_chunks`]: a chunk's publish ended, or a settle returned.
+enum Step {
+    Publish(Chunk),
+    Settle,
 }
 
 impl<'r> Batch<'r> {
@@ -75,19 +105,16 @@ impl<'r> Batch<'r> {
                 Failure::new(c.lease, error, Disposition::DeadLetter)
             })
             .collect();
-        let chunks = claimed
-            .len()
-            .div_ceil(inner.config.publish_batch_size.max(1));
         let (messages, leases) = claimed.into_iter().map(|c| (c.message, c.lease)).unzip();
         Batch {
             inner,
             messages,
             leases,
             exhausted,
+            counter: Counter::new(&inner.tally),
             deadline: Mutex::new(claimed_at + inner.config.lease),
             started: Mutex::default(),
             settling: Mutex::default(),
-            unfinished: AtomicUsize::new(chunks),
             renewing: tokio::sync::Mutex::new(()),
         }
     }
@@ -109,28 +136,24 @@ impl<'r> Batch<'r> {
     }
 
     /// Whether a publish may start now; on a store that renews leases, renew the
-    /// batch's unsettled leases first when too little is left. Also what the renewal
-    /// counted (a failed one is a store error), already recorded in the relay's totals,
-    /// for the caller's report.
-    async fn lease_for_publish(&self) -> (bool, DispatchReport) {
-        let mut counted = DispatchReport::default();
+    /// batch's unsettled leases first when too little is left.
+    async fn lease_for_publish(&self) -> bool {
         if self.lease_allows_publish() {
-            return (true, counted);
+            return true;
         }
         if !self.inner.renews {
-            return (false, counted);
+            return false;
         }
         let _one = self.renewing.lock().await;
         if !self.lease_allows_publish() {
-            counted = self.renew().await;
+            self.renew().await;
         }
-        (self.lease_allows_publish(), counted)
+        self.lease_allows_publish()
     }
 
     /// Extend every lease of the batch not yet being settled, fenced by its token. A
-    /// failure is logged and counted (in the totals, and in what this returns); the
-    /// deadline then stays where it was.
-    async fn renew(&self) -> DispatchReport {
+    /// failure is logged and counted; the deadline then stays where it was.
+    async fn renew(&self) {
         let inner = self.inner;
         let leases: Vec<Lease> = {
             let settling = self.settling.lock().unwrap_or_else(PoisonError::into_inner);
@@ -141,7 +164,7 @@ impl<'r> Batch<'r> {
                 .collect()
         };
         if leases.is_empty() {
-            return DispatchReport::default();
+            return;
         }
         let sent = Instant::now();
         match inner.store.renew(&leases, inner.config.lease).await {
@@ -155,16 +178,13 @@ impl<'r> Batch<'r> {
                 *self.deadline.lock().unwrap_or_else(PoisonError::into_inner) =
                     sent + inner.config.lease;
                 tracing::debug!(count = renewed.leases.len(), "renewed leases");
-                DispatchReport::default()
             }
             Err(err) => {
                 tracing::warn!(count = leases.len(), error = %err.report(), "lease renewal failed");
-                let failed = DispatchReport {
+                self.counter.record(&DispatchReport {
                     store_errors: 1,
                     ..DispatchReport::default()
-                };
-                inner.tally.record(&failed);
-                failed
+                });
             }
         }
     }
@@ -176,9 +196,15 @@ impl<'r> Batch<'r> {
             .extend(ids);
     }
 
-    /// Publish every chunk and settle every lease (for [`Relay::dispatch_ids`](super::Relay::dispatch_ids)).
+    /// Publish every chunk and settle every lease (for [`Relay::dispatch_ids`](super::Relay::dispatch_ids));
+    /// returns what the batch counted.
     pub(super) async fn publish(&self) -> DispatchReport {
-        self.publish_chunks(false).await.0
+        let deferred = self.publish_chunks(LastSettle::Own).await;
+        debug_assert!(
+            deferred.is_none(),
+            "a batch that settles its own defers nothing"
+        );
+        self.counter.sum()
     }
 
     /// Publish every chunk, settling all but the one that finishes last, whose settle
@@ -191,7 +217,7 @@ impl<'r> Batch<'r> {
     ) -> Option<Deferred> {
         let grace = self.inner.config.shutdown_grace;
         tokio::select! {
-            (_, deferred) = self.publish_chunks(true) => deferred,
+            deferred = self.publish_chunks(LastSettle::Defer) => deferred,
             () = async {
                 stop.cancelled().await;
                 tokio::time::sleep(grace).await;
@@ -203,66 +229,100 @@ impl<'r> Batch<'r> {
         }
     }
 
-    async fn publish_chunks(&self, defer_last: bool) -> (DispatchReport, Option<Deferred>) {
+    /// Publish the chunks, up to `publish_concurrency` at once, each holding its place
+    /// until its settle returns; settle each as its publish ends, but for the last to
+    /// end when `last` is [`LastSettle::Defer`], which is returned instead.
+    async fn publish_chunks(&self, last: LastSettle) -> Option<Deferred> {
         let config = &self.inner.config;
-        let mut report = DispatchReport {
+        self.counter.record(&DispatchReport {
             claimed: (self.messages.len() + self.exhausted.len()) as u64,
             ..DispatchReport::default()
-        };
-        self.inner.tally.record(&report);
+        });
         if !self.exhausted.is_empty() {
-            let settled = self.settle_outcomes(&[], &self.exhausted).await;
-            self.inner.tally.record(&settled);
-            report.add(&settled);
+            let settled = self.settle_before_lapse(&[], &self.exhausted).await;
+            self.counter.record(&settled);
         }
-        // Chunks as index ranges, not borrowed slices: a closure over borrowed slices
-        // would make the loop's future not `Send`.
         let size = config.publish_batch_size.max(1);
         let len = self.messages.len();
-        let chunks = (0..len)
+        let mut ranges = (0..len)
             .step_by(size)
             .map(move |start| start..(start + size).min(len));
-        let mut results = futures::stream::iter(chunks)
-            .map(|range| self.publish_chunk(range, defer_last))
-            .buffer_unordered(config.publish_concurrency.max(1));
-        let mut deferred = None;
-        while let Some((chunk, left)) = results.next().await {
-            report.add(&chunk);
-            deferred = deferred.or(left);
+        let slots = config.publish_concurrency.max(1);
+        let mut running: FuturesUnordered<BoxFuture<'_, Step>> = FuturesUnordered::new();
+        let (mut publishing, mut released_any) = (0usize, false);
+        loop {
+            while running.len() < slots {
+                let Some(range) = ranges.next() else { break };
+                publishing += 1;
+                running.push(self.publish_chunk(range).map(Step::Publish).boxed());
+            }
+            // Every chunk published and settled: nothing left to defer.
+            let step = running.next().await?;
+            let (done, failures) = match step {
+                Step::Settle => continue,
+                Step::Publish(Chunk::Released) => {
+                    publishing -= 1;
+                    released_any = true;
+                    continue;
+                }
+                Step::Publish(Chunk::Published { done, failures }) => {
+                    publishing -= 1;
+                    (done, failures)
+                }
+            };
+            let ended_last = publishing == 0 && ranges.len() == 0;
+            if ended_last
+                && last == LastSettle::Defer
+                && !released_any
+                && !self.inner.stop.is_cancelled()
+            {
+                // The other chunks' settles are in `running`: finish them first.
+                while running.next().await.is_some() {}
+                let deadline = self.lease_deadline();
+                return Some(Deferred {
+                    done,
+                    failures,
+                    deadline,
+                });
+            }
+            running.push(
+                async move {
+                    let settled = self.settle_before_lapse(&done, &failures).await;
+                    self.counter.record(&settled);
+                    Step::Settle
+                }
+                .boxed(),
+            );
         }
-        (report, deferred)
     }
 
-    /// Publish one chunk and settle it; with `defer_last`, the chunk that finishes last
-    /// returns its settle instead.
-    async fn publish_chunk(
-        &self,
-        range: std::ops::Range<usize>,
-        defer_last: bool,
-    ) -> (DispatchReport, Option<Deferred>) {
+    /// Publish one chunk, or release it when the relay is stopping or too little lease
+    /// is left.
+    async fn publish_chunk(&self, range: Range<usize>) -> Chunk {
         let messages = &self.messages[range.clone()];
         let leases = &self.leases[range];
         let inner = self.inner;
         let config = &inner.config;
         if inner.stop.is_cancelled() {
-            return (self.release(leases).await, None);
+            self.release(leases).await;
+            return Chunk::Released;
         }
-        let (may_publish, renewal) = self.lease_for_publish().await;
-        if !may_publish {
+        if !self.lease_for_publish().await {
             tracing::warn!(
                 count = leases.len(),
                 "too little lease left to publish safely; releasing (raise the lease or lower \
                  batch_size / publish_timeout)"
             );
-            let mut report = self.release(leases).await;
-            report.add(&renewal);
-            return (report, None);
+            self.release(leases).await;
+            return Chunk::Released;
         }
         self.mark_started(leases);
-        let mut report = DispatchReport::default();
         let published = inner.stage.publish(messages).await;
         if published.panicked {
-            report.panics += 1;
+            self.counter.record(&DispatchReport {
+                panics: 1,
+                ..DispatchReport::default()
+            });
         }
         let mut done = Vec::with_capacity(leases.len());
         let mut failures = Vec::new();
@@ -280,52 +340,34 @@ impl<'r> Batch<'r> {
             }
         }
         self.mark_settling(leases_of(&done, &failures));
-        let last = self.unfinished.fetch_sub(1, AtomicOrdering::SeqCst) == 1;
-        if last && defer_last && !inner.stop.is_cancelled() {
-            inner.tally.record(&report);
-            report.add(&renewal);
-            let deadline = self.lease_deadline();
-            return (
-                report,
-                Some(Deferred {
-                    done,
-                    failures,
-                    deadline,
-                }),
-            );
-        }
-        report.add(&self.settle_outcomes(&done, &failures).await);
-        inner.tally.record(&report);
-        // The renewal's counts are in the totals already: only the report gets them.
-        report.add(&renewal);
-        (report, None)
+        Chunk::Published { done, failures }
     }
 
-    /// Complete what was published and fail the rest, both at once.
-    async fn settle_outcomes(&self, done: &[Lease], failures: &[Failure]) -> DispatchReport {
-        settle_outcomes(self.inner, done, failures, self.lease_deadline()).await
+    /// Complete what was published and fail the rest, both at once, retrying until
+    /// this batch's leases lapse; returns the counts (not yet recorded).
+    async fn settle_before_lapse(&self, done: &[Lease], failures: &[Failure]) -> DispatchReport {
+        settler::settle_outcomes(self.inner, done, failures, self.lease_deadline()).await
     }
 
-    /// Give leases back unattempted. Leases already settled are fenced out by the store
-    /// and not counted.
-    async fn release(&self, leases: &[Lease]) -> DispatchReport {
+    /// Give leases back unattempted, and count it. Leases already settled are fenced
+    /// out by the store and not counted.
+    async fn release(&self, leases: &[Lease]) {
         let store = &self.inner.store;
         let mut report = DispatchReport::default();
         match self
-            .settle("release", leases.len(), || store.release(leases))
+            .retry_until_lapse("release", leases.len(), || store.release(leases))
             .await
         {
             Ok(released) => report.released = released.settled.applied as u64,
             Err(()) => report.store_errors += 1,
         }
-        self.inner.tally.record(&report);
-        report
+        self.counter.record(&report);
     }
 
     /// End a batch that shutdown abandoned: publishes that started may have reached the
     /// broker, so they are failed (their attempt counts, and a publish that always hangs
     /// still dead-letters eventually); the rest are released.
-    async fn abandon(&self) -> DispatchReport {
+    async fn abandon(&self) {
         let (attempted, untouched): (Vec<Lease>, Vec<Lease>) = self
             .leases
             .iter()
@@ -341,8 +383,8 @@ impl<'r> Batch<'r> {
             })
             .collect();
         let store = &self.inner.store;
-        let (failed, released) = futures::join!(
-            self.settle("fail", failures.len(), || store.fail(&failures)),
+        let (failed, ()) = futures::join!(
+            self.retry_until_lapse("fail", failures.len(), || store.fail(&failures)),
             self.release(&untouched),
         );
         let mut report = DispatchReport::default();
@@ -350,13 +392,11 @@ impl<'r> Batch<'r> {
             Ok(f) => report.retried = f.settled.applied as u64,
             Err(()) => report.store_errors += 1,
         }
-        self.inner.tally.record(&report);
-        report.add(&released);
-        report
+        self.counter.record(&report);
     }
 
-    /// [`settle`] until this batch's leases lapse.
-    async fn settle<F, Fut>(
+    /// [`settler::settle`] until this batch's leases lapse.
+    async fn retry_until_lapse<F, Fut>(
         &self,
         what: &'static str,
         count: usize,
@@ -366,7 +406,7 @@ impl<'r> Batch<'r> {
         F: Fn() -> Fut,
         Fut: Future<Output = Result<Settled>>,
     {
-        settle(self.lease_deadline(), what, count, call).await
+        settler::settle(self.lease_deadline(), what, count, call).await
     }
 
     fn mark_started(&self, leases: &[Lease]) {
@@ -382,110 +422,6 @@ impl<'r> Batch<'r> {
     }
 }
 
-/// Run a settle call of `count` leases, retrying retryable storage errors with
-/// backoff until `deadline`, while the leases may still be held: a settle that never lands
-/// means the messages publish again after the lease lapses, and once it has lapsed
-/// the store fences the settle out anyway. `Err(())` when it gave up (logged).
-pub(super) async fn settle<F, Fut>(
-    deadline: Instant,
-    what: &'static str,
-    count: usize,
-    call: F,
-) -> std::result::Result<SettleOutcome, ()>
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = Result<Settled>>,
-{
-    if count == 0 {
-        return Ok(SettleOutcome::default());
-    }
-    let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
-    let mut retried = false;
-    loop {
-        match call().await {
-            Ok(settled) => {
-                if retried && !settled.lost.is_empty() {
-                    tracing::info!(
-                        count = settled.lost.len(),
-                        "{what} retried after an error; an earlier try may have applied \
-                         the leases now reported lost"
-                    );
-                }
-                return Ok(SettleOutcome { settled, retried });
-            }
-            Err(err) if err.is_retryable() => {
-                let pause = backoff.next_delay();
-                if Instant::now() + pause >= deadline {
-                    tracing::error!(
-                        count, error = %err.report(),
-                        "{what} failed until the leases lapsed; the messages publish again"
-                    );
-                    return Err(());
-                }
-                tracing::warn!(count, error = %err.report(), retry_in = ?pause, "{what} failed; retrying");
-                tokio::time::sleep(pause).await;
-                retried = true;
-            }
-            Err(err) => {
-                tracing::error!(
-                    count, error = %err.report(),
-                    "{what} failed; leases will lapse and the messages publish again"
-                );
-                return Err(());
-            }
-        }
-    }
-}
-
-/// Complete what was published and fail the rest, both at once, retrying retryable
-/// errors until `deadline`.
-pub(super) async fn settle_outcomes(
-    inner: &Inner,
-    done: &[Lease],
-    failures: &[Failure],
-    deadline: Instant,
-) -> DispatchReport {
-    let store = &inner.store;
-    let (completed, failed) = futures::join!(
-        settle(deadline, "complete", done.len(), || store.complete(done)),
-        settle(deadline, "fail", failures.len(), || store.fail(failures)),
-    );
-    count_settled(completed, failed, failures)
-}
-
-/// The counts of a complete and a fail call (either given up on: `Err(())`).
-pub(super) fn count_settled(
-    completed: std::result::Result<SettleOutcome, ()>,
-    failed: std::result::Result<SettleOutcome, ()>,
-    failures: &[Failure],
-) -> DispatchReport {
-    let mut report = DispatchReport::default();
-    match completed {
-        Ok(c) => {
-            report.dispatched = c.settled.applied as u64;
-            report.leases_lost += c.unambiguous_lost();
-        }
-        Err(()) => report.store_errors += 1,
-    }
-    match failed {
-        Ok(f) => {
-            let lost: HashSet<MessageId> = f.settled.lost.iter().copied().collect();
-            for failure in failures.iter().filter(|f| !lost.contains(&f.lease().id)) {
-                match failure.disposition() {
-                    Disposition::Retry { .. } => report.retried += 1,
-                    Disposition::DeadLetter => {
-                        tracing::warn!(id = %failure.lease().id, error = failure.error(), "message dead-lettered");
-                        report.dead_lettered += 1;
-                    }
-                }
-            }
-            report.leases_lost += f.unambiguous_lost();
-        }
-        Err(()) => report.store_errors += 1,
-    }
-    report
-}
-
 /// The ids of a chunk's settle.
 fn leases_of<'a>(
     done: &'a [Lease],
@@ -494,33 +430,4 @@ fn leases_of<'a>(
     done.iter()
         .map(|l| l.id)
         .chain(failures.iter().map(|f| f.lease().id))
-}
-
-/// The result of one settle call.
-#[derive(Default)]
-pub(super) struct SettleOutcome {
-    settled: Settled,
-    /// The call was retried after an error: an earlier try may have committed, so ids
-    /// reported lost may in fact have been settled by this relay.
-    retried: bool,
-}
-
-impl SettleOutcome {
-    /// A call that landed at its first try.
-    pub(super) fn first_try(settled: Settled) -> Self {
-        SettleOutcome {
-            settled,
-            retried: false,
-        }
-    }
-
-    /// Lost leases to count: none when the call was retried, since an earlier try may
-    /// have applied them.
-    fn unambiguous_lost(&self) -> u64 {
-        if self.retried {
-            0
-        } else {
-            self.settled.lost.len() as u64
-        }
-    }
 }

@@ -108,6 +108,7 @@ mod config;
 pub mod metrics;
 mod pacer;
 mod publish_stage;
+mod report;
 mod settler;
 mod wake;
 
@@ -115,18 +116,20 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 pub use config::{RelayConfig, DEFAULT_PIPELINE_DEPTH, MAX_PIPELINE_DEPTH};
 pub use publish_stage::{PublishStage, Published};
+pub use report::DispatchReport;
 pub use wake::Wakeup;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -136,67 +139,8 @@ use crate::store::{ClaimIds, ClaimRequest, Claimed, ClaimedMessage, OutboxStore}
 use batch::Batch;
 use pacer::{Next, Pacer};
 use publish_stage::panic_message;
+use report::Tally;
 use settler::{settle_and_claim, Deferred, Settler};
-
-/// Counts of what a relay (or one dispatch call) did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct DispatchReport {
-    /// Messages claimed.
-    pub claimed: u64,
-    /// Messages published and completed.
-    pub dispatched: u64,
-    /// Failed attempts scheduled for retry.
-    pub retried: u64,
-    /// Messages dead-lettered.
-    pub dead_lettered: u64,
-    /// Leases given back unattempted.
-    pub released: u64,
-    /// Settles rejected because the lease was gone.
-    pub leases_lost: u64,
-    /// Storage calls that failed for good (a claim, or a settle given up on).
-    pub store_errors: u64,
-    /// Panics caught (in a claim, a publisher, a batch).
-    pub panics: u64,
-}
-
-impl DispatchReport {
-    fn add(&mut self, other: &DispatchReport) {
-        self.claimed += other.claimed;
-        self.dispatched += other.dispatched;
-        self.retried += other.retried;
-        self.dead_lettered += other.dead_lettered;
-        self.released += other.released;
-        self.leases_lost += other.leases_lost;
-        self.store_errors += other.store_errors;
-        self.panics += other.panics;
-    }
-}
-
-/// The one place a relay's counts go: the running totals behind [`Relay::report`] and
-/// the `metrics` counters, fed together.
-#[derive(Debug)]
-struct Tally {
-    totals: std::sync::Mutex<DispatchReport>,
-    metrics: metrics::Handles,
-}
-
-impl Tally {
-    fn record(&self, r: &DispatchReport) {
-        self.totals
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .add(r);
-        self.metrics.add(r);
-    }
-
-    fn snapshot(&self) -> DispatchReport {
-        *self
-            .totals
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
 
 #[derive(Debug)]
 struct Inner {
@@ -216,8 +160,8 @@ struct Inner {
     /// Loops that have ended (however: shutdown, panic, abort); each end also wakes
     /// the watchers of `idle`.
     loops_ended: AtomicU64,
+    /// Every count, and the metrics.
     tally: Tally,
-    metrics: metrics::Handles,
     /// The store declares lease renewal: batches renew their leases before a wave
     /// that would not fit in what is left.
     renews: bool,
@@ -289,11 +233,7 @@ impl Relay {
                 idle: watch::Sender::new(0),
                 running: AtomicBool::new(false),
                 loops_ended: AtomicU64::new(0),
-                tally: Tally {
-                    totals: std::sync::Mutex::default(),
-                    metrics: metrics.clone(),
-                },
-                metrics,
+                tally: Tally::new(metrics),
                 renews,
             }),
         })
@@ -374,7 +314,7 @@ impl Relay {
         let mut batches: Batches<'_> = FuturesUnordered::new();
         let mut settler = Settler::default();
         while !inner.stop.is_cancelled() {
-            let now = tokio::time::Instant::now();
+            let now = Instant::now();
             if let Next::Wait { until, wakeups } =
                 pacer.next(now, batches.len(), settler.is_carrying())
             {
@@ -395,11 +335,11 @@ impl Relay {
             // With nothing in flight, this claim carries every settle: if it finds
             // nothing, the relay has caught up.
             let caught_up_if_empty = batches.is_empty();
-            let (claimed_at, sent) = (Instant::now(), tokio::time::Instant::now());
+            let claimed_at = Instant::now();
             let claim = self.claim_next(settler.take());
             match drive(&mut batches, &mut settler, claim).await {
                 Claim::Found(messages) => {
-                    pacer.found(messages.len(), sent, tokio::time::Instant::now());
+                    pacer.found(messages.len(), claimed_at, Instant::now());
                     batches.push(self.batch(messages, claimed_at));
                 }
                 Claim::AllDeadLettered => pacer.all_dead_lettered(),
@@ -458,22 +398,27 @@ impl Relay {
     /// settles it carried, lapse.
     async fn claim_next(&self, deferred: Option<Deferred>) -> Claim {
         let inner = &*self.inner;
-        let claim = AssertUnwindSafe(async {
-            let request = ClaimRequest::new(inner.config.batch_size, inner.config.lease)?;
-            let started = Instant::now();
-            let claimed = match deferred {
-                Some(deferred) => match settle_and_claim(inner, deferred, request).await? {
-                    Some(claimed) => Ok(claimed),
+        let span = tracing::debug_span!("outbox.claim", limit = inner.config.batch_size);
+        let claim = AssertUnwindSafe(
+            async {
+                let request = ClaimRequest::new(inner.config.batch_size, inner.config.lease)?;
+                let started = Instant::now();
+                let claimed = match deferred {
+                    Some(deferred) => match settle_and_claim(inner, deferred, request).await? {
+                        Some(claimed) => Ok(claimed),
+                        None => self.claim(request).await,
+                    },
                     None => self.claim(request).await,
-                },
-                None => self.claim(request).await,
-            };
-            inner
-                .metrics
-                .claim_seconds
-                .record(started.elapsed().as_secs_f64());
-            claimed
-        });
+                };
+                inner
+                    .tally
+                    .metrics()
+                    .claim_seconds
+                    .record(started.elapsed().as_secs_f64());
+                claimed
+            }
+            .instrument(span),
+        );
         let (claim, counted) = match claim.catch_unwind().await {
             Ok(Ok(claimed)) => {
                 let dead_lettered = claimed.dead_lettered as u64;
@@ -631,14 +576,7 @@ impl Relay {
     }
 
     async fn claim(&self, request: ClaimRequest) -> Result<Claimed> {
-        self.inner
-            .store
-            .claim(request)
-            .instrument(tracing::debug_span!(
-                "outbox.claim",
-                limit = request.limit()
-            ))
-            .await
+        self.inner.store.claim(request).await
     }
 }
 
