@@ -1,18 +1,7 @@
-//! Build script: when OUTBOX_DYNAMODB_URL is not set, the suites and tests that need
-//! DynamoDB are built as ignored (cfg `outbox_service_unset`), so cargo's summary shows
-//! what did not run instead of counting it as passed. Under
-//! `OUTBOX_REQUIRE_INTEGRATION=1` a missing URL fails the build.
+//! Build script: gates the DynamoDB tests on OUTBOX_DYNAMODB_URL (see outbox-build).
+
+use outbox_build::Require;
 
 fn main() {
-    const URL: &str = "OUTBOX_DYNAMODB_URL";
-    println!("cargo::rerun-if-env-changed={URL}");
-    println!("cargo::rerun-if-env-changed=OUTBOX_REQUIRE_INTEGRATION");
-    if std::env::var(URL).is_ok_and(|v| !v.trim().is_empty()) {
-        return;
-    }
-    if std::env::var("OUTBOX_REQUIRE_INTEGRATION").is_ok_and(|v| v.trim() == "1") {
-        panic!("{URL} is not set but OUTBOX_REQUIRE_INTEGRATION=1: run scripts/services.sh");
-    }
-    println!("cargo::warning={URL} is not set: the DynamoDB tests are ignored");
-    println!("cargo::rustc-cfg=outbox_service_unset");
+    outbox_build::gate_on_url("OUTBOX_DYNAMODB_URL", "DynamoDB", Require::InCi);
 }

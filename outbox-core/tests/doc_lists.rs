@@ -59,6 +59,7 @@ const MEMBERS: &[(&str, Role)] = &[
     ("outbox", Role::Other),
     ("outbox-core", Role::Other),
     ("outbox-testkit", Role::Other),
+    ("outbox-build", Role::Other),
     (
         "outbox-postgres",
         Role::Backend {
