@@ -10,7 +10,8 @@
 use std::time::Duration;
 
 use outbox_core::{
-    ClaimRequest, Disposition, Failure, NewMessage, OutboxStore, OutboxStoreExt, Retention,
+    store::ClaimRequest, store::Disposition, store::Failure, store::OutboxStoreExt, NewMessage,
+    OutboxStore, Retention,
 };
 use outbox_sqlite::{SqliteOutbox, SqliteOutboxConfig};
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::backend::{DedupTable, SchemaRules, TableConfig, TableRules};
-use outbox_core::{DedupStore, OutboxAdmin, Retention, Schema};
+use outbox_core::{schema::Schema, DedupStore, OutboxAdmin, Retention};
 use outbox_dynamodb::{DynamoDedupStore, DynamoOutbox, DynamoOutboxConfig};
 use outbox_mysql::sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use outbox_mysql::sqlx::MySqlConnection;

@@ -400,7 +400,7 @@ impl<A: OutboxAdmin + ?Sized> OutboxAdmin for std::sync::Arc<A> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::MessageParts;
+    use crate::backend::MessageParts;
     use crate::ErrorKind;
 
     fn letter(destination: &str, dead_at: SystemTime) -> DeadLetter {

@@ -11,26 +11,30 @@ use crate::error::{Error, Result};
 pub mod admin;
 pub mod claim;
 pub mod config;
+mod enqueue;
 pub mod entity;
 pub mod held;
 pub mod ident;
-mod rules;
 mod send_checks;
 pub mod session_lock;
 
 pub use crate::backoff::Backoff;
-pub use crate::message::MessageParts;
+pub use crate::bounds::{bounded_error, in_id_order, validate_identifier, validate_lease};
+pub use crate::message_parts::MessageParts;
 pub use crate::schema::Schema;
+pub use crate::store::default_settle::settle_then_claim;
+#[doc(inline)]
+pub use crate::{backend_send_checks, schema_from_inherent};
 pub use admin::{dead_target, purge_limit, DeadChange, DeadTarget};
 pub use claim::{finish_claim, release_claim, ClaimDecoder, CommittedClaim, DecodedClaim};
 pub use config::{
     DedupTable, EntityTable, OutboxTable, SchemaRules, TableConfig, TableKind, TableOnlyRules,
     TableRules,
 };
+pub use enqueue::check_enqueue;
 pub use entity::{entity_version, loaded_entity, stored_entity_version};
 pub use held::{HeldBatches, HeldEngine, HeldRows, HeldSelect, HeldWhich};
 pub use ident::{derived_identifier, QualifiedName, SqlDialect};
-pub use rules::{bounded_error, check_enqueue, in_id_order, validate_identifier, validate_lease};
 pub use session_lock::{LockSession, SessionLockGuard};
 
 /// A duration as whole microseconds, for binding as a 64-bit integer.

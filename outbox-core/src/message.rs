@@ -11,6 +11,7 @@ use uuid::Uuid;
 use crate::error::{Error, Result};
 pub use crate::headers::Headers;
 pub use crate::limits::{MessageLimits, MAX_DELAY};
+use crate::message_parts::MessageParts;
 
 /// A message id: a UUIDv7, so ids sort by creation time and index well.
 ///
@@ -306,22 +307,6 @@ impl fmt::Debug for Message {
     }
 }
 
-/// The fields of a stored [`Message`], for backends decoding rows:
-/// `Message::from(MessageParts { .. })`.
-#[derive(Debug, Clone)]
-#[allow(missing_docs)] // the fields are `Message`'s, documented there
-pub struct MessageParts {
-    pub id: MessageId,
-    pub destination: String,
-    pub partition_key: Option<String>,
-    pub payload: Vec<u8>,
-    pub content_type: Option<String>,
-    pub headers: Headers,
-    pub created_at: SystemTime,
-    pub attempts: u32,
-    pub last_error: Option<String>,
-}
-
 impl From<MessageParts> for Message {
     fn from(p: MessageParts) -> Self {
         Message {
@@ -350,11 +335,11 @@ impl Message {
     /// # Errors
     /// The reason, readable as a dead letter's `last_error`.
     pub fn check_stored(&self, limits: &MessageLimits) -> std::result::Result<(), String> {
-        if self.attempts >= crate::store::MAX_ATTEMPTS {
+        if self.attempts >= crate::bounds::MAX_ATTEMPTS {
             return Err(format!(
                 "attempt count {} reached the limit of {}",
                 self.attempts,
-                crate::store::MAX_ATTEMPTS
+                crate::bounds::MAX_ATTEMPTS
             ));
         }
         limits
@@ -539,10 +524,10 @@ mod tests {
     fn stored_rows_follow_the_same_rules() {
         let limits = MessageLimits::default();
         stored("ok", 1).check_stored(&limits).unwrap();
-        stored("ok", crate::store::MAX_ATTEMPTS - 1)
+        stored("ok", crate::bounds::MAX_ATTEMPTS - 1)
             .check_stored(&limits)
             .unwrap();
-        let saturated = stored("ok", crate::store::MAX_ATTEMPTS).check_stored(&limits);
+        let saturated = stored("ok", crate::bounds::MAX_ATTEMPTS).check_stored(&limits);
         assert!(saturated.unwrap_err().contains("attempt count"));
         for bad in ["", "a\nb"] {
             let reason = stored(bad, 1).check_stored(&limits).unwrap_err();

@@ -6,8 +6,6 @@
 
 use std::fmt;
 
-pub(crate) use crate::backend::validate_identifier;
-
 use crate::error::{Error, Result};
 
 /// Longest [`ConsumerName`], [`LockName`] or [`EntityKey`], in bytes.
@@ -152,31 +150,5 @@ mod tests {
                 ErrorKind::InvalidInput
             );
         }
-    }
-
-    #[test]
-    fn identifiers() {
-        for ok in ["a", "_", "outbox", "obx_t_0123", &"a".repeat(63)] {
-            validate_identifier("table", ok, 63).unwrap();
-        }
-        let long = "a".repeat(64);
-        let bad = [
-            "",
-            "1abc",
-            "Outbox",
-            "has space",
-            "semi;colon",
-            "quote\"d",
-            "dash-ed",
-            "dot.ted",
-            "é",
-            &long,
-        ];
-        for name in bad {
-            let err = validate_identifier("table", name, 63).unwrap_err();
-            assert_eq!(err.kind(), ErrorKind::Config, "{name:?}");
-            assert!(err.message().contains("table name"), "{err}");
-        }
-        validate_identifier("table", &long, 128).unwrap();
     }
 }

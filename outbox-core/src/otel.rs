@@ -203,7 +203,8 @@ mod tests {
     use tracing_subscriber::layer::SubscriberExt;
 
     use super::*;
-    use crate::message::{MessageParts, NewMessage};
+    use crate::message::NewMessage;
+    use crate::message_parts::MessageParts;
 
     /// A subscriber exporting OpenTelemetry spans to memory, installed for this thread
     /// while the guard lives.

@@ -43,7 +43,7 @@ pub trait Schema: Send + Sync + fmt::Debug {
 /// backends use it.
 ///
 /// ```
-/// use outbox_core::Schema;
+/// use outbox_core::schema::Schema;
 ///
 /// #[derive(Debug)]
 /// struct MyOutbox;
@@ -58,17 +58,18 @@ pub trait Schema: Send + Sync + fmt::Debug {
 ///     }
 /// }
 ///
-/// outbox_core::schema_from_inherent!(MyOutbox, name = |_s| "my_outbox".to_owned(), version = 3);
+/// outbox_core::backend::schema_from_inherent!(MyOutbox, name = |_s| "my_outbox".to_owned(), version = 3);
 ///
 /// let tool: Box<dyn Schema> = Box::new(MyOutbox);
 /// assert_eq!((tool.name(), tool.layout_version()), ("my_outbox".to_owned(), 3));
 /// assert!(tool.ddl().starts_with("CREATE TABLE"));
 /// ```
+#[doc(hidden)]
 #[macro_export]
 macro_rules! schema_from_inherent {
     ($store:ty, name = |$s:ident| $name:expr, version = $version:expr) => {
         #[$crate::schema::__async_trait]
-        impl $crate::Schema for $store {
+        impl $crate::schema::Schema for $store {
             fn name(&self) -> String {
                 let $s = self;
                 $name

@@ -29,8 +29,8 @@ use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
 use aws_sdk_dynamodb::Client;
 use outbox_core::{
-    ClaimRequest, ConsumerName, Dedup, DedupStore, Disposition, Failure, MessageId, NewMessage,
-    OutboxAdmin, OutboxStore, OutboxStoreExt, Relay, RelayConfig,
+    store::ClaimRequest, store::Disposition, store::Failure, store::OutboxStoreExt, ConsumerName,
+    Dedup, DedupStore, MessageId, NewMessage, OutboxAdmin, OutboxStore, Relay, RelayConfig,
 };
 use outbox_dynamodb::{DynamoDedupConfig, DynamoDedupStore, DynamoOutbox, DynamoOutboxConfig};
 use outbox_testkit::cpu::{self, Server};
@@ -471,7 +471,7 @@ async fn capacity_row(client: &Client, payload: usize, messages: usize) -> Capac
     let requeue = (admin(outbox.metrics()) - before) / quarter as f64;
     // Dead-letter them again (claimed by id), then discard.
     let again = outbox
-        .claim_ids(&outbox_core::ClaimIds::new(&ids, lease).unwrap())
+        .claim_ids(&outbox_core::store::ClaimIds::new(&ids, lease).unwrap())
         .await
         .unwrap();
     for c in again.iter() {

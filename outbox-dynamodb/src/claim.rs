@@ -13,7 +13,8 @@ use aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder;
 use aws_sdk_dynamodb::types::{ReturnConsumedCapacity, ReturnValue};
 use outbox_core::store::MAX_ATTEMPTS;
 use outbox_core::{
-    ClaimIds, ClaimRequest, Claimed, ClaimedMessage, Error, Lease, LeaseToken, MessageId, Result,
+    store::ClaimIds, store::ClaimRequest, store::Claimed, store::ClaimedMessage, store::Lease,
+    store::LeaseToken, Error, MessageId, Result,
 };
 
 use crate::error::{from_sdk, is_condition_failed};

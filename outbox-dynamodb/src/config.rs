@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use outbox_core::backend::{DedupTable, EntityTable, TableConfig, TableRules};
-use outbox_core::{Error, KeyOrder, MessageLimits, Result, Retention, StoreCapabilities};
+use outbox_core::{store::StoreCapabilities, Error, KeyOrder, MessageLimits, Result, Retention};
 
 /// Most shard partitions a table may be spread over. Every claim queries every shard,
 /// so more shards cost more requests per claim; see the crate docs on picking a count.

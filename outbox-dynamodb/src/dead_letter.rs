@@ -13,7 +13,7 @@
 use std::sync::atomic::Ordering;
 
 use aws_sdk_dynamodb::types::{ReturnValue, TransactWriteItem, Update};
-use outbox_core::{Lease, Result};
+use outbox_core::{store::Lease, Result};
 
 use crate::error::build_error;
 use crate::item::{

@@ -54,8 +54,8 @@ mod send_checks {
     use super::*;
     use outbox_core::consumer::{EntityRecord, EntityStore};
     use outbox_core::{
-        ClaimRequest, ConsumerName, DeadLetterPage, DeadLetterSelection, DedupStore, EntityKey,
-        MessageId, OutboxAdmin, OutboxStore,
+        store::ClaimRequest, ConsumerName, DeadLetterPage, DeadLetterSelection, DedupStore,
+        EntityKey, MessageId, OutboxAdmin, OutboxStore,
     };
 
     fn assert_send<T: Send>(_: T) {}

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::ReturnValue;
 use aws_sdk_dynamodb::Client;
-use outbox_core::{DistributedLock, Error, ErrorKind, LockGuard, LockName, Result};
+use outbox_core::{lock::LockGuard, DistributedLock, Error, ErrorKind, LockName, Result};
 use tokio::task::JoinHandle;
 
 use crate::config::DynamoLockConfig;
@@ -96,7 +96,7 @@ pub(crate) const EXPIRES: &str = "expires_us";
 ///     let token = guard.fencing_token(); // hand it to what the work writes
 ///     // ... singleton work ...
 ///     # let _ = token;
-///     outbox_core::LockGuard::unlock(Box::new(guard)).await?;
+///     outbox_core::lock::LockGuard::unlock(Box::new(guard)).await?;
 /// }
 /// # Ok(()) }
 /// ```

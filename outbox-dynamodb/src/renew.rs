@@ -11,7 +11,7 @@
 //! claim's does.
 
 use outbox_core::backend::{in_id_order, validate_lease};
-use outbox_core::{Lease, MessageId, Renewed, Result};
+use outbox_core::{store::Lease, store::Renewed, MessageId, Result};
 use std::time::Duration;
 
 use crate::item::{self, n, now_us, AVAILABLE, DUE, DUE_SCALE, SEQ};

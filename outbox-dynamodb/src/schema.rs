@@ -378,7 +378,7 @@ pub async fn drop_table(client: &Client, table: &str) -> Result<()> {
 
 /// The outbox table, for tools.
 #[async_trait::async_trait]
-impl outbox_core::Schema for crate::DynamoOutbox {
+impl outbox_core::schema::Schema for crate::DynamoOutbox {
     fn name(&self) -> String {
         self.table().to_owned()
     }
@@ -400,7 +400,7 @@ impl outbox_core::Schema for crate::DynamoOutbox {
 
 /// A consumer's inbox table, for tools.
 #[async_trait::async_trait]
-impl outbox_core::Schema for crate::DynamoDedupStore {
+impl outbox_core::schema::Schema for crate::DynamoDedupStore {
     fn name(&self) -> String {
         self.config().table().to_owned()
     }

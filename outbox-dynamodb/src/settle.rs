@@ -7,7 +7,9 @@ use aws_sdk_dynamodb::types::{
     BatchStatementErrorCodeEnum, BatchStatementRequest, ReturnConsumedCapacity, ReturnValue,
 };
 use outbox_core::backend::in_id_order;
-use outbox_core::{Disposition, Failure, Lease, MessageId, Result, Retention, Settled};
+use outbox_core::{
+    store::Disposition, store::Failure, store::Lease, store::Settled, MessageId, Result, Retention,
+};
 
 use crate::error::{build_error, from_sdk, is_condition_failed};
 use crate::item::{

@@ -15,8 +15,9 @@ use aws_sdk_dynamodb::Client;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use outbox_core::backend::{check_enqueue, in_id_order};
 use outbox_core::{
-    ClaimIds, ClaimRequest, Claimed, Error, Failure, KeyOrder, Lease, MessageId, NewMessage,
-    OutboxStore, Renewed, Result, Retention, Settled, StoreCapabilities,
+    store::ClaimIds, store::ClaimRequest, store::Claimed, store::Failure, store::Lease,
+    store::Renewed, store::Settled, store::StoreCapabilities, Error, KeyOrder, MessageId,
+    NewMessage, OutboxStore, Result, Retention,
 };
 
 use crate::config::DynamoOutboxConfig;

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodb::Client;
-use outbox_core::{DistributedLock, Error, ErrorKind, LockGuard, LockName, Result};
+use outbox_core::{lock::LockGuard, DistributedLock, Error, ErrorKind, LockName, Result};
 use outbox_dynamodb::faults::FaultInjector;
 use outbox_dynamodb::{DynamoDistributedLock, DynamoLockConfig, DynamoLockGuard};
 use outbox_testkit::{wait_until, LockFeatures, LockHarness};

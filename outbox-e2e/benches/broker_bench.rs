@@ -57,8 +57,8 @@ use async_trait::async_trait;
 use futures::{stream, StreamExt};
 use outbox_core::backend::MessageParts;
 use outbox_core::{
-    ClaimMode, Message, MessageId, NewMessage, OutboxStore, PublishOutcome, Publisher, Relay,
-    RelayConfig, DEFAULT_PIPELINE_DEPTH,
+    relay::DEFAULT_PIPELINE_DEPTH, ClaimMode, Message, MessageId, NewMessage, OutboxStore,
+    PublishOutcome, Publisher, Relay, RelayConfig,
 };
 use outbox_nats::async_nats::jetstream::{
     self, context::PublishAckFuture, message::PublishMessage, stream::StorageType,

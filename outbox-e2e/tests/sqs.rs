@@ -25,7 +25,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use outbox_core::consumer::{DecoupledConsumer, EntityStore, Handled};
 use outbox_core::{
-    ClaimRequest, ConsumerName, EntityKey, ErrorKind, KeyOrder, NewMessage, OutboxAdmin,
+    store::ClaimRequest, ConsumerName, EntityKey, ErrorKind, KeyOrder, NewMessage, OutboxAdmin,
     OutboxStore, Publisher, Relay, RelayConfig, RetryPolicy,
 };
 use outbox_dynamodb::aws_sdk_dynamodb;

@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use chrono::NaiveDateTime;
 use outbox_core::{
-    ClaimMode, Message, NewMessage, PublishOutcome, Publisher, Relay, RelayConfig, Result,
-    DEFAULT_PIPELINE_DEPTH,
+    relay::DEFAULT_PIPELINE_DEPTH, ClaimMode, Message, NewMessage, PublishOutcome, Publisher,
+    Relay, RelayConfig, Result,
 };
 use outbox_mysql::{MySqlClaimConfig, MySqlOutbox, MySqlOutboxConfig};
 use outbox_testkit::cpu::{self, Server};

@@ -143,7 +143,7 @@ impl MySqlDedupStore {
 }
 
 // The table, for tools such as the CLI.
-outbox_core::schema_from_inherent!(
+outbox_core::backend::schema_from_inherent!(
     MySqlDedupStore,
     name = |s| s.config().display_name(),
     version = 1

@@ -50,7 +50,7 @@ use async_trait::async_trait;
 use chrono::NaiveDateTime;
 use outbox_core::backend::{bounded_error, HeldEngine, HeldRows, HeldSelect, HeldWhich};
 use outbox_core::backend::{limit_param, micros};
-use outbox_core::{Error, ErrorKind, Failure, MessageId, MessageLimits, Result};
+use outbox_core::{store::Failure, Error, ErrorKind, MessageId, MessageLimits, Result};
 use sqlx::{MySql, MySqlConnection, MySqlPool, Transaction};
 use uuid::Uuid;
 
@@ -276,7 +276,7 @@ impl HeldEngine for MySqlHeld {
         tx: &mut HeldTx,
         poison: Vec<(MessageId, String)>,
     ) -> Result<usize> {
-        let token = outbox_core::LeaseToken::new();
+        let token = outbox_core::store::LeaseToken::new();
         let reasons: Vec<(Uuid, String)> = poison
             .into_iter()
             .map(|(id, why)| (id.as_uuid(), bounded_error(why)))

@@ -27,4 +27,4 @@ pub use store::MySqlOutbox;
 /// to `enqueue` with it, so both sides use one driver version.
 pub use sqlx;
 
-outbox_core::backend_send_checks!(outbox: MySqlOutbox, dedup: MySqlDedupStore, conn: &mut sqlx::MySqlConnection);
+outbox_core::backend::backend_send_checks!(outbox: MySqlOutbox, dedup: MySqlDedupStore, conn: &mut sqlx::MySqlConnection);

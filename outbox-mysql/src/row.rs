@@ -10,7 +10,9 @@ use std::time::SystemTime;
 
 use chrono::NaiveDateTime;
 use outbox_core::backend::{ClaimDecoder, DecodedClaim, MessageParts};
-use outbox_core::{DeadLetter, Headers, LeaseToken, Message, MessageId, MessageLimits, Result};
+use outbox_core::{
+    store::LeaseToken, DeadLetter, Headers, Message, MessageId, MessageLimits, Result,
+};
 use sqlx::mysql::MySqlRow;
 use sqlx::Row;
 use uuid::Uuid;

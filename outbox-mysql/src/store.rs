@@ -14,15 +14,16 @@ use uuid::Uuid;
 
 type Query<'q> = outbox_sqlx::Query<'q, sqlx::MySql>;
 
+use outbox_core::backend::settle_then_claim;
 use outbox_core::backend::{check_enqueue, in_id_order, limit_param, micros, validate_lease};
 use outbox_core::backend::{finish_claim, CommittedClaim, DecodedClaim};
 use outbox_core::backend::{HeldBatches, HeldWhich};
 use outbox_core::message::MAX_DELAY;
-use outbox_core::store::settle_then_claim;
 use outbox_core::{
-    ClaimIds, ClaimMode, ClaimRequest, Claimed, Disposition, Error, Failure, Lease, LeaseToken,
-    MessageId, NewMessage, OutboxStore, Renewed, Result, Settled, SettledAndClaimed, Settlement,
-    StoreCapabilities,
+    store::ClaimIds, store::ClaimRequest, store::Claimed, store::Disposition, store::Failure,
+    store::Lease, store::LeaseToken, store::Renewed, store::Settled, store::SettledAndClaimed,
+    store::Settlement, store::StoreCapabilities, ClaimMode, Error, MessageId, NewMessage,
+    OutboxStore, Result,
 };
 
 use crate::config::{MySqlClaimConfig, MySqlOutboxConfig, QualifiedName};
@@ -535,7 +536,7 @@ impl MySqlOutbox {
 }
 
 // The table, for tools such as the CLI.
-outbox_core::schema_from_inherent!(
+outbox_core::backend::schema_from_inherent!(
     MySqlOutbox,
     name = |s| s.qualified_name().to_string(),
     version = 1

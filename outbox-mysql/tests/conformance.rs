@@ -5,7 +5,7 @@
 mod common;
 
 use async_trait::async_trait;
-use outbox_core::{ClaimMode, Result, StoreCapabilities};
+use outbox_core::{store::StoreCapabilities, ClaimMode, Result};
 use outbox_mysql::{MySqlClaimConfig, MySqlOutbox, MySqlOutboxConfig};
 use outbox_testkit::{Features, Fixture, Harness};
 use sqlx::MySqlPool;

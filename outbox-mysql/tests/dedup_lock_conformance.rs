@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::{DedupStore, DistributedLock, Error, ErrorKind, LockGuard, Result};
+use outbox_core::{lock::LockGuard, DedupStore, DistributedLock, Error, ErrorKind, Result};
 use outbox_mysql::MySqlDistributedLock;
 use outbox_testkit::{DedupFeatures, DedupHarness, LockFeatures, LockHarness};
 use sqlx::MySqlPool;

@@ -8,7 +8,8 @@ mod common;
 use std::time::{Duration, SystemTime};
 
 use outbox_core::{
-    ClaimRequest, DeadLetterFilter, DeadLetterPage, MessageId, NewMessage, OutboxAdmin, OutboxStore,
+    store::ClaimRequest, DeadLetterFilter, DeadLetterPage, MessageId, NewMessage, OutboxAdmin,
+    OutboxStore,
 };
 use outbox_mysql::{MySqlOutbox, MySqlOutboxConfig};
 use sqlx::MySqlPool;
@@ -217,8 +218,8 @@ async fn overlapping_settles_in_opposite_orders_do_not_deadlock() {
             .claim(ClaimRequest::new(40, LEASE).expect("request"))
             .await
             .expect("claim");
-        let leases: Vec<outbox_core::Lease> = claimed.iter().map(|c| c.lease).collect();
-        let reversed: Vec<outbox_core::Lease> = leases.iter().rev().copied().collect();
+        let leases: Vec<outbox_core::store::Lease> = claimed.iter().map(|c| c.lease).collect();
+        let reversed: Vec<outbox_core::store::Lease> = leases.iter().rev().copied().collect();
         let (done, released) = tokio::join!(outbox.complete(&leases), outbox.release(&reversed));
         let (done, released) = (done.expect("complete"), released.expect("release"));
         assert_eq!(done.applied + released.applied, leases.len());
@@ -227,7 +228,7 @@ async fn overlapping_settles_in_opposite_orders_do_not_deadlock() {
             .await
             .expect("claim the released");
         assert_eq!(left.len(), released.applied);
-        let leases: Vec<outbox_core::Lease> = left.iter().map(|c| c.lease).collect();
+        let leases: Vec<outbox_core::store::Lease> = left.iter().map(|c| c.lease).collect();
         let done = outbox.complete(&leases).await.expect("done");
         assert_eq!(done.applied, leases.len());
     }

@@ -9,8 +9,10 @@ mod common;
 
 use std::time::Duration;
 
-use outbox_core::{ClaimMode, ClaimRequest, ClaimedMessage, ErrorKind, NewMessage, OutboxAdmin};
-use outbox_core::{OutboxStore, OutboxStoreExt};
+use outbox_core::{
+    store::ClaimRequest, store::ClaimedMessage, ClaimMode, ErrorKind, NewMessage, OutboxAdmin,
+};
+use outbox_core::{store::OutboxStoreExt, OutboxStore};
 use outbox_mysql::{MySqlClaimConfig, MySqlOutbox, MySqlOutboxConfig};
 use outbox_testkit::wait_until;
 use sqlx::MySqlPool;

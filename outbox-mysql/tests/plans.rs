@@ -9,7 +9,7 @@ mod common;
 
 use async_trait::async_trait;
 use outbox_core::Retention;
-use outbox_core::{Result, StoreCapabilities};
+use outbox_core::{store::StoreCapabilities, Result};
 use outbox_mysql::{MySqlOutbox, MySqlOutboxConfig};
 use outbox_testkit::{
     Access, Fixture, History, PlanFixture, PlanHarness, PlannedStatement, RelayOp,

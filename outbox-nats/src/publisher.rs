@@ -10,7 +10,7 @@ use async_nats::jetstream::message::PublishMessage;
 use async_nats::{HeaderMap, HeaderName, HeaderValue, Subject};
 use async_trait::async_trait;
 use futures::stream::{self, StreamExt};
-use outbox_core::{Error, Message, OutcomeCounts, PublishOutcome, Publisher, Result};
+use outbox_core::{publisher::OutcomeCounts, Error, Message, PublishOutcome, Publisher, Result};
 use tracing::Instrument;
 
 use crate::config::NatsPublisherConfig;

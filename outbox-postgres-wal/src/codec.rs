@@ -18,7 +18,7 @@
 
 use std::time::SystemTime;
 
-use outbox_core::message::MessageParts;
+use outbox_core::backend::MessageParts;
 use outbox_core::{Headers, Message, MessageId, NewMessage};
 use uuid::Uuid;
 

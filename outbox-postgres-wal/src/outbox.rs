@@ -4,7 +4,7 @@
 use std::time::SystemTime;
 
 use outbox_core::backend::check_enqueue;
-use outbox_core::message::MessageParts;
+use outbox_core::backend::MessageParts;
 use outbox_core::{Error, ErrorKind, ErrorStatus, Message, NewMessage, Result};
 use outbox_postgres::PgOutbox;
 use sqlx::{Arguments, Execute, PgConnection, PgPool, Postgres};

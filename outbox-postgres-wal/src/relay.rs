@@ -10,8 +10,8 @@ use futures::{FutureExt, StreamExt};
 use outbox_core::backend::Backoff;
 use outbox_core::relay::PublishStage;
 use outbox_core::{
-    DistributedLock, Error, ErrorKind, LockGuard, LockName, Message, MessageId, PublishOutcome,
-    Publisher, Result,
+    lock::LockGuard, DistributedLock, Error, ErrorKind, LockName, Message, MessageId,
+    PublishOutcome, Publisher, Result,
 };
 use outbox_postgres::PgDistributedLock;
 use pgwire_replication::{
@@ -561,7 +561,7 @@ impl WalRelay {
         destination: &str,
         reason: String,
     ) -> Result<()> {
-        let message = Message::from(outbox_core::message::MessageParts {
+        let message = Message::from(outbox_core::backend::MessageParts {
             id: record_id(self.outbox.config().slot(), lsn),
             destination: destination.to_owned(),
             partition_key: None,

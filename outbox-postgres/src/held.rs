@@ -41,7 +41,7 @@ use outbox_core::backend::{
     bounded_error, DecodedClaim, HeldEngine, HeldRows, HeldSelect, HeldWhich,
 };
 use outbox_core::message::MAX_DELAY;
-use outbox_core::{Disposition, Error, Failure, MessageId, MessageLimits, Result};
+use outbox_core::{store::Disposition, store::Failure, Error, MessageId, MessageLimits, Result};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;

@@ -35,4 +35,4 @@ pub use sqlx;
 
 // Compile-time checks (tests only) that the public futures can be spawned on a
 // multi-threaded runtime.
-outbox_core::backend_send_checks!(outbox: PgOutbox, dedup: PgDedupStore, conn: &mut sqlx::PgConnection);
+outbox_core::backend::backend_send_checks!(outbox: PgOutbox, dedup: PgDedupStore, conn: &mut sqlx::PgConnection);

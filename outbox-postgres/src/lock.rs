@@ -7,7 +7,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{PgPool, Postgres};
 
 use outbox_core::backend::{LockSession, SessionLockGuard};
-use outbox_core::{DistributedLock, LockGuard, LockName, Result};
+use outbox_core::{lock::LockGuard, DistributedLock, LockName, Result};
 
 use crate::error::from_sqlx;
 

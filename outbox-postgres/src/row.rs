@@ -14,7 +14,8 @@ use chrono::{DateTime, Utc};
 use outbox_core::backend::MessageParts;
 use outbox_core::backend::{ClaimDecoder, DecodedClaim};
 use outbox_core::{
-    DeadLetter, Error, ErrorKind, Headers, LeaseToken, Message, MessageId, MessageLimits, Result,
+    store::LeaseToken, DeadLetter, Error, ErrorKind, Headers, Message, MessageId, MessageLimits,
+    Result,
 };
 use sqlx::postgres::PgRow;
 use sqlx::Row;

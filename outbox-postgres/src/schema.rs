@@ -323,12 +323,12 @@ pub(crate) async fn install_with(
 }
 
 // The outbox and inbox tables, for tools.
-outbox_core::schema_from_inherent!(
+outbox_core::backend::schema_from_inherent!(
     crate::PgOutbox,
     name = |s| s.qualified_name().to_string(),
     version = SCHEMA_VERSION.unsigned_abs()
 );
-outbox_core::schema_from_inherent!(
+outbox_core::backend::schema_from_inherent!(
     crate::PgDedupStore,
     name = |s| s.config().display_name(),
     version = SCHEMA_VERSION.unsigned_abs()

@@ -15,9 +15,10 @@ use outbox_core::backend::{bounded_error, check_enqueue, in_id_order, validate_l
 use outbox_core::backend::{finish_claim, release_claim, CommittedClaim, DecodedClaim};
 use outbox_core::message::MAX_DELAY;
 use outbox_core::{
-    ClaimIds, ClaimMode, ClaimRequest, Claimed, Disposition, Error, Failure, Lease, LeaseToken,
-    Message, MessageId, NewMessage, OutboxStore, Renewed, Result, Settled, SettledAndClaimed,
-    Settlement, StoreCapabilities,
+    store::ClaimIds, store::ClaimRequest, store::Claimed, store::Disposition, store::Failure,
+    store::Lease, store::LeaseToken, store::Renewed, store::Settled, store::SettledAndClaimed,
+    store::Settlement, store::StoreCapabilities, ClaimMode, Error, Message, MessageId, NewMessage,
+    OutboxStore, Result,
 };
 use sqlx::Row;
 

@@ -7,7 +7,7 @@ mod common;
 use async_trait::async_trait;
 use std::time::Duration;
 
-use outbox_core::{ClaimMode, Result, StoreCapabilities};
+use outbox_core::{store::StoreCapabilities, ClaimMode, Result};
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 use outbox_testkit::{Features, Fixture, Harness};
 use sqlx::PgPool;

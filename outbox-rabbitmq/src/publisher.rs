@@ -10,7 +10,9 @@ use lapin::message::BasicReturnMessage;
 use lapin::options::BasicPublishOptions;
 use lapin::types::ShortString;
 use lapin::{BasicProperties, Confirmation, PublisherConfirm};
-use outbox_core::{Error, ErrorKind, Message, OutcomeCounts, PublishOutcome, Publisher, Result};
+use outbox_core::{
+    publisher::OutcomeCounts, Error, ErrorKind, Message, PublishOutcome, Publisher, Result,
+};
 use tokio::time::{timeout_at, Instant};
 use tracing::Instrument;
 

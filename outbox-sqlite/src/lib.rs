@@ -31,4 +31,4 @@ pub use sqlx;
 
 // Compile-time checks (tests only) that the public futures can be spawned on a
 // multi-threaded runtime.
-outbox_core::backend_send_checks!(outbox: SqliteOutbox, dedup: SqliteDedupStore, conn: &mut sqlx::SqliteConnection);
+outbox_core::backend::backend_send_checks!(outbox: SqliteOutbox, dedup: SqliteDedupStore, conn: &mut sqlx::SqliteConnection);

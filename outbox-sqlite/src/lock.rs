@@ -28,7 +28,7 @@ use sqlx::SqlitePool;
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
-use outbox_core::{DistributedLock, LockGuard, LockName, Result};
+use outbox_core::{lock::LockGuard, DistributedLock, LockName, Result};
 
 use crate::config::SqliteLockConfig;
 use crate::error::from_sqlx;

@@ -9,8 +9,8 @@
 
 use outbox_core::backend::MessageParts;
 use outbox_core::{
-    ClaimedMessage, DeadLetter, Error, ErrorKind, Headers, Lease, LeaseToken, Message, MessageId,
-    MessageLimits, Result,
+    store::ClaimedMessage, store::Lease, store::LeaseToken, DeadLetter, Error, ErrorKind, Headers,
+    Message, MessageId, MessageLimits, Result,
 };
 use sqlx::sqlite::SqliteRow;
 use sqlx::Row;

@@ -178,12 +178,12 @@ pub(crate) async fn install(pool: &SqlitePool, name: &TableName, objects: &str) 
 }
 
 // The outbox and inbox tables, for tools.
-outbox_core::schema_from_inherent!(
+outbox_core::backend::schema_from_inherent!(
     crate::SqliteOutbox,
     name = |s| s.table_name().to_string(),
     version = u32::try_from(SCHEMA_VERSION).unwrap_or(u32::MAX)
 );
-outbox_core::schema_from_inherent!(
+outbox_core::backend::schema_from_inherent!(
     crate::SqliteDedupStore,
     name = |s| s.config().display_name(),
     version = u32::try_from(SCHEMA_VERSION).unwrap_or(u32::MAX)

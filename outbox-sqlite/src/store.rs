@@ -12,8 +12,9 @@ use sqlx::{SqliteConnection, SqlitePool};
 use outbox_core::backend::{bounded_error, check_enqueue};
 use outbox_core::message::MAX_DELAY;
 use outbox_core::{
-    ClaimIds, ClaimRequest, Claimed, Disposition, Error, ErrorKind, Failure, Lease, LeaseToken,
-    MessageId, NewMessage, OutboxStore, Result, Settled, StoreCapabilities,
+    store::ClaimIds, store::ClaimRequest, store::Claimed, store::Disposition, store::Failure,
+    store::Lease, store::LeaseToken, store::Settled, store::StoreCapabilities, Error, ErrorKind,
+    MessageId, NewMessage, OutboxStore, Result,
 };
 
 use crate::config::SqliteOutboxConfig;

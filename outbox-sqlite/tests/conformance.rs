@@ -8,7 +8,9 @@ mod common;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use outbox_core::{MessageId, NewMessage, OutboxAdmin, OutboxStore, Result, StoreCapabilities};
+use outbox_core::{
+    store::StoreCapabilities, MessageId, NewMessage, OutboxAdmin, OutboxStore, Result,
+};
 use outbox_sqlite::{SqliteOutbox, SqliteOutboxConfig};
 use outbox_testkit::{Features, Fixture, Harness};
 use sqlx::SqlitePool;

@@ -48,7 +48,7 @@ pub use tiberius;
 
 // Compile-time checks (tests only) that the public futures can be spawned on a
 // multi-threaded runtime.
-outbox_core::backend_send_checks! {
+outbox_core::backend::backend_send_checks! {
     outbox: MssqlOutbox, dedup: MssqlDedupStore, conn: &mut MssqlClient;
 
     fn transactions_are_send(session: &mut MssqlSession, tx: MssqlTransaction<'_>) {

@@ -5,7 +5,7 @@ use std::fmt;
 use async_trait::async_trait;
 
 use outbox_core::backend::{LockSession, SessionLockGuard};
-use outbox_core::{DistributedLock, LockGuard, LockName, Result};
+use outbox_core::{lock::LockGuard, DistributedLock, LockName, Result};
 
 use crate::error::from_tiberius;
 use crate::exec::{query_all_rows, row_i32, row_str};

@@ -14,7 +14,9 @@ use tiberius::Row;
 
 use outbox_core::backend::MessageParts;
 use outbox_core::backend::{ClaimDecoder, DecodedClaim};
-use outbox_core::{DeadLetter, Headers, LeaseToken, Message, MessageId, MessageLimits, Result};
+use outbox_core::{
+    store::LeaseToken, DeadLetter, Headers, Message, MessageId, MessageLimits, Result,
+};
 use uuid::Uuid;
 
 use crate::exec::{row_bytes, row_i32, row_i64, row_id, row_opt_str, row_str};

@@ -348,12 +348,12 @@ pub(crate) fn prelude(name: &QualifiedName) -> String {
 }
 
 // The outbox and inbox tables, for tools.
-outbox_core::schema_from_inherent!(
+outbox_core::backend::schema_from_inherent!(
     crate::MssqlOutbox,
     name = |s| s.qualified_name().to_string(),
     version = SCHEMA_VERSION.unsigned_abs()
 );
-outbox_core::schema_from_inherent!(
+outbox_core::backend::schema_from_inherent!(
     crate::MssqlDedupStore,
     name = |s| s.config().display_name(),
     version = INBOX_VERSION.unsigned_abs()

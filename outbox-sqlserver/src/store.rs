@@ -15,8 +15,9 @@ use outbox_core::backend::{check_enqueue, in_id_order};
 use outbox_core::backend::{finish_claim, release_claim, CommittedClaim, DecodedClaim};
 use outbox_core::message::MAX_DELAY;
 use outbox_core::{
-    ClaimIds, ClaimRequest, Claimed, Disposition, Error, Failure, Lease, LeaseToken, MessageId,
-    NewMessage, OutboxStore, Result, Retention, Settled, StoreCapabilities,
+    store::ClaimIds, store::ClaimRequest, store::Claimed, store::Disposition, store::Failure,
+    store::Lease, store::LeaseToken, store::Settled, store::StoreCapabilities, Error, MessageId,
+    NewMessage, OutboxStore, Result, Retention,
 };
 
 use crate::claim;

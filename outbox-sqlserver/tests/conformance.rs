@@ -8,7 +8,7 @@
 mod common;
 
 use async_trait::async_trait;
-use outbox_core::{Result, StoreCapabilities};
+use outbox_core::{store::StoreCapabilities, Result};
 use outbox_sqlserver::MssqlPool;
 use outbox_testkit::{Features, Fixture, Harness};
 

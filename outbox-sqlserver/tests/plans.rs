@@ -9,7 +9,7 @@
 mod common;
 
 use async_trait::async_trait;
-use outbox_core::{MessageId, Result, StoreCapabilities};
+use outbox_core::{store::StoreCapabilities, MessageId, Result};
 use outbox_sqlserver::{MssqlPool, PlanAccess};
 use outbox_testkit::{
     Access, Fixture, History, PlanFixture, PlanHarness, PlannedStatement, RelayOp,

@@ -9,7 +9,9 @@ use async_trait::async_trait;
 use aws_sdk_sqs::error::ProvideErrorMetadata;
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use futures::future::join_all;
-use outbox_core::{Error, ErrorKind, Message, OutcomeCounts, PublishOutcome, Publisher, Result};
+use outbox_core::{
+    publisher::OutcomeCounts, Error, ErrorKind, Message, PublishOutcome, Publisher, Result,
+};
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 

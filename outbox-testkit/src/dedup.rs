@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use outbox_core::{
-    Consistency, ConsumerName, Dedup, DedupStore, DistributedLock, Error, ErrorKind, LockGuard,
-    LockName, MessageId, Result,
+    lock::LockGuard, Consistency, ConsumerName, Dedup, DedupStore, DistributedLock, Error,
+    ErrorKind, LockName, MessageId, Result,
 };
 
 /// A strongly consistent in-process [`DedupStore`] with a retention period.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::{DedupStore, DistributedLock, Error, ErrorKind, LockGuard, Result};
+use outbox_core::{lock::LockGuard, DedupStore, DistributedLock, Error, ErrorKind, Result};
 
 use crate::dedup::{MemoryDedupStore, MemoryLock};
 

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::{
-    ClaimIds, ClaimRequest, Claimed, Error, ErrorKind, ErrorStatus, Failure, Lease, OutboxStore,
-    Renewed, Result, Settled, StoreCapabilities,
+    store::ClaimIds, store::ClaimRequest, store::Claimed, store::Failure, store::Lease,
+    store::Renewed, store::Settled, store::StoreCapabilities, Error, ErrorKind, ErrorStatus,
+    OutboxStore, Result,
 };
 
 /// A store operation faults can be injected into.

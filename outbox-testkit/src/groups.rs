@@ -122,7 +122,7 @@ pub mod capabilities {
         pub const transactional_enqueue: () = ();
         /// [`Features::row_locks`](crate::Features::row_locks).
         pub const row_locks: () = ();
-        /// [`StoreCapabilities::lease_renewal`](outbox_core::StoreCapabilities).
+        /// [`StoreCapabilities::lease_renewal`](outbox_core::store::StoreCapabilities).
         pub const lease_renewal: () = ();
     }
     /// [`dedup_suite!`](crate::dedup_suite).

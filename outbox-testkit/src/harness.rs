@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use outbox_core::{
-    Error, ErrorKind, MessageId, NewMessage, OutboxAdmin, OutboxStore, Result, StoreCapabilities,
+    store::StoreCapabilities, Error, ErrorKind, MessageId, NewMessage, OutboxAdmin, OutboxStore,
+    Result,
 };
 
 /// What a backend under test supports beyond the [`OutboxStore`] contract. The cases

@@ -19,7 +19,7 @@
 /// suite does not know fails to compile. A case that runs fails if the harness or
 /// store does not declare what it needs, so the list here must match
 /// [`Harness::features`](crate::Harness::features) and
-/// [`StoreCapabilities`](outbox_core::StoreCapabilities).
+/// [`StoreCapabilities`](outbox_core::store::StoreCapabilities).
 ///
 /// See the [crate docs](crate#adding-a-backend) for a complete example.
 #[macro_export]

@@ -9,10 +9,11 @@ use outbox_core::admin::MAX_ADMIN_BATCH;
 use outbox_core::backend::MessageParts;
 use outbox_core::store::MAX_ATTEMPTS;
 use outbox_core::{
-    ClaimIds, ClaimRequest, Claimed, ClaimedMessage, DeadLetter, DeadLetterFilter, DeadLetterOrder,
-    DeadLetterPage, DeadLetterSelection, Disposition, Error, ErrorKind, Failure, KeyOrder, Lease,
-    LeaseToken, Message, MessageId, MessageLimits, NewMessage, OutboxAdmin, OutboxStats,
-    OutboxStore, Renewed, Result, Retention, Settled, StoreCapabilities,
+    store::ClaimIds, store::ClaimRequest, store::Claimed, store::ClaimedMessage,
+    store::Disposition, store::Failure, store::Lease, store::LeaseToken, store::Renewed,
+    store::Settled, store::StoreCapabilities, DeadLetter, DeadLetterFilter, DeadLetterOrder,
+    DeadLetterPage, DeadLetterSelection, Error, ErrorKind, KeyOrder, Message, MessageId,
+    MessageLimits, NewMessage, OutboxAdmin, OutboxStats, OutboxStore, Result, Retention,
 };
 
 #[derive(Debug)]
@@ -221,7 +222,7 @@ impl State {
 /// ```
 /// # tokio_test_block(async {
 /// use outbox_testkit::MemoryStore;
-/// use outbox_core::{NewMessage, OutboxStore, ClaimRequest};
+/// use outbox_core::{NewMessage, OutboxStore, store::ClaimRequest};
 /// use std::time::Duration;
 ///
 /// let store = MemoryStore::new();

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use outbox_core::{MessageId, NewMessage, OutboxAdmin, OutboxStore, Result, StoreCapabilities};
+use outbox_core::{
+    store::StoreCapabilities, MessageId, NewMessage, OutboxAdmin, OutboxStore, Result,
+};
 
 use crate::harness::{Features, Fixture, Harness, RowLock};
 use crate::memory::MemoryStore;

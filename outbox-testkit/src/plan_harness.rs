@@ -11,7 +11,7 @@
 use std::fmt;
 
 use async_trait::async_trait;
-use outbox_core::{Result, StoreCapabilities};
+use outbox_core::{store::StoreCapabilities, Result};
 
 use crate::harness::Fixture;
 

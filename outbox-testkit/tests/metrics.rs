@@ -8,8 +8,8 @@ use std::time::Duration;
 use outbox_core::monitor::{self, describe_metrics, StatsReporter};
 use outbox_core::relay::metrics as names;
 use outbox_core::{
-    Disposition, ErrorStatus, Failure, NewMessage, OutboxStore, OutboxStoreExt, Relay, RelayConfig,
-    RetryPolicy,
+    store::Disposition, store::Failure, store::OutboxStoreExt, ErrorStatus, NewMessage,
+    OutboxStore, Relay, RelayConfig, RetryPolicy,
 };
 use outbox_testkit::{Fault, FaultyStore, MemoryStore, Op, RecordingPublisher, TestRecorder};
 
@@ -90,7 +90,7 @@ fn the_reporter_sets_the_stats_as_gauges() {
     let stats = metrics::with_local_recorder(&recorder, || {
         rt.block_on(async {
             let claimed = memory
-                .claim(outbox_core::ClaimRequest::new(2, Duration::from_secs(60)).unwrap())
+                .claim(outbox_core::store::ClaimRequest::new(2, Duration::from_secs(60)).unwrap())
                 .await
                 .unwrap();
             let dead = Failure::new(claimed[0].lease, "x", Disposition::DeadLetter);

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::{
-    ClaimRequest, DistributedLock, KeyOrder, LockName, NewMessage, OutboxAdmin, OutboxStore,
-    PurgeRun, Purger, Retention, StoreCapabilities,
+    store::ClaimRequest, store::StoreCapabilities, DistributedLock, KeyOrder, LockName, NewMessage,
+    OutboxAdmin, OutboxStore, PurgeRun, Purger, Retention,
 };
 use outbox_testkit::{MemoryLock, MemoryStore};
 

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use outbox_core::{
-    ClaimIds, ClaimRequest, DispatchReport, ErrorKind, ErrorStatus, Failure, Lease, Message,
-    NewMessage, OutboxAdmin, OutboxStore, PublishOutcome, Publisher, Relay, RelayConfig, Result,
-    RetryPolicy, Settled, StoreCapabilities,
+    store::ClaimIds, store::ClaimRequest, store::Failure, store::Lease, store::Settled,
+    store::StoreCapabilities, DispatchReport, ErrorKind, ErrorStatus, Message, NewMessage,
+    OutboxAdmin, OutboxStore, PublishOutcome, Publisher, Relay, RelayConfig, Result, RetryPolicy,
 };
 use outbox_testkit::{
     assert_recovered_from_faults, within, Fault, FaultyPublisher, FaultyStore, MemoryStore, Op,
@@ -170,7 +170,7 @@ impl Publisher for Sneaky {
         for id in &ids {
             self.0.expire_lease(*id);
         }
-        let request = outbox_core::ClaimIds::new(&ids, Duration::from_secs(600))?;
+        let request = outbox_core::store::ClaimIds::new(&ids, Duration::from_secs(600))?;
         let stolen = self.0.claim_ids(&request).await?;
         assert_eq!(stolen.len(), ids.len(), "the lapsed leases are claimable");
         Ok(vec![PublishOutcome::Published; batch.len()])
@@ -289,7 +289,7 @@ fn short_second_wave(memory: &MemoryStore) -> (FaultyStore, RecordingPublisher, 
 /// `n` messages in a store that declares lease renewal.
 fn renewing_with(n: usize) -> MemoryStore {
     let memory = MemoryStore::with_capabilities(
-        outbox_core::StoreCapabilities::default().with_lease_renewal(true),
+        outbox_core::store::StoreCapabilities::default().with_lease_renewal(true),
     );
     let msgs: Vec<_> = (0..n)
         .map(|i| NewMessage::builder(format!("t{i}")).build().unwrap())
@@ -591,7 +591,7 @@ impl Publisher for StealsThenFails {
         for id in &ids {
             self.0.expire_lease(*id);
         }
-        let request = outbox_core::ClaimIds::new(&ids, Duration::from_secs(600))?;
+        let request = outbox_core::store::ClaimIds::new(&ids, Duration::from_secs(600))?;
         let _stolen = self.0.claim_ids(&request).await?;
         Ok(vec![PublishOutcome::Retryable("nope".into()); batch.len()])
     }
@@ -689,14 +689,14 @@ impl OutboxStore for ClaimClock {
     fn capabilities(&self) -> StoreCapabilities {
         self.inner.capabilities()
     }
-    async fn claim(&self, request: ClaimRequest) -> Result<outbox_core::Claimed> {
+    async fn claim(&self, request: ClaimRequest) -> Result<outbox_core::store::Claimed> {
         self.claims
             .lock()
             .unwrap()
             .push(tokio::time::Instant::now());
         self.inner.claim(request).await
     }
-    async fn claim_ids(&self, request: &ClaimIds) -> Result<outbox_core::Claimed> {
+    async fn claim_ids(&self, request: &ClaimIds) -> Result<outbox_core::store::Claimed> {
         self.inner.claim_ids(request).await
     }
     async fn complete(&self, leases: &[Lease]) -> Result<Settled> {

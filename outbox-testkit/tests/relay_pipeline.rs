@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::{
-    ClaimIds, ClaimRequest, Failure, Lease, NewMessage, OutboxAdmin, OutboxStore, Relay,
-    RelayConfig, Result, Settled, SettledAndClaimed, Settlement, StoreCapabilities,
+    store::ClaimIds, store::ClaimRequest, store::Failure, store::Lease, store::Settled,
+    store::SettledAndClaimed, store::Settlement, store::StoreCapabilities, NewMessage, OutboxAdmin,
+    OutboxStore, Relay, RelayConfig, Result,
 };
 use outbox_testkit::{MemoryStore, RecordingPublisher};
 
@@ -124,12 +125,12 @@ impl OutboxStore for SlowClaims {
     fn capabilities(&self) -> StoreCapabilities {
         self.inner.capabilities()
     }
-    async fn claim(&self, request: ClaimRequest) -> Result<outbox_core::Claimed> {
+    async fn claim(&self, request: ClaimRequest) -> Result<outbox_core::store::Claimed> {
         tokio::time::sleep(CLAIM_TAKES).await;
         self.bare.fetch_add(1, Ordering::SeqCst);
         self.inner.claim(request).await
     }
-    async fn claim_ids(&self, request: &ClaimIds) -> Result<outbox_core::Claimed> {
+    async fn claim_ids(&self, request: &ClaimIds) -> Result<outbox_core::store::Claimed> {
         self.inner.claim_ids(request).await
     }
     async fn complete(&self, leases: &[Lease]) -> Result<Settled> {

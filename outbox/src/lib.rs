@@ -17,7 +17,25 @@
 //! # Ok(()) }
 //! ```
 
-pub use outbox_core::*;
+// What a service uses, by name: the same root as `outbox_core`'s, and its user-facing
+// modules. The backend kit (`outbox_core::backend`) is for crates that implement a
+// backend, which depend on `outbox-core` itself.
+pub use outbox_core::{
+    admin, consumer, dedup, error, lock, message, monitor, names, publisher, purge, relay, retry,
+    schema, store,
+};
+pub use outbox_core::{
+    ClaimMode, Consistency, ConsumerName, DeadLetter, DeadLetterFilter, DeadLetterOrder,
+    DeadLetterPage, DeadLetterSelection, Dedup, DedupStore, DispatchReport, DistributedLock,
+    EntityKey, Error, ErrorKind, ErrorStatus, Headers, KeyOrder, LockName, Message, MessageId,
+    MessageLimits, NewMessage, NewMessageBuilder, OutboxAdmin, OutboxStats, OutboxStore,
+    PublishOutcome, Publisher, PurgeRun, Purger, Relay, RelayConfig, RelayHandle, Report, Result,
+    Retention, RetryPolicy, StatsReporter, Wakeup,
+};
+
+/// W3C trace context through the outbox (feature `otel`).
+#[cfg(feature = "otel")]
+pub use outbox_core::otel;
 
 /// The embedded SQLite backend (feature `sqlite`, on by default).
 #[cfg(feature = "sqlite")]

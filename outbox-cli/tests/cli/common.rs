@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use outbox_core::{
-    ClaimRequest, DeadLetterFilter, DedupStore, Disposition, Failure, MessageId, NewMessage,
-    OutboxAdmin, OutboxStats, OutboxStore, OutboxStoreExt, Retention,
+    store::ClaimRequest, store::Disposition, store::Failure, store::OutboxStoreExt,
+    DeadLetterFilter, DedupStore, MessageId, NewMessage, OutboxAdmin, OutboxStats, OutboxStore,
+    Retention,
 };
 use outbox_dynamodb::aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
 use outbox_dynamodb::aws_sdk_dynamodb::Client;
@@ -300,17 +301,17 @@ impl Fixture {
             Backend::Postgres(o, ..) => o.ddl(),
             Backend::Sqlite(o) => o.ddl(),
             Backend::MySql(o, ..) => o.ddl(),
-            Backend::Dynamo(o, ..) => outbox_core::Schema::ddl(o),
+            Backend::Dynamo(o, ..) => outbox_core::schema::Schema::ddl(o),
         }
     }
 
     /// The outbox's layout version, as `schema install` reports it.
     pub(crate) fn layout_version(&self) -> u32 {
         match &self.backend {
-            Backend::Postgres(o, ..) => outbox_core::Schema::layout_version(o),
-            Backend::Sqlite(o) => outbox_core::Schema::layout_version(o),
-            Backend::MySql(o, ..) => outbox_core::Schema::layout_version(o),
-            Backend::Dynamo(o, ..) => outbox_core::Schema::layout_version(o),
+            Backend::Postgres(o, ..) => outbox_core::schema::Schema::layout_version(o),
+            Backend::Sqlite(o) => outbox_core::schema::Schema::layout_version(o),
+            Backend::MySql(o, ..) => outbox_core::schema::Schema::layout_version(o),
+            Backend::Dynamo(o, ..) => outbox_core::schema::Schema::layout_version(o),
         }
     }
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use base64::Engine as _;
-use outbox_core::{ClaimIds, DeadLetterFilter, MessageId};
+use outbox_core::{store::ClaimIds, DeadLetterFilter, MessageId};
 
 use crate::common::{cells, Fixture};
 

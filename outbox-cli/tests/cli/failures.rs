@@ -39,7 +39,7 @@ fn no_url_and_bad_urls_are_usage_errors() {
 /// no connection and prints the library's own DDL.
 #[test]
 fn sql_server_schema_print_needs_no_server() {
-    use outbox_core::Schema;
+    use outbox_core::schema::Schema;
     use outbox_sqlserver::{MssqlConnection, MssqlDedupConfig, MssqlDedupStore};
     use outbox_sqlserver::{MssqlOutbox, MssqlOutboxConfig};
 

@@ -7,7 +7,7 @@ use std::fmt;
 use std::future::Future;
 use std::time::SystemTime;
 
-use super::rules::bounded_error;
+use crate::bounds::bounded_error;
 use crate::error::{Error, Result};
 use crate::message::Message;
 use crate::store::{Claimed, ClaimedMessage, Lease, LeaseToken};
@@ -221,7 +221,8 @@ pub async fn release_claim<B: CommittedClaim>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::{MessageId, MessageParts};
+    use crate::message::MessageId;
+    use crate::message_parts::MessageParts;
     use crate::Headers;
     use std::time::UNIX_EPOCH;
 

@@ -345,8 +345,8 @@ mod tests {
         type Name = String;
         const SCHEMA: &'static str = "outbox";
         fn name(store: &str, schema: &str, table: &str) -> Result<String> {
-            crate::names::validate_identifier("schema", schema, 63)?;
-            crate::names::validate_identifier(store, table, 63)?;
+            crate::bounds::validate_identifier("schema", schema, 63)?;
+            crate::bounds::validate_identifier(store, table, 63)?;
             Ok(format!("{schema}.{table}"))
         }
         fn check_limits(limits: &MessageLimits) -> Result<()> {
@@ -364,7 +364,7 @@ mod tests {
         type Name = String;
         const DEDUP_TABLE: &'static str = "outbox_dedup";
         fn name(store: &str, _schema: &str, table: &str) -> Result<String> {
-            crate::names::validate_identifier(store, table, 63)?;
+            crate::bounds::validate_identifier(store, table, 63)?;
             Ok(table.to_owned())
         }
     }

@@ -39,7 +39,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::claim::DecodedClaim;
-use super::rules::in_id_order;
+use crate::bounds::in_id_order;
 use crate::error::{Error, Result};
 use crate::message::MessageId;
 use crate::store::{
@@ -539,7 +539,8 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::message::{Message, MessageParts};
+    use crate::message::Message;
+    use crate::message_parts::MessageParts;
     use crate::store::{ClaimedMessage, Disposition};
     use crate::ErrorKind;
 

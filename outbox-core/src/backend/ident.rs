@@ -10,9 +10,9 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use super::config::{SchemaRules, TableRules};
+use crate::bounds::validate_identifier;
 use crate::error::Result;
 use crate::limits::MessageLimits;
-use crate::names::validate_identifier;
 
 /// How a SQL engine with schemas quotes and bounds identifiers. Implemented by a
 /// backend's marker type, which then is the [`TableRules`] of its

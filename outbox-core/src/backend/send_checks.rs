@@ -1,4 +1,4 @@
-//! [`backend_send_checks!`](crate::backend_send_checks): the compile-time check every
+//! [`backend_send_checks!`](crate::backend::backend_send_checks): the compile-time check every
 //! backend's `lib.rs` carries, that its public futures can be spawned on a
 //! multi-threaded runtime.
 
@@ -11,8 +11,9 @@
 ///
 /// ```
 /// // In a backend's `src/lib.rs`; the module exists under `cfg(test)` only.
-/// outbox_core::backend_send_checks!(outbox: MyOutbox, dedup: MyDedupStore, conn: &mut MyConnection);
+/// outbox_core::backend::backend_send_checks!(outbox: MyOutbox, dedup: MyDedupStore, conn: &mut MyConnection);
 /// ```
+#[doc(hidden)]
 #[macro_export]
 macro_rules! backend_send_checks {
     (outbox: $outbox:ty, dedup: $dedup:ty, conn: $conn:ty $(; $($extra:item)*)?) => {
@@ -29,7 +30,7 @@ macro_rules! backend_send_checks {
                 dedup: &$dedup,
                 conn: $conn,
                 messages: &[$crate::NewMessage],
-                request: $crate::ClaimRequest,
+                request: $crate::store::ClaimRequest,
                 page: &$crate::DeadLetterPage,
                 selection: &$crate::DeadLetterSelection,
             ) {

@@ -8,7 +8,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::message::{Headers, Message, MessageId, MessageParts, NewMessage};
+use crate::message::{Headers, Message, MessageId, NewMessage};
+use crate::message_parts::MessageParts;
 use crate::names::EntityKey;
 
 /// The version of a stored entity, for the optimistic concurrency check of

@@ -191,7 +191,7 @@ impl RelayConfig {
     }
 
     /// Check the values for a store that renews leases (`renewal`,
-    /// [`StoreCapabilities::lease_renewal`](crate::StoreCapabilities::lease_renewal)) or
+    /// [`StoreCapabilities::lease_renewal`](crate::store::StoreCapabilities::lease_renewal)) or
     /// not, as [`Relay::new`](super::Relay::new) does. With renewal, a batch renews its
     /// leases before any wave that would not fit in what is left, so only the first
     /// wave must fit: `lease_allows_publish(claim_allowance())`, whatever the number of

@@ -66,7 +66,7 @@
 //!   (the complete is then rejected as a lost lease), and when shutdown drops a publish
 //!   in flight. Consumers deduplicate by message id.
 //! - Leases are renewed only on stores that declare it
-//!   ([`StoreCapabilities::lease_renewal`](crate::StoreCapabilities::lease_renewal)).
+//!   ([`StoreCapabilities::lease_renewal`](crate::store::StoreCapabilities::lease_renewal)).
 //!   A claimed batch is published in waves of [`RelayConfig::publish_concurrency`]
 //!   calls. One rule, [`RelayConfig::lease_allows_publish`], decides whether a chunk
 //!   may start: its remaining lease must cover a publish plus a tenth of the lease.

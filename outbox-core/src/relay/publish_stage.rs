@@ -167,7 +167,8 @@ pub(super) fn panic_message(payload: &(dyn Any + Send)) -> String {
 mod tests {
     use super::*;
     use crate::error::{Error, ErrorKind, Result};
-    use crate::message::{Headers, MessageId, MessageParts};
+    use crate::message::{Headers, MessageId};
+    use crate::message_parts::MessageParts;
     use async_trait::async_trait;
 
     #[derive(Debug)]

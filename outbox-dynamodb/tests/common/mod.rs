@@ -10,7 +10,9 @@ use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_dynamodb::types::{BatchStatementErrorCodeEnum, ConditionCheck, TransactWriteItem};
 use aws_sdk_dynamodb::Client;
-use outbox_core::{ErrorKind, NewMessage, OutboxAdmin, OutboxStore, Result, StoreCapabilities};
+use outbox_core::{
+    store::StoreCapabilities, ErrorKind, NewMessage, OutboxAdmin, OutboxStore, Result,
+};
 use outbox_dynamodb::faults::{CancelReason, Fault, FaultInjector, Rule};
 use outbox_dynamodb::{
     DynamoDedupConfig, DynamoDedupStore, DynamoEntityConfig, DynamoEntityStore, DynamoOutbox,

@@ -11,8 +11,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use outbox_core::{
-    ClaimRequest, Disposition, Failure, KeyOrder, MessageId, MessageLimits, NewMessage,
-    OutboxStore, Retention,
+    store::ClaimRequest, store::Disposition, store::Failure, KeyOrder, MessageId, MessageLimits,
+    NewMessage, OutboxStore, Retention,
 };
 use outbox_dynamodb::{DynamoOutbox, DynamoOutboxConfig};
 use outbox_testkit::wait_until;
@@ -139,7 +139,10 @@ pub(crate) async fn age_body(outbox: &DynamoOutbox, id: MessageId, by: Duration)
     }
 }
 
-pub(crate) async fn claim(store: &DynamoOutbox, n: usize) -> Vec<outbox_core::ClaimedMessage> {
+pub(crate) async fn claim(
+    store: &DynamoOutbox,
+    n: usize,
+) -> Vec<outbox_core::store::ClaimedMessage> {
     store
         .claim(ClaimRequest::new(n, LEASE).unwrap())
         .await
@@ -281,7 +284,7 @@ async fn a_message_not_at_risk_is_not_renewed() {
     // message (40 minutes left) has enough, and a release (availability now) too.
     let got = claim(&outbox, 10).await;
     assert_eq!(got.len(), 4);
-    let leases: Vec<outbox_core::Lease> = got.iter().map(|c| c.lease).collect();
+    let leases: Vec<outbox_core::store::Lease> = got.iter().map(|c| c.lease).collect();
     assert!(outbox.release(&leases).await.unwrap().lost.is_empty());
     assert_eq!(body_ttls(&outbox, waiting).await, waiting_before.0);
     assert_eq!(outbox.metrics().bodies_renewed, 2);

@@ -14,8 +14,8 @@ use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, BatchStatementErrorCodeEnum};
 use aws_sdk_dynamodb::Client;
 use outbox_core::{
-    ClaimRequest, ClaimedMessage, Disposition, ErrorKind, Failure, MessageId, NewMessage,
-    OutboxAdmin, OutboxStore, OutboxStoreExt,
+    store::ClaimRequest, store::ClaimedMessage, store::Disposition, store::Failure,
+    store::OutboxStoreExt, ErrorKind, MessageId, NewMessage, OutboxAdmin, OutboxStore,
 };
 use outbox_dynamodb::faults::{CancelReason, Fault, FaultInjector, Rule};
 use outbox_dynamodb::{DynamoOutbox, DynamoOutboxConfig};

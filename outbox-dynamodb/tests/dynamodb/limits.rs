@@ -55,7 +55,9 @@ async fn payloads_past_the_400_kb_item_limit_are_split() {
         outbox.enqueue(Vec::new(), chunk).await.unwrap();
     }
     let got = outbox
-        .claim(outbox_core::ClaimRequest::new(10, std::time::Duration::from_secs(30)).unwrap())
+        .claim(
+            outbox_core::store::ClaimRequest::new(10, std::time::Duration::from_secs(30)).unwrap(),
+        )
         .await
         .unwrap();
     assert_eq!(got.len(), 4);
@@ -128,7 +130,9 @@ async fn large_headers_shrink_the_first_part_instead_of_refusing_the_message() {
         .await
         .unwrap();
     let got = outbox
-        .claim(outbox_core::ClaimRequest::new(1, std::time::Duration::from_secs(30)).unwrap())
+        .claim(
+            outbox_core::store::ClaimRequest::new(1, std::time::Duration::from_secs(30)).unwrap(),
+        )
         .await
         .unwrap();
     assert_eq!(got.len(), 1);
@@ -222,14 +226,14 @@ async fn a_split_message_is_requeued_and_discarded_whole() {
     let lease = std::time::Duration::from_secs(30);
     let dead_letter = || async {
         let got = outbox
-            .claim(outbox_core::ClaimRequest::new(1, lease).unwrap())
+            .claim(outbox_core::store::ClaimRequest::new(1, lease).unwrap())
             .await
             .unwrap();
         assert_eq!(got.messages[0].message.payload, m.payload());
-        let failure = outbox_core::Failure::new(
+        let failure = outbox_core::store::Failure::new(
             got.messages[0].lease,
             "poison",
-            outbox_core::Disposition::DeadLetter,
+            outbox_core::store::Disposition::DeadLetter,
         );
         assert!(outbox.fail(&[failure]).await.unwrap().lost.is_empty());
     };

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use outbox_core::{
-    ClaimRequest, DeadLetterSelection, Disposition, Failure, KeyOrder, NewMessage, OutboxAdmin,
-    OutboxStore, OutboxStoreExt,
+    store::ClaimRequest, store::Disposition, store::Failure, store::OutboxStoreExt,
+    DeadLetterSelection, KeyOrder, NewMessage, OutboxAdmin, OutboxStore,
 };
 use outbox_dynamodb::DynamoOutboxConfig;
 

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::{
-    ClaimRequest, KeyOrder, MessageId, NewMessage, OutboxAdmin, OutboxStore, Relay, RelayConfig,
-    RetryPolicy,
+    store::ClaimRequest, KeyOrder, MessageId, NewMessage, OutboxAdmin, OutboxStore, Relay,
+    RelayConfig, RetryPolicy,
 };
 use outbox_dynamodb::{DynamoOutbox, DynamoOutboxConfig};
 use outbox_testkit::{wait::DEADLINE, wait_until, RecordingPublisher};

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use outbox_core::{ClaimRequest, ClaimedMessage, OutboxStore};
+use outbox_core::{store::ClaimRequest, store::ClaimedMessage, OutboxStore};
 use outbox_dynamodb::{DynamoOutbox, DynamoOutboxConfig};
 use outbox_testkit::poll_for;
 

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use outbox_core::{
-    ClaimRequest, ErrorKind, KeyOrder, MessageId, NewMessage, OutboxAdmin, OutboxStore,
+    store::ClaimRequest, ErrorKind, KeyOrder, MessageId, NewMessage, OutboxAdmin, OutboxStore,
 };
 use outbox_dynamodb::{DynamoOutbox, DynamoOutboxConfig};
 use outbox_testkit::poll_for;

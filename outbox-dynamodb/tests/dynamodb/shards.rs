@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{ClaimRequest, NewMessage, OutboxStore, Relay, RelayConfig, RetryPolicy};
+use outbox_core::{store::ClaimRequest, NewMessage, OutboxStore, Relay, RelayConfig, RetryPolicy};
 use outbox_dynamodb::{DynamoOutbox, DynamoOutboxConfig};
 use outbox_testkit::{wait::DEADLINE, wait_until, RecordingPublisher};
 

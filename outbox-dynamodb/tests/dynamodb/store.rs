@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 use outbox_core::{
-    ClaimRequest, ErrorKind, KeyOrder, MessageId, NewMessage, OutboxAdmin, OutboxStore,
-    OutboxStoreExt,
+    store::ClaimRequest, store::OutboxStoreExt, ErrorKind, KeyOrder, MessageId, NewMessage,
+    OutboxAdmin, OutboxStore,
 };
 use outbox_dynamodb::{DynamoOutbox, DynamoOutboxConfig};
 
@@ -14,7 +14,7 @@ use crate::common;
 
 const LEASE: Duration = Duration::from_secs(30);
 
-async fn claim(store: &DynamoOutbox, n: usize) -> Vec<outbox_core::ClaimedMessage> {
+async fn claim(store: &DynamoOutbox, n: usize) -> Vec<outbox_core::store::ClaimedMessage> {
     store
         .claim(ClaimRequest::new(n, LEASE).unwrap())
         .await
@@ -405,5 +405,5 @@ async fn a_layout_one_outbox_table_is_refused_by_install() {
     let err = outbox.install().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Schema, "{}", err.report());
     assert!(err.to_string().contains("layout 1"), "{err}");
-    assert_eq!(outbox_core::Schema::layout_version(&outbox), 2);
+    assert_eq!(outbox_core::schema::Schema::layout_version(&outbox), 2);
 }

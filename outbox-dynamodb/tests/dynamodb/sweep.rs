@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use outbox_core::{ClaimIds, ClaimRequest, KeyOrder, NewMessage, OutboxStore};
+use outbox_core::{store::ClaimIds, store::ClaimRequest, KeyOrder, NewMessage, OutboxStore};
 use outbox_dynamodb::DynamoOutbox;
 use outbox_testkit::wait_until;
 

@@ -22,8 +22,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use outbox_core::{
-    ClaimIds, ClaimMode, ClaimRequest, Failure, Lease, OutboxStore, Relay, RelayConfig, Renewed,
-    Settled, StoreCapabilities, DEFAULT_PIPELINE_DEPTH,
+    relay::DEFAULT_PIPELINE_DEPTH, store::ClaimIds, store::ClaimRequest, store::Failure,
+    store::Lease, store::Renewed, store::Settled, store::StoreCapabilities, ClaimMode, OutboxStore,
+    Relay, RelayConfig,
 };
 use outbox_postgres::PgOutbox;
 
@@ -403,10 +404,16 @@ impl OutboxStore for OldPath {
     fn capabilities(&self) -> StoreCapabilities {
         self.0.capabilities()
     }
-    async fn claim(&self, request: ClaimRequest) -> outbox_core::Result<outbox_core::Claimed> {
+    async fn claim(
+        &self,
+        request: ClaimRequest,
+    ) -> outbox_core::Result<outbox_core::store::Claimed> {
         self.0.claim(request).await
     }
-    async fn claim_ids(&self, request: &ClaimIds) -> outbox_core::Result<outbox_core::Claimed> {
+    async fn claim_ids(
+        &self,
+        request: &ClaimIds,
+    ) -> outbox_core::Result<outbox_core::store::Claimed> {
         self.0.claim_ids(request).await
     }
     async fn complete(&self, leases: &[Lease]) -> outbox_core::Result<Settled> {

@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use outbox_core::{ClaimRequest, Lease, OutboxStore, Retention};
+use outbox_core::{store::ClaimRequest, store::Lease, OutboxStore, Retention};
 use outbox_postgres::{Notify, PgOutbox, PgOutboxConfig};
 use sqlx::PgPool;
 

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use outbox_core::{ClaimRequest, Lease, OutboxStore};
+use outbox_core::{store::ClaimRequest, store::Lease, OutboxStore};
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 
 use crate::harness::{preload, Env, Res};

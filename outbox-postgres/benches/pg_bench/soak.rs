@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outbox_core::{ClaimRequest, Lease, OutboxStore, Settlement};
+use outbox_core::{store::ClaimRequest, store::Lease, store::Settlement, OutboxStore};
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 use outbox_testkit::pg_cluster::{Cluster, Unavailable};
 use sqlx::postgres::PgConnectOptions;

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::{
-    ClaimMode, ClaimRequest, DeadLetterSelection, ErrorKind, MessageId, OutboxAdmin, OutboxStore,
-    OutboxStoreExt, Relay, RelayConfig, RetryPolicy,
+    store::ClaimRequest, store::OutboxStoreExt, ClaimMode, DeadLetterSelection, ErrorKind,
+    MessageId, OutboxAdmin, OutboxStore, Relay, RelayConfig, RetryPolicy,
 };
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 use outbox_testkit::{within, RecordingPublisher};
@@ -59,7 +59,7 @@ async fn kill_sessions(admin: &PgPool, application_name: &str) {
     .await;
 }
 
-async fn one_claim(store: &dyn OutboxStore) -> Vec<outbox_core::ClaimedMessage> {
+async fn one_claim(store: &dyn OutboxStore) -> Vec<outbox_core::store::ClaimedMessage> {
     store
         .claim(ClaimRequest::new(10, LONG).unwrap())
         .await
@@ -285,10 +285,10 @@ async fn operator_calls_never_wait_on_held_rows() {
         .await
         .unwrap()
         .into_messages();
-    let dead = outbox_core::Failure::new(
+    let dead = outbox_core::store::Failure::new(
         first[0].lease,
         "poison",
-        outbox_core::Disposition::DeadLetter,
+        outbox_core::store::Disposition::DeadLetter,
     );
     outbox.fail_one(dead).await.unwrap();
     // The other stays held.
@@ -450,10 +450,10 @@ async fn one_settle_spanning_batches_applies_each_in_its_own() {
     let failures: Vec<_> = [&first[0], &second[0]]
         .iter()
         .map(|c| {
-            outbox_core::Failure::new(
+            outbox_core::store::Failure::new(
                 c.lease,
                 "broker down",
-                outbox_core::Disposition::Retry {
+                outbox_core::store::Disposition::Retry {
                     after: Duration::ZERO,
                 },
             )
@@ -511,7 +511,10 @@ async fn the_sweep_keeps_its_interval_and_counts_what_it_charged() {
     assert!(charged.iter().all(|c| c.message.attempts == 2));
 }
 
-async fn one_claim_of(store: &dyn OutboxStore, limit: usize) -> Vec<outbox_core::ClaimedMessage> {
+async fn one_claim_of(
+    store: &dyn OutboxStore,
+    limit: usize,
+) -> Vec<outbox_core::store::ClaimedMessage> {
     store
         .claim(ClaimRequest::new(limit, LONG).unwrap())
         .await

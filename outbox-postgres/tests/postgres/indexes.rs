@@ -3,7 +3,7 @@
 //! claims then read), left alone by an unordered install, and found in the catalog
 //! without waiting for the table's writers.
 
-use outbox_core::{ClaimRequest, ErrorKind, KeyOrder, OutboxStore, OutboxStoreExt};
+use outbox_core::{store::ClaimRequest, store::OutboxStoreExt, ErrorKind, KeyOrder, OutboxStore};
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 
 use crate::ordering::{keyed, per_key, LONG};

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use outbox_core::admin::MAX_ADMIN_BATCH;
 use outbox_core::{
-    ClaimRequest, DeadLetterFilter, DeadLetterPage, DeadLetterSelection, Disposition, ErrorKind,
-    Failure, MessageId, MessageLimits, NewMessage, OutboxAdmin, OutboxStore, OutboxStoreExt,
-    Retention,
+    store::ClaimRequest, store::Disposition, store::Failure, store::OutboxStoreExt,
+    DeadLetterFilter, DeadLetterPage, DeadLetterSelection, ErrorKind, MessageId, MessageLimits,
+    NewMessage, OutboxAdmin, OutboxStore, Retention,
 };
 use outbox_postgres::{spawn_listener, PgDedupConfig, PgDedupStore, PgOutbox, PgOutboxConfig};
 use sqlx::postgres::PgPoolOptions;

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use outbox_core::{
-    ClaimRequest, DeadLetterSelection, Disposition, Failure, KeyOrder, NewMessage, OutboxAdmin,
-    OutboxStore, OutboxStoreExt,
+    store::ClaimRequest, store::Disposition, store::Failure, store::OutboxStoreExt,
+    DeadLetterSelection, KeyOrder, NewMessage, OutboxAdmin, OutboxStore,
 };
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 

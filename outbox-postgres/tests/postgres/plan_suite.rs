@@ -9,8 +9,9 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use outbox_core::{
-    ClaimIds, ClaimRequest, Disposition, Failure, Lease, LeaseToken, MessageId, OutboxAdmin,
-    OutboxStore, Result, Settlement, StoreCapabilities,
+    store::ClaimIds, store::ClaimRequest, store::Disposition, store::Failure, store::Lease,
+    store::LeaseToken, store::Settlement, store::StoreCapabilities, MessageId, OutboxAdmin,
+    OutboxStore, Result,
 };
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 use outbox_testkit::{

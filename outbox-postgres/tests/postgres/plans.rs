@@ -8,8 +8,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use outbox_core::{
-    ClaimRequest, DeadLetterFilter, DeadLetterSelection, Disposition, Failure, Lease, LeaseToken,
-    MessageId, OutboxAdmin, OutboxStore, Retention,
+    store::ClaimRequest, store::Disposition, store::Failure, store::Lease, store::LeaseToken,
+    DeadLetterFilter, DeadLetterSelection, MessageId, OutboxAdmin, OutboxStore, Retention,
 };
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 use sqlx::PgPool;
@@ -622,9 +622,9 @@ async fn plans_cached_on_an_empty_table_stay_on_their_indexes_after_it_grows() {
         .map(|c| c.lease)
         .collect();
     assert_eq!(held.len(), 100);
-    let settlement = outbox_core::Settlement {
+    let settlement = outbox_core::store::Settlement {
         complete: &held,
-        ..outbox_core::Settlement::default()
+        ..outbox_core::store::Settlement::default()
     };
     let out = twin.settle_and_claim(settlement, next(100)).await.unwrap();
     assert_eq!(
@@ -691,9 +691,9 @@ async fn complete_and_claim_is_prepared_once_per_connection() {
         .map(|c| c.lease)
         .collect();
     let statement = prepared_one(&twin, "a complete and claim", || async {
-        let settlement = outbox_core::Settlement {
+        let settlement = outbox_core::store::Settlement {
             complete: &held,
-            ..outbox_core::Settlement::default()
+            ..outbox_core::store::Settlement::default()
         };
         let out = twin.settle_and_claim(settlement, next()).await.unwrap();
         assert_eq!(out.completed.applied, 1);
@@ -710,9 +710,9 @@ async fn complete_and_claim_is_prepared_once_per_connection() {
         "prepared on the relay's connection"
     );
     let again = prepared_by(&twin, || async {
-        let settlement = outbox_core::Settlement {
+        let settlement = outbox_core::store::Settlement {
             complete: &held,
-            ..outbox_core::Settlement::default()
+            ..outbox_core::store::Settlement::default()
         };
         let out = twin.settle_and_claim(settlement, next()).await.unwrap();
         assert_eq!(out.completed.applied, 1);
@@ -738,9 +738,9 @@ async fn relay_statements_on_a_dozen_rows(outbox: &PgOutbox, store: &PgOutbox) {
         .map(|c| c.lease)
         .collect();
     for _ in 0..6 {
-        let settlement = outbox_core::Settlement {
+        let settlement = outbox_core::store::Settlement {
             complete: &held,
-            ..outbox_core::Settlement::default()
+            ..outbox_core::store::Settlement::default()
         };
         let out = store.settle_and_claim(settlement, next(1)).await.unwrap();
         assert_eq!(out.completed.applied, 1);
@@ -754,7 +754,7 @@ async fn relay_statements_on_a_dozen_rows(outbox: &PgOutbox, store: &PgOutbox) {
         .map(|c| Failure::new(c.lease, "boom", Disposition::DeadLetter))
         .collect();
     assert_eq!(store.fail(&failures).await.unwrap().applied, 2);
-    let listed = outbox_core::ClaimIds::new(&[msgs[11].id()], LONG).unwrap();
+    let listed = outbox_core::store::ClaimIds::new(&[msgs[11].id()], LONG).unwrap();
     let claimed = store.claim_ids(&listed).await.unwrap();
     let leases: Vec<Lease> = claimed.iter().map(|c| c.lease).collect();
     assert_eq!(store.complete(&leases).await.unwrap().applied, 1);

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use outbox_core::store::MAX_ATTEMPTS;
 use outbox_core::{
-    ClaimRequest, DeadLetterFilter, DeadLetterPage, MessageId, OutboxAdmin, OutboxStore,
-    OutboxStoreExt,
+    store::ClaimRequest, store::OutboxStoreExt, DeadLetterFilter, DeadLetterPage, MessageId,
+    OutboxAdmin, OutboxStore,
 };
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 use uuid::Uuid;

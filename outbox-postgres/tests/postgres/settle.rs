@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use outbox_core::{ClaimRequest, Disposition, Failure, Lease, OutboxStore, Settled};
+use outbox_core::{
+    store::ClaimRequest, store::Disposition, store::Failure, store::Lease, store::Settled,
+    OutboxStore,
+};
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 
 use crate::{common, table};
@@ -134,7 +137,7 @@ async fn overlapping_batches_in_opposite_orders_do_not_deadlock() {
 /// claim: a one-second stall until `deadlock_timeout`.)
 #[tokio::test]
 async fn settle_and_claim_refuses_at_once_when_a_batch_row_is_held() {
-    use outbox_core::{ErrorKind, Settlement};
+    use outbox_core::{store::Settlement, ErrorKind};
 
     let Some(url) = common::url("settle and claim without waiting") else {
         return;

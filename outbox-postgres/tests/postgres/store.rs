@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use outbox_core::{
-    ClaimRequest, DeadLetterFilter, DeadLetterPage, Disposition, ErrorKind, Failure, OutboxAdmin,
-    OutboxStore, OutboxStoreExt, Retention,
+    store::ClaimRequest, store::Disposition, store::Failure, store::OutboxStoreExt,
+    DeadLetterFilter, DeadLetterPage, ErrorKind, OutboxAdmin, OutboxStore, Retention,
 };
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 use uuid::Uuid;
@@ -303,7 +303,7 @@ async fn messages_from_elsewhere_are_stored_as_dead_letters() {
     let mut headers = outbox_core::Headers::new();
     headers.insert("traceparent", "00-1");
     let letter = |n: u8, error: Option<&str>| {
-        outbox_core::Message::from(outbox_core::message::MessageParts {
+        outbox_core::Message::from(outbox_core::backend::MessageParts {
             id: outbox_core::MessageId::new(),
             destination: format!("elsewhere.{n}"),
             partition_key: (n == 0).then(|| "k".to_owned()),

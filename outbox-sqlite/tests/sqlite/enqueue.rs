@@ -1,7 +1,7 @@
 //! Enqueue shares the caller's transaction: it commits and rolls back with the
 //! business rows, and a refused batch leaves the transaction usable.
 
-use outbox_core::{ClaimRequest, ErrorKind, OutboxStore};
+use outbox_core::{store::ClaimRequest, ErrorKind, OutboxStore};
 
 use crate::{common, msg, outbox, rows, LONG};
 

@@ -4,7 +4,7 @@
 
 use outbox_core::store::MAX_ATTEMPTS;
 use outbox_core::{
-    ClaimRequest, DeadLetterFilter, DeadLetterPage, MessageId, MessageLimits, OutboxAdmin,
+    store::ClaimRequest, DeadLetterFilter, DeadLetterPage, MessageId, MessageLimits, OutboxAdmin,
     OutboxStore,
 };
 use outbox_sqlite::{SqliteOutbox, SqliteOutboxConfig};

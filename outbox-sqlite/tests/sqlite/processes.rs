@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{ClaimRequest, ErrorKind, OutboxStore, Relay, RelayConfig};
+use outbox_core::{store::ClaimRequest, ErrorKind, OutboxStore, Relay, RelayConfig};
 use outbox_sqlite::{connect_options, SqliteOutbox, SqliteOutboxConfig};
 use outbox_testkit::RecordingPublisher;
 use sqlx::sqlite::SqlitePoolOptions;

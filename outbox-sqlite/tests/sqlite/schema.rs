@@ -1,6 +1,6 @@
 //! Installing: idempotent, versioned, and equivalent to applying `ddl()` by hand.
 
-use outbox_core::{ClaimRequest, ErrorKind, OutboxStore};
+use outbox_core::{store::ClaimRequest, ErrorKind, OutboxStore};
 use outbox_sqlite::{
     SqliteDedupConfig, SqliteDedupStore, SqliteEntityConfig, SqliteEntityStore, SqliteLock,
     SqliteLockConfig, SqliteOutbox, SqliteOutboxConfig,

@@ -154,7 +154,7 @@ impl MssqlFixture {
     /// An outbox with `capabilities`, installed in a fresh schema of its own.
     pub async fn installed(
         pool: &MssqlPool,
-        capabilities: outbox_core::StoreCapabilities,
+        capabilities: outbox_core::store::StoreCapabilities,
     ) -> Result<Self> {
         let config = outbox_sqlserver::MssqlOutboxConfig::default()
             .with_schema(schema_name())

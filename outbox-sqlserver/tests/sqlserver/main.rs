@@ -10,8 +10,8 @@ mod common;
 use std::time::Duration;
 
 use outbox_core::{
-    ClaimRequest, DeadLetterFilter, DeadLetterPage, ErrorKind, MessageId, NewMessage, OutboxAdmin,
-    OutboxStore,
+    store::ClaimRequest, DeadLetterFilter, DeadLetterPage, ErrorKind, MessageId, NewMessage,
+    OutboxAdmin, OutboxStore,
 };
 use outbox_sqlserver::tiberius::Query;
 use outbox_sqlserver::{MssqlOutbox, MssqlOutboxConfig, MssqlPool};

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use outbox_core::{DeadLetterOrder, DeadLetterSelection, Disposition, OutboxStoreExt};
+use outbox_core::{
+    store::Disposition, store::OutboxStoreExt, DeadLetterOrder, DeadLetterSelection,
+};
 
 use super::*;
 use crate::harness::Harness;

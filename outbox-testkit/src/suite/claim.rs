@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{Disposition, MessageId, NewMessage, OutboxStoreExt};
+use outbox_core::{store::Disposition, store::OutboxStoreExt, MessageId, NewMessage};
 
 use super::*;
 use crate::harness::Harness;
@@ -169,7 +169,7 @@ pub async fn plain_store_calls_succeed(h: &dyn Harness) {
     f.enqueue(sent.clone())
         .await
         .unwrap_or_else(|e| panic!("enqueue failed: {}", e.report()));
-    let request = outbox_core::ClaimRequest::new(2, LONG_LEASE).expect("a valid claim");
+    let request = outbox_core::store::ClaimRequest::new(2, LONG_LEASE).expect("a valid claim");
     let got = store
         .claim(request)
         .await

@@ -1,6 +1,6 @@
 //! Fencing: settling with a lease that was lost. Guarantee 3.
 
-use outbox_core::{Disposition, ErrorKind, OutboxStoreExt};
+use outbox_core::{store::Disposition, store::OutboxStoreExt, ErrorKind};
 
 use super::*;
 use crate::harness::Harness;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::names::MAX_NAME_LEN;
-use outbox_core::{DistributedLock, ErrorKind, LockGuard, LockName};
+use outbox_core::{lock::LockGuard, DistributedLock, ErrorKind, LockName};
 use tokio::sync::Barrier;
 
 use crate::dedup_harness::LockHarness;

@@ -41,9 +41,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::{
-    ClaimIds, ClaimRequest, ClaimedMessage, DeadLetterFilter, DeadLetterPage, Disposition, Failure,
-    KeyOrder, Lease, Message, MessageId, NewMessage, OutboxAdmin, OutboxStats, OutboxStore,
-    Publisher, Relay, RelayConfig, Retention, RetryPolicy, StoreCapabilities,
+    store::ClaimIds, store::ClaimRequest, store::ClaimedMessage, store::Disposition,
+    store::Failure, store::Lease, store::StoreCapabilities, DeadLetterFilter, DeadLetterPage,
+    KeyOrder, Message, MessageId, NewMessage, OutboxAdmin, OutboxStats, OutboxStore, Publisher,
+    Relay, RelayConfig, Retention, RetryPolicy,
 };
 
 pub(crate) use crate::groups::require;
@@ -202,7 +203,7 @@ pub async fn with_pipeline_depth<F: std::future::Future>(depth: usize, case: F) 
 pub(crate) fn fast_relay_config() -> RelayConfig {
     let depth = PIPELINE_DEPTH
         .try_with(|depth| *depth)
-        .unwrap_or(outbox_core::DEFAULT_PIPELINE_DEPTH);
+        .unwrap_or(outbox_core::relay::DEFAULT_PIPELINE_DEPTH);
     RelayConfig::default()
         .pipeline_depth(depth)
         .lease(Duration::from_secs(30))

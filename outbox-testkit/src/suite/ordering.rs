@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use outbox_core::{Disposition, KeyOrder, MessageId, OutboxStoreExt, Retention};
+use outbox_core::{store::Disposition, store::OutboxStoreExt, KeyOrder, MessageId, Retention};
 
 use super::*;
 use crate::harness::Harness;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use outbox_core::{KeyOrder, Retention, StoreCapabilities};
+use outbox_core::{store::StoreCapabilities, KeyOrder, Retention};
 
 use crate::plan_harness::{Access, History, PlanHarness, RelayOp};
 

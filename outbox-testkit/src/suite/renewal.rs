@@ -1,12 +1,12 @@
 //! Lease renewal: [`OutboxStore::renew`](outbox_core::OutboxStore::renew), for stores
-//! that declare [`StoreCapabilities::lease_renewal`](outbox_core::StoreCapabilities).
+//! that declare [`StoreCapabilities::lease_renewal`](outbox_core::store::StoreCapabilities).
 //! Stores that do not declare it must refuse renewal with `Unsupported`.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{ErrorKind, MessageId, OutboxStoreExt};
+use outbox_core::{store::OutboxStoreExt, ErrorKind, MessageId};
 
 use super::*;
 use crate::harness::{Fixture, Harness};
@@ -20,7 +20,7 @@ async fn renewing(h: &dyn Harness) -> Box<dyn Fixture> {
     f
 }
 
-/// A store that does not declare [`lease_renewal`](outbox_core::StoreCapabilities)
+/// A store that does not declare [`lease_renewal`](outbox_core::store::StoreCapabilities)
 /// refuses renewal with `Unsupported`, changing nothing; one that declares it extends
 /// a held lease.
 pub async fn renewal_is_refused_unless_declared(h: &dyn Harness) {

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use outbox_core::{Disposition, OutboxStoreExt, Retention};
+use outbox_core::{store::Disposition, store::OutboxStoreExt, Retention};
 
 use super::*;
 use crate::harness::Harness;

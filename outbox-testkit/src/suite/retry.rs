@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{DeadLetterSelection, Disposition, OutboxStoreExt, RetryPolicy};
+use outbox_core::{store::Disposition, store::OutboxStoreExt, DeadLetterSelection, RetryPolicy};
 
 use super::*;
 use crate::harness::Harness;

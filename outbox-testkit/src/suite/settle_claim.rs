@@ -3,7 +3,9 @@
 
 use std::collections::HashSet;
 
-use outbox_core::{ClaimRequest, Disposition, MessageId, OutboxStoreExt, Settlement};
+use outbox_core::{
+    store::ClaimRequest, store::Disposition, store::OutboxStoreExt, store::Settlement, MessageId,
+};
 
 use super::*;
 use crate::harness::Harness;
