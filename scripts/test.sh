@@ -11,4 +11,5 @@ cargo test --workspace --locked "$@"
 cargo run --quiet --locked -p example-quickstart
 if [ -n "${OUTBOX_PG_URL:-}" ]; then
     cargo run --quiet --locked -p example-idempotent-consumer
+    cargo run --quiet --locked -p example-readme-usage
 fi
