@@ -84,7 +84,7 @@ pub fn fault_mix(seed: u64) -> FaultInjector {
 /// The relay settings of a DynamoDB worker: [`crate::relay_config`] with the longer
 /// [`LEASE`].
 pub fn relay_config(name: &str) -> RelayConfig {
-    crate::relay_config(name).lease(LEASE)
+    crate::relay_config(name).with_lease(LEASE)
 }
 
 /// The outbox of table `table` as every worker (and the test installing it) configures

@@ -169,9 +169,10 @@ impl WorkerSettings {
     pub fn relay_config(&self) -> RelayConfig {
         let config = relay_config(&self.worker);
         match self.max_attempts {
-            Some(n) => config.retry(
-                RetryPolicy::with_max_attempts(n)
-                    .backoff(Duration::from_millis(10), Duration::from_millis(200)),
+            Some(n) => config.with_retry(
+                RetryPolicy::new(n)
+                    .with_initial_delay(Duration::from_millis(10))
+                    .with_max_delay(Duration::from_millis(200)),
             ),
             None => config,
         }
@@ -182,18 +183,21 @@ impl WorkerSettings {
 /// that kills and restarts cost little time.
 pub fn relay_config(name: &str) -> RelayConfig {
     RelayConfig::default()
-        .name(name)
-        .batch_size(BATCH_SIZE)
-        .publish(5, 2)
-        .lease(LEASE)
+        .with_name(name)
+        .with_batch_size(BATCH_SIZE)
+        .with_publish_batch_size(5)
+        .with_publish_concurrency(2)
+        .with_lease(LEASE)
         // Set explicitly: one wave of publishes must fit in the lease with room to spare.
-        .publish_timeout(PUBLISH_TIMEOUT)
-        .poll(Duration::from_millis(10), Duration::from_millis(100))
-        .retry(
-            RetryPolicy::with_max_attempts(20)
-                .backoff(Duration::from_millis(10), Duration::from_millis(200)),
+        .with_publish_timeout(PUBLISH_TIMEOUT)
+        .with_poll_interval(Duration::from_millis(10))
+        .with_max_poll_interval(Duration::from_millis(100))
+        .with_retry(
+            RetryPolicy::new(20)
+                .with_initial_delay(Duration::from_millis(10))
+                .with_max_delay(Duration::from_millis(200)),
         )
-        .shutdown_grace(Duration::from_secs(1))
+        .with_shutdown_grace(Duration::from_secs(1))
 }
 
 /// How often a log-tailing worker reports its confirmed position: with
@@ -222,12 +226,14 @@ pub fn wal_relay_config() -> outbox_postgres_wal::WalRelayConfig {
         .with_batch_size(WAL_BATCH_SIZE)
         .with_publish_concurrency(WAL_PUBLISH_CONCURRENCY)
         .with_status_interval(WAL_STATUS_INTERVAL)
-        .with_reconnect_backoff(Duration::from_millis(20), Duration::from_millis(500))
+        .with_initial_reconnect_backoff(Duration::from_millis(20))
+        .with_max_reconnect_backoff(Duration::from_millis(500))
         .with_lock_retry(Duration::from_millis(50))
         .with_lag_interval(Duration::from_millis(500))
         .with_retry(
-            RetryPolicy::with_max_attempts(20)
-                .backoff(Duration::from_millis(10), Duration::from_millis(200)),
+            RetryPolicy::new(20)
+                .with_initial_delay(Duration::from_millis(10))
+                .with_max_delay(Duration::from_millis(200)),
         )
 }
 

@@ -29,8 +29,9 @@ pub fn relay_config(name: &str) -> StreamRelayConfig {
         .with_discovery_interval(Duration::from_secs(1))
         .with_publish_timeout(crate::PUBLISH_TIMEOUT * 5)
         .with_retry(
-            RetryPolicy::with_max_attempts(20)
-                .backoff(Duration::from_millis(10), Duration::from_millis(200)),
+            RetryPolicy::new(20)
+                .with_initial_delay(Duration::from_millis(10))
+                .with_max_delay(Duration::from_millis(200)),
         )
 }
 

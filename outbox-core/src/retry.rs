@@ -41,25 +41,31 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// A policy with `max_attempts` and the default backoff.
-    pub fn with_max_attempts(max_attempts: u32) -> Self {
+    /// A policy with [`max_attempts`](Self::max_attempts) and the default backoff.
+    pub fn new(max_attempts: u32) -> Self {
         RetryPolicy {
             max_attempts,
             ..RetryPolicy::default()
         }
     }
 
-    /// Set the delay bounds.
+    /// Set [`initial_delay`](Self::initial_delay), the delay after the first failure.
     #[must_use]
-    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
-        self.initial_delay = initial;
-        self.max_delay = max;
+    pub fn with_initial_delay(mut self, delay: Duration) -> Self {
+        self.initial_delay = delay;
         self
     }
 
-    /// Set the jitter fraction.
+    /// Set [`max_delay`](Self::max_delay), the longest delay.
     #[must_use]
-    pub fn jitter(mut self, jitter: f64) -> Self {
+    pub fn with_max_delay(mut self, delay: Duration) -> Self {
+        self.max_delay = delay;
+        self
+    }
+
+    /// Set [`jitter`](Self::jitter), the fraction of the delay randomly taken off.
+    #[must_use]
+    pub fn with_jitter(mut self, jitter: f64) -> Self {
         self.jitter = jitter;
         self
     }
@@ -127,7 +133,9 @@ mod tests {
 
     #[test]
     fn grows_exponentially_up_to_the_cap() {
-        let p = RetryPolicy::default().backoff(Duration::from_millis(100), Duration::from_secs(1));
+        let p = RetryPolicy::default()
+            .with_initial_delay(Duration::from_millis(100))
+            .with_max_delay(Duration::from_secs(1));
         assert_eq!(p.base_delay(1), Duration::from_millis(100));
         assert_eq!(p.base_delay(2), Duration::from_millis(200));
         assert_eq!(p.base_delay(4), Duration::from_millis(800));
@@ -138,8 +146,9 @@ mod tests {
     #[test]
     fn jitter_stays_within_bounds() {
         let p = RetryPolicy::default()
-            .backoff(Duration::from_secs(10), Duration::from_secs(10))
-            .jitter(0.5);
+            .with_initial_delay(Duration::from_secs(10))
+            .with_max_delay(Duration::from_secs(10))
+            .with_jitter(0.5);
         let mut seen_below = false;
         for _ in 0..200 {
             let d = p.delay(3);
@@ -150,13 +159,13 @@ mod tests {
             seen_below |= d < Duration::from_secs(10);
         }
         assert!(seen_below, "jitter never applied");
-        let none = p.clone().jitter(0.0);
+        let none = p.clone().with_jitter(0.0);
         assert_eq!(none.delay(3), Duration::from_secs(10));
     }
 
     #[test]
     fn last_attempt_dead_letters() {
-        let p = RetryPolicy::with_max_attempts(3);
+        let p = RetryPolicy::new(3);
         assert!(matches!(p.after_failure(1), Disposition::Retry { .. }));
         assert!(matches!(p.after_failure(2), Disposition::Retry { .. }));
         assert_eq!(p.after_failure(3), Disposition::DeadLetter);
@@ -166,10 +175,11 @@ mod tests {
     #[test]
     fn validation() {
         assert!(RetryPolicy::default().validate().is_ok());
-        assert!(RetryPolicy::with_max_attempts(0).validate().is_err());
-        assert!(RetryPolicy::default().jitter(1.5).validate().is_err());
-        let inverted =
-            RetryPolicy::default().backoff(Duration::from_secs(2), Duration::from_secs(1));
+        assert!(RetryPolicy::new(0).validate().is_err());
+        assert!(RetryPolicy::default().with_jitter(1.5).validate().is_err());
+        let inverted = RetryPolicy::default()
+            .with_initial_delay(Duration::from_secs(2))
+            .with_max_delay(Duration::from_secs(1));
         assert!(inverted.validate().is_err());
     }
 }

@@ -214,10 +214,12 @@ impl Running {
                     // Its own store per relay: each holds its own shard leases.
                     let store = DynamoOutbox::new(o.client().clone(), o.config().clone()).unwrap();
                     let config = RelayConfig::default()
-                        .name(format!("bench-{i}"))
-                        .batch_size(100)
-                        .publish(100, 4)
-                        .poll(Duration::from_millis(5), Duration::from_millis(50));
+                        .with_name(format!("bench-{i}"))
+                        .with_batch_size(100)
+                        .with_publish_batch_size(100)
+                        .with_publish_concurrency(4)
+                        .with_poll_interval(Duration::from_millis(5))
+                        .with_max_poll_interval(Duration::from_millis(50));
                     running.stores.push(store.clone());
                     running.polling.push(
                         Relay::new(Arc::new(store), Arc::clone(&publisher), config)

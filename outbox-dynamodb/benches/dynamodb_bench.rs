@@ -254,10 +254,12 @@ async fn relay_run(client: &Client, relays: usize, backlog: usize, leases: bool)
         .enumerate()
         .map(|(i, store)| {
             let config = RelayConfig::default()
-                .name(format!("bench-{i}"))
-                .batch_size(100)
-                .publish(100, 4)
-                .poll(Duration::from_millis(5), Duration::from_millis(50));
+                .with_name(format!("bench-{i}"))
+                .with_batch_size(100)
+                .with_publish_batch_size(100)
+                .with_publish_concurrency(4)
+                .with_poll_interval(Duration::from_millis(5))
+                .with_max_poll_interval(Duration::from_millis(50));
             Relay::new(Arc::new(store.clone()), Arc::new(publisher.clone()), config)
                 .unwrap()
                 .spawn()

@@ -93,6 +93,7 @@ impl Default for DynamoOutboxConfig {
 
 impl DynamoOutboxConfig {
     /// Use table `name` (checked by [`validate`](Self::validate)).
+    #[must_use]
     pub fn with_table(mut self, name: impl Into<String>) -> Self {
         self.table = name.into();
         self
@@ -103,22 +104,26 @@ impl DynamoOutboxConfig {
     /// [`DynamoOutbox::grow_shards`](crate::DynamoOutbox::grow_shards)). A count set
     /// here above the table's is refused when the store first checks the table: the
     /// table was meant to have more shards than it has.
+    #[must_use]
     pub fn with_shards(mut self, shards: u16) -> Self {
         self.shards = shards;
         self.shards_set = true;
         self
     }
     /// Whether claims keep per-key order.
+    #[must_use]
     pub fn with_ordering(mut self, ordering: KeyOrder) -> Self {
         self.ordering = ordering;
         self
     }
     /// What completing does.
+    #[must_use]
     pub fn with_retention(mut self, retention: Retention) -> Self {
         self.retention = retention;
         self
     }
     /// The message rules enqueue checks and claims apply to stored items.
+    #[must_use]
     pub fn with_limits(mut self, limits: MessageLimits) -> Self {
         self.limits = limits;
         self
@@ -136,6 +141,7 @@ impl DynamoOutboxConfig {
     /// missing body): choose it so that 7/16 of it minus the sweep interval exceeds
     /// your longest relay outage (at the default interval, `body_ttl` above 16/5 of the
     /// outage). See the crate docs, "Bodies of undelivered messages are renewed".
+    #[must_use]
     pub fn with_body_ttl(mut self, ttl: Duration) -> Self {
         self.body_ttl = ttl;
         self
@@ -145,6 +151,7 @@ impl DynamoOutboxConfig {
     /// shard, in a background task its claims start; see the crate docs). Default: an eighth of
     /// [`body_ttl`](Self::with_body_ttl). At least one minute and at most a quarter of
     /// `body_ttl`; the longer it is, the shorter the relay outage bodies survive.
+    #[must_use]
     pub fn with_body_sweep_every(mut self, every: Duration) -> Self {
         self.body_sweep_every = Some(every);
         self
@@ -160,6 +167,7 @@ impl DynamoOutboxConfig {
     /// its body's write units plus one, and
     /// [`sweep_budget_waits`](crate::OutboxMetrics::sweep_budget_waits) counts the
     /// renewals that waited for it.
+    #[must_use]
     pub fn with_renewal_budget(mut self, units_per_second: Option<u32>) -> Self {
         self.renewal_budget = units_per_second;
         self
@@ -179,6 +187,7 @@ impl DynamoOutboxConfig {
     /// are taken over once its leases lapse (see the crate docs). `None`: every claim
     /// reads every shard and racing relays are sorted out by refused writes. At least
     /// one second.
+    #[must_use]
     pub fn with_shard_leases(mut self, lease: Option<Duration>) -> Self {
         self.shard_lease = lease;
         self
@@ -191,7 +200,9 @@ impl DynamoOutboxConfig {
     pub fn body_ttl(&self) -> Duration {
         self.body_ttl
     }
-    /// The table name.
+    /// The table name: the name [`Schema::name`](outbox_core::schema::Schema::name)
+    /// gives a [`DynamoOutbox`](crate::DynamoOutbox) with these settings (which has no
+    /// name accessor of its own: `outbox.config().table()`).
     pub fn table(&self) -> &str {
         &self.table
     }

@@ -562,10 +562,11 @@ async fn relay_drain(
     let mut running = Vec::new();
     for i in 0..relays {
         let config = RelayConfig::default()
-            .name(format!("bench-{i}"))
-            .batch_size(batch)
-            .publish(batch, 1)
-            .pipeline_depth(depth);
+            .with_name(format!("bench-{i}"))
+            .with_batch_size(batch)
+            .with_publish_batch_size(batch)
+            .with_publish_concurrency(1)
+            .with_pipeline_depth(depth);
         running.push(Relay::new(
             store.clone(),
             broker.publisher().await?,
@@ -1100,7 +1101,11 @@ async fn latency(mode: Mode, pg: &Pg, brokers: &[Box<dyn Broker>]) -> Res<()> {
         let relay_pool = pg.pool(4).await?;
         let store: Arc<dyn OutboxStore> =
             Arc::new(PgOutbox::new(relay_pool.clone(), outbox.config().clone())?);
-        let relay = Relay::new(store, acked.clone(), RelayConfig::default().name("latency"))?;
+        let relay = Relay::new(
+            store,
+            acked.clone(),
+            RelayConfig::default().with_name("latency"),
+        )?;
         let channel = outbox
             .config()
             .notify_channel()

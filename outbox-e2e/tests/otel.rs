@@ -73,7 +73,7 @@ async fn dispatch(story: &Story, publisher: Arc<dyn Publisher>, id: MessageId) {
         Relay::new(
             Arc::new(story.outbox.clone()),
             publisher,
-            RelayConfig::default().name("otel-e2e"),
+            RelayConfig::default().with_name("otel-e2e"),
         ),
     );
     let report = common::ok("dispatch", relay.dispatch_ids(&[id]).await);

@@ -149,16 +149,18 @@ fn deposit(seq: u64) -> NewMessage {
 
 fn relay_config(name: &str) -> RelayConfig {
     RelayConfig::default()
-        .name(name)
-        .batch_size(25)
-        .lease(Duration::from_secs(30))
-        .publish_timeout(Duration::from_secs(15))
-        .poll(Duration::from_millis(20), Duration::from_millis(250))
-        .retry(
-            RetryPolicy::with_max_attempts(10)
-                .backoff(Duration::from_millis(20), Duration::from_millis(500)),
+        .with_name(name)
+        .with_batch_size(25)
+        .with_lease(Duration::from_secs(30))
+        .with_publish_timeout(Duration::from_secs(15))
+        .with_poll_interval(Duration::from_millis(20))
+        .with_max_poll_interval(Duration::from_millis(250))
+        .with_retry(
+            RetryPolicy::new(10)
+                .with_initial_delay(Duration::from_millis(20))
+                .with_max_delay(Duration::from_millis(500)),
         )
-        .shutdown_grace(Duration::from_secs(5))
+        .with_shutdown_grace(Duration::from_secs(5))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -146,7 +146,7 @@ impl MySqlDedupStore {
 outbox_core::backend::schema_from_inherent!(
     MySqlDedupStore,
     name = |s| s.config().display_name(),
-    version = 1
+    version = crate::SCHEMA_VERSION
 );
 
 #[async_trait]

@@ -17,8 +17,10 @@ use outbox_core::{Error, ErrorKind, Result};
 use crate::config::{QualifiedName, MAX_TEXT_BYTES};
 use crate::error::from_sqlx;
 
-/// The layout version this crate writes and expects.
-pub const SCHEMA_VERSION: i32 = 1;
+/// The layout version this crate writes and expects (the
+/// [`Schema::layout_version`](outbox_core::schema::Schema::layout_version) of its outbox
+/// and inbox stores).
+pub const SCHEMA_VERSION: u32 = 1;
 
 /// The table (in each schema used) recording installed layout versions.
 const VERSION_TABLE: &str = "outbox_schema_versions";
@@ -172,7 +174,8 @@ pub(crate) async fn install(pool: &MySqlPool, name: &QualifiedName, objects: &st
     .fetch_optional(&mut conn)
     .await
     .map_err(err)?;
-    if let Some(found) = installed.filter(|v| *v != SCHEMA_VERSION) {
+    // The version column is an `INT`: compared as `i64`, which holds both.
+    if let Some(found) = installed.filter(|v| i64::from(*v) != i64::from(SCHEMA_VERSION)) {
         let (found, expected) = (found.into(), SCHEMA_VERSION.into());
         return Err(outbox_core::backend::layout_mismatch(
             &name, found, expected,

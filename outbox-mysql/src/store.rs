@@ -272,7 +272,8 @@ impl MySqlOutbox {
         &self.inner.config
     }
 
-    /// The table, validated; displays as `` `schema`.`table` ``.
+    /// The table, validated; displays as `` `schema`.`table` ``, the name
+    /// [`Schema::name`](outbox_core::schema::Schema::name) gives this outbox.
     pub fn qualified_name(&self) -> &QualifiedName {
         &self.inner.name
     }
@@ -539,7 +540,7 @@ impl MySqlOutbox {
 outbox_core::backend::schema_from_inherent!(
     MySqlOutbox,
     name = |s| s.qualified_name().to_string(),
-    version = 1
+    version = crate::SCHEMA_VERSION
 );
 
 #[async_trait]

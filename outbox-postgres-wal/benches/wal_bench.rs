@@ -370,9 +370,10 @@ async fn drain_polling(pool: &PgPool, n: u64, relays: u32) -> Res<Run> {
     let mut handles = Vec::new();
     for r in 0..relays {
         let config = RelayConfig::default()
-            .name(format!("poll{r}"))
-            .batch_size(BATCH)
-            .publish(BATCH, 1);
+            .with_name(format!("poll{r}"))
+            .with_batch_size(BATCH)
+            .with_publish_batch_size(BATCH)
+            .with_publish_concurrency(1);
         let relay = Relay::new(Arc::new(outbox.clone()), publisher.clone(), config)?;
         handles.push(relay.spawn());
     }

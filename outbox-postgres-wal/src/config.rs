@@ -164,9 +164,12 @@ pub struct WalRelayConfig {
     /// Attempts and backoff for retryable publish failures; after `max_attempts` the
     /// message is dead-lettered. Default: `RetryPolicy::default()`.
     pub retry: RetryPolicy,
-    /// First and longest wait before reconnecting after the stream or the database
-    /// failed. Defaults 100 ms and 30 s.
-    pub reconnect_backoff: (Duration, Duration),
+    /// First wait before reconnecting after the stream or the database failed; the
+    /// waits grow from it up to [`max_reconnect_backoff`](Self::max_reconnect_backoff).
+    /// Default 100 ms.
+    pub initial_reconnect_backoff: Duration,
+    /// Longest wait before reconnecting. Default 30 s.
+    pub max_reconnect_backoff: Duration,
     /// How often a relay waiting for another relay's slot lock tries again. Default 1 s.
     pub lock_retry: Duration,
     /// How often the slot's lag is read, exported as gauges and checked for
@@ -192,7 +195,8 @@ impl Default for WalRelayConfig {
             publish_concurrency: 4,
             status_interval: Duration::from_millis(200),
             retry: RetryPolicy::default(),
-            reconnect_backoff: (Duration::from_millis(100), Duration::from_secs(30)),
+            initial_reconnect_backoff: Duration::from_millis(100),
+            max_reconnect_backoff: Duration::from_secs(30),
             lock_retry: Duration::from_secs(1),
             lag_interval: Duration::from_secs(5),
             application_name: "outbox-wal-relay".to_owned(),
@@ -231,10 +235,17 @@ impl WalRelayConfig {
         self
     }
 
-    /// Set [`reconnect_backoff`](Self::reconnect_backoff).
+    /// Set [`initial_reconnect_backoff`](Self::initial_reconnect_backoff).
     #[must_use]
-    pub fn with_reconnect_backoff(mut self, first: Duration, max: Duration) -> Self {
-        self.reconnect_backoff = (first, max);
+    pub fn with_initial_reconnect_backoff(mut self, wait: Duration) -> Self {
+        self.initial_reconnect_backoff = wait;
+        self
+    }
+
+    /// Set [`max_reconnect_backoff`](Self::max_reconnect_backoff).
+    #[must_use]
+    pub fn with_max_reconnect_backoff(mut self, wait: Duration) -> Self {
+        self.max_reconnect_backoff = wait;
         self
     }
 
@@ -290,14 +301,14 @@ impl WalRelayConfig {
             ("status interval", self.status_interval),
             ("lock retry interval", self.lock_retry),
             ("lag interval", self.lag_interval),
-            ("first reconnect wait", self.reconnect_backoff.0),
+            ("first reconnect wait", self.initial_reconnect_backoff),
             ("publish timeout", self.publish_timeout),
         ] {
             if d.is_zero() {
                 return Err(Error::config(format!("{what} must be above zero")));
             }
         }
-        if self.reconnect_backoff.0 > self.reconnect_backoff.1 {
+        if self.initial_reconnect_backoff > self.max_reconnect_backoff {
             return Err(Error::config("first reconnect wait exceeds the longest"));
         }
         if self.application_name.trim().is_empty() {
@@ -565,8 +576,9 @@ mod tests {
             WalRelayConfig::default().with_batch_size(outbox_core::store::MAX_CLAIM_BATCH + 1),
             WalRelayConfig::default().with_status_interval(Duration::ZERO),
             WalRelayConfig::default()
-                .with_reconnect_backoff(Duration::from_secs(2), Duration::from_secs(1)),
-            WalRelayConfig::default().with_retry(RetryPolicy::with_max_attempts(0)),
+                .with_initial_reconnect_backoff(Duration::from_secs(2))
+                .with_max_reconnect_backoff(Duration::from_secs(1)),
+            WalRelayConfig::default().with_retry(RetryPolicy::new(0)),
             WalRelayConfig::default().with_lock_retry(Duration::ZERO),
             WalRelayConfig::default().with_lag_interval(Duration::ZERO),
             WalRelayConfig::default().with_publish_timeout(Duration::ZERO),
@@ -579,7 +591,9 @@ mod tests {
         let second = Duration::from_secs(1);
         for good in [
             WalRelayConfig::default().with_batch_size(outbox_core::store::MAX_CLAIM_BATCH),
-            WalRelayConfig::default().with_reconnect_backoff(second, second),
+            WalRelayConfig::default()
+                .with_initial_reconnect_backoff(second)
+                .with_max_reconnect_backoff(second),
             WalRelayConfig::default().with_publish_timeout(Duration::from_millis(1)),
             WalRelayConfig::default().with_publish_concurrency(1),
             WalRelayConfig::default().with_publish_concurrency(MAX_PUBLISH_CONCURRENCY),

@@ -89,8 +89,9 @@ pub struct WalRelayReport {
 /// 6. On a retryable publish failure, confirm what is settled, close the session,
 ///    wait the retry delay and resume at step 2 (keeping the lock): messages after the confirmed position are read
 ///    and published again. Stream or database errors resume the same way, with
-///    [`reconnect_backoff`](WalRelayConfig::reconnect_backoff), taking the lock again
-///    first (a server restart ends the lock's session too).
+///    [`initial_reconnect_backoff`](WalRelayConfig::initial_reconnect_backoff) up to
+///    [`max_reconnect_backoff`](WalRelayConfig::max_reconnect_backoff), taking the lock
+///    again first (a server restart ends the lock's session too).
 /// 7. An invalidated slot, a missing slot, refused credentials, a replication URL
 ///    for another database or a saved position that does not fit the server stop the
 ///    relay with an error; shutdown confirms what is settled and returns, waiting at
@@ -229,8 +230,8 @@ impl WalRelay {
         let lock = PgDistributedLock::new(self.outbox.pool().clone());
         let name = Self::lock_name(self.outbox.config().slot())?;
         let mut backoff = Backoff::new(
-            self.config.reconnect_backoff.0,
-            self.config.reconnect_backoff.1,
+            self.config.initial_reconnect_backoff,
+            self.config.max_reconnect_backoff,
         );
         let mut held: Option<Box<dyn LockGuard>> = None;
         loop {

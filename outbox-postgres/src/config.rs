@@ -31,8 +31,8 @@ use crate::ident::{self, derived_identifier, PgRules, QualifiedName};
 /// Without `NOTIFY`, wake the relay in-process after your commit with
 /// [`Relay::wakeup`](outbox_core::Relay::wakeup) (or dispatch the ids at once with
 /// [`Relay::dispatch_ids`](outbox_core::Relay::dispatch_ids)), and rely on polling
-/// ([`RelayConfig::poll`](outbox_core::RelayConfig::poll)) for messages committed by
-/// other processes.
+/// ([`RelayConfig::poll_interval`](outbox_core::RelayConfig::poll_interval)) for
+/// messages committed by other processes.
 ///
 /// PostgreSQL delivers a notification only when the transaction commits, and folds
 /// identical ones, so listeners get at most one per enqueueing transaction and none for

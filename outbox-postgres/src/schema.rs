@@ -30,8 +30,10 @@ use outbox_core::{Error, ErrorKind, KeyOrder, Result};
 use crate::error::from_sqlx;
 use crate::ident::QualifiedName;
 
-/// The layout version this crate writes and expects.
-pub const SCHEMA_VERSION: i32 = 1;
+/// The layout version this crate writes and expects (the
+/// [`Schema::layout_version`](outbox_core::schema::Schema::layout_version) of its outbox
+/// and inbox stores).
+pub const SCHEMA_VERSION: u32 = 1;
 
 /// The table (in each schema used) recording installed layout versions.
 pub(crate) const VERSION_TABLE: &str = "outbox_schema_versions";
@@ -253,6 +255,13 @@ pub(crate) async fn install_with(
     indexes: &[Index],
 ) -> Result<()> {
     let err = |e| from_sqlx("schema install", e);
+    // The version column is an `integer`.
+    let expected = i32::try_from(SCHEMA_VERSION).map_err(|_| {
+        Error::new(
+            ErrorKind::Schema,
+            format!("layout version {SCHEMA_VERSION} does not fit the version column"),
+        )
+    })?;
     let versions = name.sibling(VERSION_TABLE);
     let mut tx = pool.begin().await.map_err(err)?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
@@ -271,7 +280,7 @@ pub(crate) async fn install_with(
     .await
     .map_err(err)?;
     match installed {
-        Some(SCHEMA_VERSION) => {
+        Some(found) if found == expected => {
             for index in indexes {
                 // None for a missing index, false for an invalid one.
                 let valid: Option<bool> = sqlx::query_scalar(
@@ -313,7 +322,7 @@ pub(crate) async fn install_with(
                 "INSERT INTO {versions} (table_name, version) VALUES ($1, $2)"
             ))
             .bind(name.table())
-            .bind(SCHEMA_VERSION)
+            .bind(expected)
             .execute(&mut *tx)
             .await
             .map_err(err)?;
@@ -326,12 +335,12 @@ pub(crate) async fn install_with(
 outbox_core::backend::schema_from_inherent!(
     crate::PgOutbox,
     name = |s| s.qualified_name().to_string(),
-    version = SCHEMA_VERSION.unsigned_abs()
+    version = SCHEMA_VERSION
 );
 outbox_core::backend::schema_from_inherent!(
     crate::PgDedupStore,
     name = |s| s.config().display_name(),
-    version = SCHEMA_VERSION.unsigned_abs()
+    version = SCHEMA_VERSION
 );
 
 #[cfg(test)]

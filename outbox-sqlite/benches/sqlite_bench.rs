@@ -160,16 +160,18 @@ async fn drain_library(db: Db, batch: usize, relays: usize, messages: u64) -> Re
     let (count, mut counted) = watch::channel(0);
     let publisher = Arc::new(Counting(count));
     let config = RelayConfig::default()
-        .batch_size(batch)
-        .lease(LEASE)
-        .publish(batch, 1)
-        .poll(Duration::from_millis(1), Duration::from_millis(10));
+        .with_batch_size(batch)
+        .with_lease(LEASE)
+        .with_publish_batch_size(batch)
+        .with_publish_concurrency(1)
+        .with_poll_interval(Duration::from_millis(1))
+        .with_max_poll_interval(Duration::from_millis(10));
     let handles: Vec<_> = (0..relays)
         .map(|i| {
             Relay::new(
                 Arc::new(db.outbox.clone()),
                 publisher.clone(),
-                config.clone().name(format!("bench-{i}")),
+                config.clone().with_name(format!("bench-{i}")),
             )
             .map(|relay| relay.spawn())
         })

@@ -1,5 +1,5 @@
 -- outbox-sqlite, layout version 1: the lock table under its default name.
--- Generated: SqliteLock::ddl() for SqliteLockConfig::default() renders this text (a unit test keeps them equal).
+-- Generated: SqliteDistributedLock::ddl() for SqliteLockConfig::default() renders this text (a unit test keeps them equal).
 -- Idempotent: apply it with the sqlite3 shell or your migration tool.
 CREATE TABLE IF NOT EXISTS "outbox_schema_versions" (
     table_name TEXT PRIMARY KEY,

@@ -63,8 +63,8 @@ pub type SqliteDedupConfig = TableConfig<SqliteRules, DedupTable>;
 /// table `outbox_entities`).
 pub type SqliteEntityConfig = TableConfig<SqliteRules, EntityTable>;
 
-/// How a [`SqliteLock`](crate::SqliteLock) keeps its locks: the table (default
-/// `outbox_locks`) and the lease a holder renews (default 30 s).
+/// How a [`SqliteDistributedLock`](crate::SqliteDistributedLock) keeps its locks: the
+/// table (default `outbox_locks`) and the lease a holder renews (default 30 s).
 ///
 /// A held lock is renewed every third of its lease by a task of the holder; a holder
 /// that dies without unlocking frees the lock when the lease runs out.

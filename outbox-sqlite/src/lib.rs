@@ -21,7 +21,7 @@ pub use connect::{connect_options, open, open_in_memory, BUSY_TIMEOUT};
 pub use dedup::SqliteDedupStore;
 pub use entity::SqliteEntityStore;
 pub use ident::{TableName, MAX_TABLE_LEN};
-pub use lock::SqliteLock;
+pub use lock::SqliteDistributedLock;
 pub use schema::SCHEMA_VERSION;
 pub use store::SqliteOutbox;
 

@@ -1,5 +1,5 @@
-//! [`SqliteLock`]: a [`DistributedLock`] for the processes sharing one database file,
-//! as leased rows.
+//! [`SqliteDistributedLock`]: a [`DistributedLock`] for the processes sharing one
+//! database file, as leased rows.
 //!
 //! A lock is a row `(name, holder, expires_at)`. `try_lock` inserts it, or takes over
 //! a row whose lease ran out, in one statement; it never waits for a holder (only,
@@ -41,9 +41,9 @@ use crate::time::{micros, now_us};
 /// ```no_run
 /// # async fn demo(pool: sqlx::SqlitePool) -> outbox_core::Result<()> {
 /// use outbox_core::{DistributedLock, LockName};
-/// use outbox_sqlite::{SqliteLock, SqliteLockConfig};
+/// use outbox_sqlite::{SqliteDistributedLock, SqliteLockConfig};
 ///
-/// let locks = SqliteLock::new(pool, SqliteLockConfig::default())?;
+/// let locks = SqliteDistributedLock::new(pool, SqliteLockConfig::default())?;
 /// locks.install().await?;
 /// if let Some(guard) = locks.try_lock(&LockName::new("purge")?).await? {
 ///     // ... the work only one process may do at a time ...
@@ -52,14 +52,14 @@ use crate::time::{micros, now_us};
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
-pub struct SqliteLock {
+pub struct SqliteDistributedLock {
     pool: SqlitePool,
     name: TableName,
     lease: Duration,
     lease_us: i64,
 }
 
-impl SqliteLock {
+impl SqliteDistributedLock {
     /// Locks on `pool` with `config`. Runs no SQL.
     ///
     /// # Errors
@@ -67,7 +67,7 @@ impl SqliteLock {
     /// validate.
     pub fn new(pool: SqlitePool, config: SqliteLockConfig) -> Result<Self> {
         config.validate()?;
-        Ok(SqliteLock {
+        Ok(SqliteDistributedLock {
             pool,
             name: config.table_name()?,
             lease: config.lease(),
@@ -92,7 +92,7 @@ impl SqliteLock {
 }
 
 #[async_trait]
-impl DistributedLock for SqliteLock {
+impl DistributedLock for SqliteDistributedLock {
     async fn try_lock(&self, name: &LockName) -> Result<Option<Box<dyn LockGuard>>> {
         let t = &self.name;
         let holder = Uuid::new_v4();
@@ -126,7 +126,7 @@ impl DistributedLock for SqliteLock {
 const RETRY_AFTER_FAILURE: Duration = Duration::from_millis(100);
 
 /// Extend the lease every `every` while the row is still ours; stop when it is not.
-async fn renew(lock: SqliteLock, name: LockName, holder: Uuid, every: Duration) {
+async fn renew(lock: SqliteDistributedLock, name: LockName, holder: Uuid, every: Duration) {
     let sql = format!(
         "UPDATE {} SET expires_at = ?3 WHERE name = ?1 AND holder = ?2",
         lock.name
@@ -157,9 +157,9 @@ async fn renew(lock: SqliteLock, name: LockName, holder: Uuid, every: Duration) 
     }
 }
 
-/// A held [`SqliteLock`].
+/// A held [`SqliteDistributedLock`].
 struct SqliteLockGuard {
-    lock: SqliteLock,
+    lock: SqliteDistributedLock,
     name: LockName,
     holder: Uuid,
     renewal: Option<JoinHandle<()>>,
@@ -175,7 +175,7 @@ impl fmt::Debug for SqliteLockGuard {
 }
 
 impl SqliteLockGuard {
-    async fn delete(lock: &SqliteLock, name: &LockName, holder: Uuid) -> Result<()> {
+    async fn delete(lock: &SqliteDistributedLock, name: &LockName, holder: Uuid) -> Result<()> {
         sqlx::query(&format!(
             "DELETE FROM {} WHERE name = ?1 AND holder = ?2",
             lock.name

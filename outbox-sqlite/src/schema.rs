@@ -20,8 +20,10 @@ use crate::error::from_sqlx;
 use crate::ident::TableName;
 use crate::time::now_us;
 
-/// The layout version this crate writes and expects.
-pub const SCHEMA_VERSION: i64 = 1;
+/// The layout version this crate writes and expects (the
+/// [`Schema::layout_version`](outbox_core::schema::Schema::layout_version) of its outbox
+/// and inbox stores).
+pub const SCHEMA_VERSION: u32 = 1;
 
 /// The table recording installed layout versions.
 const VERSION_TABLE: &str = "\"outbox_schema_versions\"";
@@ -142,6 +144,8 @@ pub(crate) fn ddl(name: &TableName, objects: &str) -> String {
 /// mapped driver errors otherwise.
 pub(crate) async fn install(pool: &SqlitePool, name: &TableName, objects: &str) -> Result<()> {
     let err = |e| from_sqlx("schema install", e);
+    // The version column is an `INTEGER`, read and bound as `i64`.
+    let expected = i64::from(SCHEMA_VERSION);
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
     tx.execute(sqlx::raw_sql(&prelude())).await.map_err(err)?;
     let installed: Option<i64> = sqlx::query_scalar(&format!(
@@ -152,12 +156,10 @@ pub(crate) async fn install(pool: &SqlitePool, name: &TableName, objects: &str) 
     .await
     .map_err(err)?;
     match installed {
-        Some(SCHEMA_VERSION) => {}
+        Some(found) if found == expected => {}
         Some(other) => {
             return Err(outbox_core::backend::layout_mismatch(
-                &name,
-                other,
-                SCHEMA_VERSION,
+                &name, other, expected,
             ))
         }
         None => {
@@ -167,7 +169,7 @@ pub(crate) async fn install(pool: &SqlitePool, name: &TableName, objects: &str) 
                  VALUES (?1, ?2, ?3)"
             ))
             .bind(name.as_str())
-            .bind(SCHEMA_VERSION)
+            .bind(expected)
             .bind(now_us())
             .execute(&mut *tx)
             .await
@@ -180,13 +182,13 @@ pub(crate) async fn install(pool: &SqlitePool, name: &TableName, objects: &str) 
 // The outbox and inbox tables, for tools.
 outbox_core::backend::schema_from_inherent!(
     crate::SqliteOutbox,
-    name = |s| s.table_name().to_string(),
-    version = u32::try_from(SCHEMA_VERSION).unwrap_or(u32::MAX)
+    name = |s| s.qualified_name().to_string(),
+    version = SCHEMA_VERSION
 );
 outbox_core::backend::schema_from_inherent!(
     crate::SqliteDedupStore,
     name = |s| s.config().display_name(),
-    version = u32::try_from(SCHEMA_VERSION).unwrap_or(u32::MAX)
+    version = SCHEMA_VERSION
 );
 
 #[cfg(test)]

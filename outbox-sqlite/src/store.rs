@@ -127,8 +127,9 @@ impl SqliteOutbox {
         &self.inner.config
     }
 
-    /// The table, validated.
-    pub fn table_name(&self) -> &TableName {
+    /// The table, validated; displays as `"table"`, the name
+    /// [`Schema::name`](outbox_core::schema::Schema::name) gives this outbox.
+    pub fn qualified_name(&self) -> &TableName {
         &self.inner.name
     }
 

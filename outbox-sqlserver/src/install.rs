@@ -98,7 +98,7 @@ pub(crate) fn record_version(name: &QualifiedName, version: i32) -> Stmt {
 }
 
 /// Why a table recorded at `installed` is refused by a crate expecting `expected`.
-pub(crate) fn version_mismatch(name: &QualifiedName, installed: i32, expected: i32) -> Error {
+pub(crate) fn version_mismatch(name: &QualifiedName, installed: i32, expected: u32) -> Error {
     let upgrade = if installed == 1 && expected == SCHEMA_VERSION {
         " (layout 2 re-creates the outbox's due and dead-letter indexes with included \
          columns: run the statements under \"Upgrading from layout 1\" in the \
@@ -181,6 +181,16 @@ async fn install_in_transaction(
     layout: &Layout,
 ) -> Result<()> {
     let err = |e| from_tiberius("schema install", e);
+    // The version column is an `int`.
+    let expected = i32::try_from(layout.version).map_err(|_| {
+        Error::new(
+            ErrorKind::Schema,
+            format!(
+                "layout version {} does not fit the version column",
+                layout.version
+            ),
+        )
+    })?;
     batch(client, INSTALL_BEGIN.to_owned()).await?;
     let locked = query_all_rows(client, install_lock(name))
         .await
@@ -204,11 +214,11 @@ async fn install_in_transaction(
         .map(|row| row_i32(row, "version"))
         .transpose()?
     {
-        Some(version) if version == layout.version => {}
+        Some(version) if version == expected => {}
         Some(other) => return Err(version_mismatch(name, other, layout.version)),
         None => {
             batch(client, format!("{SET_OPTIONS}{}", layout.objects)).await?;
-            query_rows(client, record_version(name, layout.version))
+            query_rows(client, record_version(name, expected))
                 .await
                 .map_err(err)?;
         }

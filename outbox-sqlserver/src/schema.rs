@@ -58,14 +58,16 @@
 use crate::ident::{literal, quote, QualifiedName};
 use crate::sql::UNDELIVERED;
 
-/// The layout version of the outbox table this crate writes and expects.
-pub const SCHEMA_VERSION: i32 = 2;
+/// The layout version of the outbox table this crate writes and expects (the
+/// [`Schema::layout_version`](outbox_core::schema::Schema::layout_version) of its outbox
+/// store).
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// The layout version of the inbox (dedup) table.
-pub(crate) const INBOX_VERSION: i32 = 1;
+pub(crate) const INBOX_VERSION: u32 = 1;
 
 /// The layout version of the entity table.
-pub(crate) const ENTITY_VERSION: i32 = 1;
+pub(crate) const ENTITY_VERSION: u32 = 1;
 
 /// The SET options filtered indexes need (the pool's check-out sets them; the DDL text
 /// states them for other tools).
@@ -102,7 +104,7 @@ pub(crate) fn index_hint(name: &QualifiedName, suffix: &str) -> String {
 #[derive(Debug, Clone)]
 pub(crate) struct Layout {
     /// The layout version the objects make.
-    pub(crate) version: i32,
+    pub(crate) version: u32,
     /// Creates what is missing (table, indexes).
     pub(crate) objects: String,
     /// Applies the table's options where they are not set yet (idempotent, cheap when
@@ -351,12 +353,12 @@ pub(crate) fn prelude(name: &QualifiedName) -> String {
 outbox_core::backend::schema_from_inherent!(
     crate::MssqlOutbox,
     name = |s| s.qualified_name().to_string(),
-    version = SCHEMA_VERSION.unsigned_abs()
+    version = SCHEMA_VERSION
 );
 outbox_core::backend::schema_from_inherent!(
     crate::MssqlDedupStore,
     name = |s| s.config().display_name(),
-    version = INBOX_VERSION.unsigned_abs()
+    version = INBOX_VERSION
 );
 
 #[cfg(test)]

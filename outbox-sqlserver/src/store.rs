@@ -188,7 +188,8 @@ impl MssqlOutbox {
         &self.inner.config
     }
 
-    /// The table, validated; displays as `[schema].[table]`.
+    /// The table, validated; displays as `[schema].[table]`, the name
+    /// [`Schema::name`](outbox_core::schema::Schema::name) gives this outbox.
     pub fn qualified_name(&self) -> &QualifiedName {
         &self.inner.name
     }

@@ -38,12 +38,14 @@ fn relay_counters_match_its_report() {
     store.inject(Op::Claim, Fault::Error(ErrorStatus::Temporary), 1);
     store.inject(Op::Claim, Fault::Panic, 1);
     let config = RelayConfig::default()
-        .name("metered")
-        .batch_size(2)
-        .poll(Duration::from_millis(5), Duration::from_millis(20))
-        .retry(
-            RetryPolicy::with_max_attempts(3)
-                .backoff(Duration::from_secs(60), Duration::from_secs(60)),
+        .with_name("metered")
+        .with_batch_size(2)
+        .with_poll_interval(Duration::from_millis(5))
+        .with_max_poll_interval(Duration::from_millis(20))
+        .with_retry(
+            RetryPolicy::new(3)
+                .with_initial_delay(Duration::from_secs(60))
+                .with_max_delay(Duration::from_secs(60)),
         );
     // Handles are taken when the relay is made: the recorder must be installed then.
     let relay = metrics::with_local_recorder(&recorder, || {

@@ -48,7 +48,7 @@ async fn relay_links_publish_span_to_producers_and_consumers_continue_their_trac
     let relay = Relay::new(
         Arc::new(store.clone()),
         Arc::new(publisher.clone()),
-        RelayConfig::default().name("otel-test"),
+        RelayConfig::default().with_name("otel-test"),
     )
     .unwrap();
     let ids: Vec<_> = producers.iter().map(|(id, _)| *id).collect();

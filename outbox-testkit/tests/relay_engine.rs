@@ -15,10 +15,12 @@ const DEADLINE: Duration = Duration::from_secs(20);
 
 fn config() -> RelayConfig {
     RelayConfig::default()
-        .poll(Duration::from_millis(10), Duration::from_millis(50))
-        .retry(
-            RetryPolicy::with_max_attempts(3)
-                .backoff(Duration::from_secs(3600), Duration::from_secs(3600)),
+        .with_poll_interval(Duration::from_millis(10))
+        .with_max_poll_interval(Duration::from_millis(50))
+        .with_retry(
+            RetryPolicy::new(3)
+                .with_initial_delay(Duration::from_secs(3600))
+                .with_max_delay(Duration::from_secs(3600)),
         )
 }
 
@@ -98,7 +100,7 @@ async fn retryable_batch_error_retries_and_permanent_dead_letters() {
 #[tokio::test]
 async fn publish_timeout_counts_as_a_retryable_failure() {
     let store = store_with(2);
-    let config = config().publish_timeout(Duration::from_millis(50));
+    let config = config().with_publish_timeout(Duration::from_millis(50));
     let report = run_once(&store, Misbehaving::Hangs, config).await;
     assert_eq!(report.retried, 2);
     assert_eq!(
@@ -113,7 +115,9 @@ async fn wakeup_ends_a_long_idle_wait() {
     let store = MemoryStore::new();
     let publisher = RecordingPublisher::new();
     // The relay would otherwise sleep for an hour between polls.
-    let config = RelayConfig::default().poll(Duration::from_secs(3600), Duration::from_secs(3600));
+    let config = RelayConfig::default()
+        .with_poll_interval(Duration::from_secs(3600))
+        .with_max_poll_interval(Duration::from_secs(3600));
     let relay = Relay::new(Arc::new(store.clone()), Arc::new(publisher.clone()), config).unwrap();
     let handle = relay.spawn();
     relay.wait_idle(DEADLINE).await.unwrap();
@@ -145,7 +149,7 @@ async fn invalid_config_is_rejected() {
     let err = Relay::new(
         Arc::new(MemoryStore::new()),
         Arc::new(RecordingPublisher::new()),
-        RelayConfig::default().batch_size(0),
+        RelayConfig::default().with_batch_size(0),
     )
     .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config);
@@ -202,7 +206,7 @@ async fn one_loop_per_relay_and_a_new_loop_after_an_abort() {
 /// The accessors report the relay's own settings and whether it was told to stop.
 #[tokio::test]
 async fn config_and_stopping_are_reported() {
-    let config = config().name("accessors").batch_size(7);
+    let config = config().with_name("accessors").with_batch_size(7);
     let relay = Relay::new(
         Arc::new(MemoryStore::new()),
         Arc::new(RecordingPublisher::new()),
@@ -242,7 +246,12 @@ fn store_with_poison(poison: usize, good: usize) -> MemoryStore {
 #[tokio::test]
 async fn rows_a_claim_dead_letters_are_counted() {
     let store = store_with_poison(3, 2);
-    let report = run_once(&store, Misbehaving::WrongCount, config().batch_size(10)).await;
+    let report = run_once(
+        &store,
+        Misbehaving::WrongCount,
+        config().with_batch_size(10),
+    )
+    .await;
     assert_eq!(
         (report.claimed, report.dead_lettered, report.retried),
         (2, 3, 2)
@@ -270,9 +279,11 @@ async fn a_claim_of_nothing_but_poison_is_followed_by_another_claim() {
     let store = store_with_poison(3, 2);
     let publisher = RecordingPublisher::new();
     let config = RelayConfig::default()
-        .batch_size(3)
-        .publish(3, 1)
-        .poll(Duration::from_secs(3600), Duration::from_secs(3600));
+        .with_batch_size(3)
+        .with_publish_batch_size(3)
+        .with_publish_concurrency(1)
+        .with_poll_interval(Duration::from_secs(3600))
+        .with_max_poll_interval(Duration::from_secs(3600));
     let relay = Relay::new(Arc::new(store.clone()), Arc::new(publisher), config).unwrap();
     let handle = relay.spawn();
     let started = std::time::Instant::now();

@@ -20,10 +20,12 @@ const DEADLINE: Duration = Duration::from_secs(20);
 
 fn config() -> RelayConfig {
     RelayConfig::default()
-        .poll(Duration::from_millis(5), Duration::from_millis(20))
-        .retry(
-            RetryPolicy::with_max_attempts(3)
-                .backoff(Duration::from_secs(3600), Duration::from_secs(3600)),
+        .with_poll_interval(Duration::from_millis(5))
+        .with_max_poll_interval(Duration::from_millis(20))
+        .with_retry(
+            RetryPolicy::new(3)
+                .with_initial_delay(Duration::from_secs(3600))
+                .with_max_delay(Duration::from_secs(3600)),
         )
 }
 
@@ -96,8 +98,8 @@ async fn settles_give_up_when_the_lease_lapses() {
     );
     let lease = Duration::from_millis(600);
     let config = config()
-        .lease(lease)
-        .publish_timeout(Duration::from_millis(100));
+        .with_lease(lease)
+        .with_publish_timeout(Duration::from_millis(100));
     let relay = relay(&store, Arc::new(RecordingPublisher::new()), config);
     let started = Instant::now();
     let report = within(
@@ -231,7 +233,10 @@ async fn a_panic_inside_a_batch_is_caught_and_counted() {
     let report = drain(&relay(
         &store,
         Arc::new(RecordingPublisher::new()),
-        config().batch_size(2).publish(1, 1),
+        config()
+            .with_batch_size(2)
+            .with_publish_batch_size(1)
+            .with_publish_concurrency(1),
     ))
     .await;
     assert_eq!((report.panics, report.dispatched), (1, 0));
@@ -278,10 +283,11 @@ fn short_second_wave(memory: &MemoryStore) -> (FaultyStore, RecordingPublisher, 
     store.delay_claims(Duration::from_millis(200));
     let publisher = RecordingPublisher::new().with_delay(Duration::from_millis(390));
     let config = config()
-        .batch_size(2)
-        .publish(1, 1)
-        .lease(Duration::from_secs(1))
-        .publish_timeout(Duration::from_millis(400));
+        .with_batch_size(2)
+        .with_publish_batch_size(1)
+        .with_publish_concurrency(1)
+        .with_lease(Duration::from_secs(1))
+        .with_publish_timeout(Duration::from_millis(400));
     let relay = relay(&store, Arc::new(publisher.clone()), config);
     (store, publisher, relay)
 }
@@ -363,7 +369,10 @@ async fn totals_add_up_across_batches_and_dispatch_calls() {
     let relay = relay(
         &store,
         Arc::new(publisher.clone()),
-        config().batch_size(2).publish(1, 2),
+        config()
+            .with_batch_size(2)
+            .with_publish_batch_size(1)
+            .with_publish_concurrency(2),
     );
     let explicit = within(
         "dispatch_ids",
@@ -419,7 +428,9 @@ async fn the_handle_wakes_an_idle_loop() {
     let memory = memory_with(0);
     let store = FaultyStore::new(Arc::new(memory.clone()));
     let publisher = RecordingPublisher::new();
-    let config = config().poll(Duration::from_secs(3600), Duration::from_secs(3600));
+    let config = config()
+        .with_poll_interval(Duration::from_secs(3600))
+        .with_max_poll_interval(Duration::from_secs(3600));
     let relay = relay(&store, Arc::new(publisher.clone()), config);
     let handle = relay.spawn();
     relay.wait_idle(DEADLINE).await.unwrap();
@@ -450,7 +461,9 @@ async fn one_message_held() -> Held {
         .unwrap();
     let store = FaultyStore::new(Arc::new(memory.clone()));
     let (publisher, gate) = RecordingPublisher::new().hold_destination("held");
-    let config = config().poll(Duration::from_secs(3600), Duration::from_secs(3600));
+    let config = config()
+        .with_poll_interval(Duration::from_secs(3600))
+        .with_max_poll_interval(Duration::from_secs(3600));
     let relay = relay(&store, Arc::new(publisher.clone()), config);
     let handle = relay.spawn();
     publisher.wait_for_calls(1, DEADLINE).await.unwrap();
@@ -633,10 +646,11 @@ async fn a_failing_release_is_counted_as_a_store_error() {
     store.inject(Op::Release, Fault::Error(ErrorStatus::Permanent), 1);
     let publisher = RecordingPublisher::new().with_delay(Duration::from_millis(390));
     let config = config()
-        .batch_size(2)
-        .publish(1, 1)
-        .lease(Duration::from_secs(1))
-        .publish_timeout(Duration::from_millis(400));
+        .with_batch_size(2)
+        .with_publish_batch_size(1)
+        .with_publish_concurrency(1)
+        .with_lease(Duration::from_secs(1))
+        .with_publish_timeout(Duration::from_millis(400));
     let relay = relay(&store, Arc::new(publisher), config);
     let report = within("dispatch_ids", relay.dispatch_ids(&memory.pending_ids()))
         .await
@@ -655,9 +669,10 @@ async fn an_abandoned_batch_whose_fail_errs_counts_a_store_error() {
     store.inject(Op::Fail, Fault::Error(ErrorStatus::Permanent), 1);
     let (publisher, _never_opened) = RecordingPublisher::new().hold_destination("t0");
     let config = config()
-        .batch_size(2)
-        .publish(1, 1)
-        .shutdown_grace(Duration::from_millis(50));
+        .with_batch_size(2)
+        .with_publish_batch_size(1)
+        .with_publish_concurrency(1)
+        .with_shutdown_grace(Duration::from_millis(50));
     let relay = relay(&store, Arc::new(publisher.clone()), config);
     let handle = relay.spawn();
     publisher.wait_for_calls(1, DEADLINE).await.unwrap();
@@ -726,7 +741,9 @@ async fn the_idle_poll_doubles_to_its_cap_and_starts_over() {
         inner: MemoryStore::new(),
         claims: Arc::default(),
     };
-    let config = config().poll(Duration::from_millis(100), Duration::from_millis(800));
+    let config = config()
+        .with_poll_interval(Duration::from_millis(100))
+        .with_max_poll_interval(Duration::from_millis(800));
     let relay = Relay::new(
         Arc::new(store.clone()),
         Arc::new(RecordingPublisher::new()),
@@ -778,11 +795,12 @@ async fn first_calls_fail(fault: PublishFault) -> (DispatchReport, FaultyPublish
     let publisher = FaultyPublisher::new(RecordingPublisher::new());
     publisher.inject(fault, 2);
     let config = config()
-        .name("faulty")
-        .publish_timeout(Duration::from_millis(200))
-        .retry(
-            RetryPolicy::with_max_attempts(3)
-                .backoff(Duration::from_millis(10), Duration::from_millis(10)),
+        .with_name("faulty")
+        .with_publish_timeout(Duration::from_millis(200))
+        .with_retry(
+            RetryPolicy::new(3)
+                .with_initial_delay(Duration::from_millis(10))
+                .with_max_delay(Duration::from_millis(10)),
         );
     let recorder = TestRecorder::default();
     let relay = metrics::with_local_recorder(&recorder, || {

@@ -33,10 +33,12 @@ fn store_with(n: usize) -> MemoryStore {
 
 fn config(depth: usize) -> RelayConfig {
     RelayConfig::default()
-        .batch_size(10)
-        .publish(10, 1)
-        .pipeline_depth(depth)
-        .poll(Duration::from_millis(5), Duration::from_millis(20))
+        .with_batch_size(10)
+        .with_publish_batch_size(10)
+        .with_publish_concurrency(1)
+        .with_pipeline_depth(depth)
+        .with_poll_interval(Duration::from_millis(5))
+        .with_max_poll_interval(Duration::from_millis(20))
 }
 
 /// While every publish hangs, a loop claims batch after batch up to its depth and no
@@ -98,7 +100,9 @@ async fn pipelined_loop_is_idle_only_after_every_settle() {
     let relay = Relay::new(
         Arc::new(store.clone()),
         Arc::new(publisher.clone()),
-        config(4).publish(5, 2),
+        config(4)
+            .with_publish_batch_size(5)
+            .with_publish_concurrency(2),
     )
     .unwrap();
     let handle = relay.spawn();

@@ -68,10 +68,15 @@ async fn main() -> Result<()> {
     tx.enqueue(NewMessage::builder("audit.bogus").payload("?").build()?)?;
     tx.commit()?;
 
-    let config = RelayConfig::default().batch_size(2).publish(2, 1).retry(
-        RetryPolicy::with_max_attempts(5)
-            .backoff(Duration::from_millis(20), Duration::from_millis(100)),
-    );
+    let config = RelayConfig::default()
+        .with_batch_size(2)
+        .with_publish_batch_size(2)
+        .with_publish_concurrency(1)
+        .with_retry(
+            RetryPolicy::new(5)
+                .with_initial_delay(Duration::from_millis(20))
+                .with_max_delay(Duration::from_millis(100)),
+        );
     let relay = Relay::new(
         Arc::new(store.clone()),
         Arc::new(FlakyPrinter::default()),

@@ -117,7 +117,7 @@ async fn main() -> Result<()> {
     let relay = Relay::new(
         Arc::new(outbox.clone()),
         broker.clone(),
-        RelayConfig::default().name("shop"),
+        RelayConfig::default().with_name("shop"),
     )?
     .with_shutdown(shutdown.clone().cancelled_owned());
     let running = relay.spawn();

@@ -76,7 +76,7 @@ impl Default for ServiceConfig {
     fn default() -> Self {
         ServiceConfig {
             schema: "shop".to_owned(),
-            relay: RelayConfig::default().name("orders"),
+            relay: RelayConfig::default().with_name("orders"),
             stats_interval: Duration::from_secs(15),
         }
     }

@@ -97,7 +97,7 @@ impl Service {
         let config = ServiceConfig {
             schema: schema.clone(),
             // One metrics series per test: the recorder is the process's.
-            relay: RelayConfig::default().name(schema.clone()),
+            relay: RelayConfig::default().with_name(schema.clone()),
             stats_interval: Duration::from_millis(50),
         };
         install(&pool, &config).await.expect("install");

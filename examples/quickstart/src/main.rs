@@ -94,15 +94,17 @@ async fn run() -> Result<bool> {
 
     // A short lease, so the crash is recovered from within a second.
     let config = RelayConfig::default()
-        .batch_size(25)
-        .lease(Duration::from_secs(1))
-        .publish(25, 1)
-        .publish_timeout(Duration::from_millis(500))
-        .poll(Duration::from_millis(5), Duration::from_millis(50));
+        .with_batch_size(25)
+        .with_lease(Duration::from_secs(1))
+        .with_publish_batch_size(25)
+        .with_publish_concurrency(1)
+        .with_publish_timeout(Duration::from_millis(500))
+        .with_poll_interval(Duration::from_millis(5))
+        .with_max_poll_interval(Duration::from_millis(50));
     let first = Relay::new(
         Arc::new(store.clone()),
         broker.clone(),
-        config.clone().name("first"),
+        config.clone().with_name("first"),
     )?
     .spawn();
 
@@ -125,7 +127,7 @@ async fn run() -> Result<bool> {
     let second = Relay::new(
         Arc::new(store.clone()),
         broker.clone(),
-        config.name("second"),
+        config.with_name("second"),
     )?;
     let second = second.spawn();
     writer.await.map_err(panicked)??;

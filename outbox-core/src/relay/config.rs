@@ -83,60 +83,82 @@ impl Default for RelayConfig {
 }
 
 impl RelayConfig {
-    /// Set the name.
+    /// Set [`name`](Self::name).
     #[must_use]
-    pub fn name(mut self, name: impl Into<String>) -> Self {
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
         self
     }
-    /// Set messages per claim.
+
+    /// Set [`batch_size`](Self::batch_size), the messages per claim.
     #[must_use]
-    pub fn batch_size(mut self, n: usize) -> Self {
+    pub fn with_batch_size(mut self, n: usize) -> Self {
         self.batch_size = n;
         self
     }
-    /// Set the lease.
+
+    /// Set [`lease`](Self::lease), the lease per claim.
     #[must_use]
-    pub fn lease(mut self, lease: Duration) -> Self {
+    pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
     }
-    /// Set messages per publish call and publish calls in flight.
+
+    /// Set [`publish_batch_size`](Self::publish_batch_size), the messages per publish
+    /// call.
     #[must_use]
-    pub fn publish(mut self, batch_size: usize, concurrency: usize) -> Self {
-        self.publish_batch_size = batch_size;
-        self.publish_concurrency = concurrency;
+    pub fn with_publish_batch_size(mut self, n: usize) -> Self {
+        self.publish_batch_size = n;
         self
     }
-    /// Set the publish timeout.
+
+    /// Set [`publish_concurrency`](Self::publish_concurrency), the publish calls in
+    /// flight at once within one claimed batch.
     #[must_use]
-    pub fn publish_timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_publish_concurrency(mut self, calls: usize) -> Self {
+        self.publish_concurrency = calls;
+        self
+    }
+
+    /// Set [`publish_timeout`](Self::publish_timeout).
+    #[must_use]
+    pub fn with_publish_timeout(mut self, timeout: Duration) -> Self {
         self.publish_timeout = timeout;
         self
     }
-    /// Set the idle wait bounds.
+
+    /// Set [`poll_interval`](Self::poll_interval), the first wait after an empty claim.
     #[must_use]
-    pub fn poll(mut self, first: Duration, max: Duration) -> Self {
-        self.poll_interval = first;
-        self.max_poll_interval = max;
+    pub fn with_poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
         self
     }
-    /// Set the retry policy.
+
+    /// Set [`max_poll_interval`](Self::max_poll_interval), the longest idle wait.
     #[must_use]
-    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+    pub fn with_max_poll_interval(mut self, interval: Duration) -> Self {
+        self.max_poll_interval = interval;
+        self
+    }
+
+    /// Set [`retry`](Self::retry), the retry policy.
+    #[must_use]
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
         self
     }
-    /// Set the shutdown grace period.
+
+    /// Set [`shutdown_grace`](Self::shutdown_grace), the shutdown grace period.
     #[must_use]
-    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+    pub fn with_shutdown_grace(mut self, grace: Duration) -> Self {
         self.shutdown_grace = grace;
         self
     }
 
-    /// Set the batches one loop may have claimed at once (1 turns pipelining off).
+    /// Set [`pipeline_depth`](Self::pipeline_depth), the batches one loop may have
+    /// claimed at once (1 turns pipelining off).
     #[must_use]
-    pub fn pipeline_depth(mut self, depth: usize) -> Self {
+    pub fn with_pipeline_depth(mut self, depth: usize) -> Self {
         self.pipeline_depth = depth;
         self
     }
@@ -268,15 +290,15 @@ mod tests {
 
     #[test]
     fn setters_do_not_touch_other_fields() {
-        let c = RelayConfig::default().lease(Duration::from_secs(2));
+        let c = RelayConfig::default().with_lease(Duration::from_secs(2));
         assert_eq!(c.publish_timeout, Duration::from_secs(10));
         assert_eq!(kind(&c), Some(crate::ErrorKind::Config));
         let ordered = RelayConfig::default()
-            .publish_timeout(Duration::from_secs(1))
-            .lease(Duration::from_secs(2));
+            .with_publish_timeout(Duration::from_secs(1))
+            .with_lease(Duration::from_secs(2));
         let reversed = RelayConfig::default()
-            .lease(Duration::from_secs(2))
-            .publish_timeout(Duration::from_secs(1));
+            .with_lease(Duration::from_secs(2))
+            .with_publish_timeout(Duration::from_secs(1));
         assert_eq!(ordered, reversed);
         ordered.validate().unwrap();
     }
@@ -285,8 +307,8 @@ mod tests {
     fn the_release_rule_is_the_validation_rule() {
         let lease = Duration::from_secs(10);
         let c = RelayConfig::default()
-            .lease(lease)
-            .publish_timeout(Duration::from_millis(8500));
+            .with_lease(lease)
+            .with_publish_timeout(Duration::from_millis(8500));
         assert_eq!(c.claim_allowance(), Duration::from_millis(500));
         // 0.5 s claim + 8.5 s + 1 s margin = 10 s: the config validates, and a batch
         // whose claim answered within the allowance publishes; a later one is released.
@@ -296,12 +318,12 @@ mod tests {
         assert!(!c.lease_allows_publish(c.claim_allowance() + Duration::from_nanos(1)));
         let over = c
             .clone()
-            .publish_timeout(Duration::from_millis(8500) + Duration::from_nanos(1));
+            .with_publish_timeout(Duration::from_millis(8500) + Duration::from_nanos(1));
         assert!(!over.lease_allows_publish(over.claim_allowance()));
         assert_eq!(kind(&over), Some(crate::ErrorKind::Config));
         // The bug this rule replaced: 9 s + 1 s margin fits only a claim that took no
         // time, so every real batch would be released unpublished.
-        let never = c.clone().publish_timeout(Duration::from_secs(9));
+        let never = c.clone().with_publish_timeout(Duration::from_secs(9));
         assert!(!never.lease_allows_publish(Duration::from_micros(1)));
         assert_eq!(kind(&never), Some(crate::ErrorKind::Config));
         assert!(
@@ -314,39 +336,46 @@ mod tests {
     fn the_last_wave_must_fit() {
         // 4 calls of 25, 2 at a time: 2 waves. The second starts after one timeout.
         let base = RelayConfig::default()
-            .batch_size(100)
-            .publish(25, 2)
-            .lease(Duration::from_secs(10));
+            .with_batch_size(100)
+            .with_publish_batch_size(25)
+            .with_publish_concurrency(2)
+            .with_lease(Duration::from_secs(10));
         assert_eq!(base.publish_waves(), 2);
         // 0.5 s claim + 4 s + 4 s + 1 s margin <= 10 s.
         base.clone()
-            .publish_timeout(Duration::from_secs(4))
+            .with_publish_timeout(Duration::from_secs(4))
             .validate()
             .unwrap();
         // 0.5 s + 4.25 s + 4.25 s + 1 s = 10 s: still fits exactly.
         base.clone()
-            .publish_timeout(Duration::from_millis(4250))
+            .with_publish_timeout(Duration::from_millis(4250))
             .validate()
             .unwrap();
-        let late = base.clone().publish_timeout(Duration::from_millis(4251));
+        let late = base
+            .clone()
+            .with_publish_timeout(Duration::from_millis(4251));
         assert_eq!(kind(&late), Some(crate::ErrorKind::Config));
         // 1000 / 10 / 4 = 25 waves of 10 s against a 30 s lease.
-        let wide = RelayConfig::default().batch_size(1000).publish(10, 4);
+        let wide = RelayConfig::default()
+            .with_batch_size(1000)
+            .with_publish_batch_size(10)
+            .with_publish_concurrency(4);
         assert_eq!(wide.publish_waves(), 25);
         assert!(kind(&wide).is_some());
         wide.validate_for(true)
             .expect("with renewal only the first wave must fit");
         assert!(
             RelayConfig::default()
-                .publish_timeout(Duration::from_secs(27))
+                .with_publish_timeout(Duration::from_secs(27))
                 .validate_for(true)
                 .is_err(),
             "even with renewal one publish must fit in the lease with the margin"
         );
         assert_eq!(
             RelayConfig::default()
-                .batch_size(101)
-                .publish(25, 2)
+                .with_batch_size(101)
+                .with_publish_batch_size(25)
+                .with_publish_concurrency(2)
                 .publish_waves(),
             3
         );
@@ -355,48 +384,63 @@ mod tests {
     #[cfg(feature = "serde")]
     #[test]
     fn configs_round_trip_and_default_missing_fields() {
-        let c = RelayConfig::default().name("orders").batch_size(7);
+        let c = RelayConfig::default()
+            .with_name("orders")
+            .with_batch_size(7);
         let text = serde_json::to_string(&c).unwrap();
         assert_eq!(serde_json::from_str::<RelayConfig>(&text).unwrap(), c);
         let partial: RelayConfig = serde_json::from_str(r#"{"batch_size": 9}"#).unwrap();
-        assert_eq!(partial, RelayConfig::default().batch_size(9));
+        assert_eq!(partial, RelayConfig::default().with_batch_size(9));
         let retry: RetryPolicy = serde_json::from_str(r#"{"max_attempts": 4}"#).unwrap();
-        assert_eq!(retry, RetryPolicy::with_max_attempts(4));
+        assert_eq!(retry, RetryPolicy::new(4));
     }
 
     #[test]
     fn rejects_bad_values() {
         let bad = [
-            RelayConfig::default().batch_size(0),
-            RelayConfig::default().batch_size(crate::store::MAX_CLAIM_BATCH + 1),
-            RelayConfig::default().publish(0, 1),
-            RelayConfig::default().publish(1, 0),
-            RelayConfig::default().pipeline_depth(0),
-            RelayConfig::default().pipeline_depth(MAX_PIPELINE_DEPTH + 1),
-            RelayConfig::default().publish_timeout(Duration::ZERO),
-            RelayConfig::default().publish_timeout(Duration::from_secs(60)),
-            RelayConfig::default().poll(Duration::ZERO, Duration::from_secs(1)),
-            RelayConfig::default().poll(Duration::from_secs(2), Duration::from_secs(1)),
-            RelayConfig::default().lease(MIN_LEASE - Duration::from_nanos(1)),
-            RelayConfig::default().lease(Duration::from_nanos(500)),
-            RelayConfig::default().lease(MAX_LEASE + Duration::from_secs(1)),
-            RelayConfig::default().retry(RetryPolicy::with_max_attempts(0)),
+            RelayConfig::default().with_batch_size(0),
+            RelayConfig::default().with_batch_size(crate::store::MAX_CLAIM_BATCH + 1),
+            RelayConfig::default()
+                .with_publish_batch_size(0)
+                .with_publish_concurrency(1),
+            RelayConfig::default()
+                .with_publish_batch_size(1)
+                .with_publish_concurrency(0),
+            RelayConfig::default().with_pipeline_depth(0),
+            RelayConfig::default().with_pipeline_depth(MAX_PIPELINE_DEPTH + 1),
+            RelayConfig::default().with_publish_timeout(Duration::ZERO),
+            RelayConfig::default().with_publish_timeout(Duration::from_secs(60)),
+            RelayConfig::default()
+                .with_poll_interval(Duration::ZERO)
+                .with_max_poll_interval(Duration::from_secs(1)),
+            RelayConfig::default()
+                .with_poll_interval(Duration::from_secs(2))
+                .with_max_poll_interval(Duration::from_secs(1)),
+            RelayConfig::default().with_lease(MIN_LEASE - Duration::from_nanos(1)),
+            RelayConfig::default().with_lease(Duration::from_nanos(500)),
+            RelayConfig::default().with_lease(MAX_LEASE + Duration::from_secs(1)),
+            RelayConfig::default().with_retry(RetryPolicy::new(0)),
         ];
         for c in bad {
             assert_eq!(kind(&c), Some(crate::ErrorKind::Config), "{c:?}");
         }
         RelayConfig::default()
-            .poll(Duration::from_secs(1), Duration::from_secs(1))
-            .validate()
-            .unwrap();
-        RelayConfig::default().pipeline_depth(1).validate().unwrap();
-        RelayConfig::default()
-            .pipeline_depth(MAX_PIPELINE_DEPTH)
+            .with_poll_interval(Duration::from_secs(1))
+            .with_max_poll_interval(Duration::from_secs(1))
             .validate()
             .unwrap();
         RelayConfig::default()
-            .batch_size(crate::store::MAX_CLAIM_BATCH)
-            .publish(crate::store::MAX_CLAIM_BATCH, 1)
+            .with_pipeline_depth(1)
+            .validate()
+            .unwrap();
+        RelayConfig::default()
+            .with_pipeline_depth(MAX_PIPELINE_DEPTH)
+            .validate()
+            .unwrap();
+        RelayConfig::default()
+            .with_batch_size(crate::store::MAX_CLAIM_BATCH)
+            .with_publish_batch_size(crate::store::MAX_CLAIM_BATCH)
+            .with_publish_concurrency(1)
             .validate()
             .unwrap();
     }

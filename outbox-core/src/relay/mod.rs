@@ -179,7 +179,7 @@ struct Inner {
 /// # async fn demo(store: Arc<dyn OutboxStore>, publisher: Arc<dyn Publisher>) -> outbox_core::Result<()> {
 /// // The service's shutdown tree; cancelling it stops the relay too.
 /// let shutdown = tokio_util::sync::CancellationToken::new();
-/// let relay = Relay::new(store, publisher, RelayConfig::default().name("orders"))?
+/// let relay = Relay::new(store, publisher, RelayConfig::default().with_name("orders"))?
 ///     .with_shutdown(shutdown.clone().cancelled_owned());
 /// let wakeup = relay.wakeup(); // poke after each commit that enqueued messages
 /// let handle = relay.spawn();

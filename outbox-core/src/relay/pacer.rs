@@ -157,9 +157,10 @@ mod tests {
     fn pacer(depth: usize) -> Pacer {
         Pacer::new(
             &RelayConfig::default()
-                .batch_size(10)
-                .pipeline_depth(depth)
-                .poll(POLL, MAX_POLL),
+                .with_batch_size(10)
+                .with_pipeline_depth(depth)
+                .with_poll_interval(POLL)
+                .with_max_poll_interval(MAX_POLL),
         )
     }
 

@@ -266,13 +266,15 @@ impl Supervisor {
                 plan: self.plan.clone(),
             });
             let config = RelayConfig::default()
-                .name(name)
-                .batch_size(BATCH)
-                .publish(BATCH / 2, 2)
-                .lease(LEASE)
-                .publish_timeout(RELAY_PUBLISH_TIMEOUT)
-                .poll(Duration::from_millis(5), Duration::from_millis(50))
-                .shutdown_grace(Duration::from_secs(1));
+                .with_name(name)
+                .with_batch_size(BATCH)
+                .with_publish_batch_size(BATCH / 2)
+                .with_publish_concurrency(2)
+                .with_lease(LEASE)
+                .with_publish_timeout(RELAY_PUBLISH_TIMEOUT)
+                .with_poll_interval(Duration::from_millis(5))
+                .with_max_poll_interval(Duration::from_millis(50))
+                .with_shutdown_grace(Duration::from_secs(1));
             let relay = ok(
                 "relay config",
                 Relay::new(self.store.clone(), publisher, config),

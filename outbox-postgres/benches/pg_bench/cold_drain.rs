@@ -133,9 +133,10 @@ async fn drain(
     let relays = (0..relays)
         .map(|i| {
             let config = RelayConfig::default()
-                .name(format!("cold-{i}"))
-                .batch_size(BATCH)
-                .publish(BATCH, 1);
+                .with_name(format!("cold-{i}"))
+                .with_batch_size(BATCH)
+                .with_publish_batch_size(BATCH)
+                .with_publish_concurrency(1);
             Relay::new(store.clone(), publisher.clone(), config)
         })
         .collect::<Result<Vec<_>, _>>()?;

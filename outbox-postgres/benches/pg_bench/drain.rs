@@ -475,10 +475,11 @@ async fn library_drain(
     let relays = (0..relays)
         .map(|i| {
             let config = RelayConfig::default()
-                .name(format!("bench-{i}"))
-                .batch_size(batch)
-                .publish(batch, 1)
-                .pipeline_depth(depth);
+                .with_name(format!("bench-{i}"))
+                .with_batch_size(batch)
+                .with_publish_batch_size(batch)
+                .with_publish_concurrency(1)
+                .with_pipeline_depth(depth);
             Relay::new(store.clone(), publisher.clone(), config)
         })
         .collect::<Result<Vec<_>, _>>()?;

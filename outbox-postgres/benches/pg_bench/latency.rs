@@ -156,9 +156,11 @@ async fn measure(env: &Env, outbox: &PgOutbox, length: Duration) -> Res<Measured
     let channel = outbox.config().notify_channel();
     let config = match channel {
         Some(_) => RelayConfig::default(),
-        None => RelayConfig::default().poll(POLL, POLL),
+        None => RelayConfig::default()
+            .with_poll_interval(POLL)
+            .with_max_poll_interval(POLL),
     };
-    let relay = Relay::new(store, stopwatch.clone(), config.name("latency"))?;
+    let relay = Relay::new(store, stopwatch.clone(), config.with_name("latency"))?;
     let listener = channel
         .map(|channel| spawn_listener(relay_pool.clone(), channel, relay.wakeup()))
         .transpose()?;

@@ -123,7 +123,7 @@ async fn a_plain_begin_that_loses_the_write_race_is_a_retryable_contention() {
     crate::enqueue(&outbox, &[msg(0)]).await;
     // A deferred transaction reads first, so it holds a snapshot ...
     let mut reader = db.pool().begin().await.unwrap();
-    let _: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", outbox.table_name()))
+    let _: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", outbox.qualified_name()))
         .fetch_one(&mut *reader)
         .await
         .unwrap();

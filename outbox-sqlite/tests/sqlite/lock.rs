@@ -2,7 +2,7 @@
 //! the lock, and a lapsed lease is taken over.
 
 use outbox_core::{DistributedLock, LockName};
-use outbox_sqlite::{SqliteLock, SqliteLockConfig};
+use outbox_sqlite::{SqliteDistributedLock, SqliteLockConfig};
 use outbox_testkit::wait_until;
 
 use crate::common;
@@ -19,7 +19,7 @@ async fn expiry(db: &common::TempDb, name: &LockName) -> Option<i64> {
 async fn a_held_lock_is_renewed_and_a_lapsed_one_taken_over() {
     let db = common::TempDb::new().await;
     let config = SqliteLockConfig::default().with_lease(SqliteLockConfig::MIN_LEASE);
-    let locks = SqliteLock::new(db.pool().clone(), config).unwrap();
+    let locks = SqliteDistributedLock::new(db.pool().clone(), config).unwrap();
     locks.install().await.unwrap();
     let name = LockName::new("renewed").unwrap();
     let guard = locks.try_lock(&name).await.unwrap().expect("free");

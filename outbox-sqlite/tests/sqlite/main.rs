@@ -48,7 +48,7 @@ pub async fn enqueue(outbox: &SqliteOutbox, messages: &[NewMessage]) {
 
 /// How many rows the outbox table holds.
 pub async fn rows(outbox: &SqliteOutbox) -> i64 {
-    let sql = format!("SELECT count(*) FROM {}", outbox.table_name());
+    let sql = format!("SELECT count(*) FROM {}", outbox.qualified_name());
     sqlx::query_scalar(&sql)
         .fetch_one(outbox.pool())
         .await

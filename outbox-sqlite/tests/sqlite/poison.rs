@@ -14,7 +14,7 @@ use crate::{common, enqueue, msg, LONG};
 /// Plant a due row with `set` applied; returns its id.
 async fn plant(outbox: &SqliteOutbox, set: &str) -> MessageId {
     let id = MessageId::new();
-    let t = outbox.table_name();
+    let t = outbox.qualified_name();
     sqlx::query(&format!(
         "INSERT INTO {t} (id, destination, payload, created_at, available_at) \
          VALUES (?1, 'sqlite.tests', x'00', 0, 0)"
@@ -81,7 +81,7 @@ async fn undeliverable_rows_are_dead_lettered_with_the_reason() {
 async fn strict_tables_refuse_values_of_the_wrong_type() {
     let db = common::TempDb::new().await;
     let outbox = crate::outbox(&db).await;
-    let t = outbox.table_name();
+    let t = outbox.qualified_name();
     for (values, what) in [
         ("x'00', 'd', x'00', 0, 0", "a 1-byte id"),
         ("randomblob(16), 'd', 'text', 0, 0", "text as payload"),

@@ -24,9 +24,10 @@ async fn relays_in_two_processes_deliver_each_message_once() {
     let publisher = Arc::new(RecordingPublisher::new());
     let config = |name: &str| {
         RelayConfig::default()
-            .name(name)
-            .batch_size(7)
-            .poll(Duration::from_millis(1), Duration::from_millis(5))
+            .with_name(name)
+            .with_batch_size(7)
+            .with_poll_interval(Duration::from_millis(1))
+            .with_max_poll_interval(Duration::from_millis(5))
     };
     let relays = [
         Relay::new(Arc::new(first.clone()), publisher.clone(), config("one")).unwrap(),

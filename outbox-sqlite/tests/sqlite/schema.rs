@@ -2,8 +2,8 @@
 
 use outbox_core::{store::ClaimRequest, ErrorKind, OutboxStore};
 use outbox_sqlite::{
-    SqliteDedupConfig, SqliteDedupStore, SqliteEntityConfig, SqliteEntityStore, SqliteLock,
-    SqliteLockConfig, SqliteOutbox, SqliteOutboxConfig,
+    SqliteDedupConfig, SqliteDedupStore, SqliteDistributedLock, SqliteEntityConfig,
+    SqliteEntityStore, SqliteLockConfig, SqliteOutbox, SqliteOutboxConfig,
 };
 use sqlx::Executor;
 
@@ -57,7 +57,7 @@ async fn ddl_applied_by_hand_is_what_install_expects() {
             .fetch_one(db.pool())
             .await
             .unwrap();
-    assert_eq!(version, outbox_sqlite::SCHEMA_VERSION);
+    assert_eq!(version, i64::from(outbox_sqlite::SCHEMA_VERSION));
     // ... which install then accepts as it is.
     outbox.install().await.unwrap();
     let claimed = outbox
@@ -69,7 +69,7 @@ async fn ddl_applied_by_hand_is_what_install_expects() {
     let inbox = SqliteDedupStore::new(db.pool().clone(), SqliteDedupConfig::default()).unwrap();
     let entities =
         SqliteEntityStore::new(db.pool().clone(), SqliteEntityConfig::default()).unwrap();
-    let locks = SqliteLock::new(db.pool().clone(), SqliteLockConfig::default()).unwrap();
+    let locks = SqliteDistributedLock::new(db.pool().clone(), SqliteLockConfig::default()).unwrap();
     for (ddl, table) in [
         (inbox.ddl(), "outbox_inbox"),
         (entities.ddl(), "outbox_entities"),
@@ -82,7 +82,7 @@ async fn ddl_applied_by_hand_is_what_install_expects() {
                 .fetch_one(db.pool())
                 .await
                 .unwrap();
-        assert_eq!(version, outbox_sqlite::SCHEMA_VERSION, "{table}");
+        assert_eq!(version, i64::from(outbox_sqlite::SCHEMA_VERSION), "{table}");
     }
     inbox.install().await.unwrap();
     entities.install().await.unwrap();

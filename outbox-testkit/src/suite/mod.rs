@@ -205,15 +205,17 @@ pub(crate) fn fast_relay_config() -> RelayConfig {
         .try_with(|depth| *depth)
         .unwrap_or(outbox_core::relay::DEFAULT_PIPELINE_DEPTH);
     RelayConfig::default()
-        .pipeline_depth(depth)
-        .lease(Duration::from_secs(30))
-        .publish_timeout(Duration::from_secs(10))
-        .poll(Duration::from_millis(10), Duration::from_millis(200))
-        .retry(
-            RetryPolicy::with_max_attempts(5)
-                .backoff(Duration::from_millis(10), Duration::from_millis(50)),
+        .with_pipeline_depth(depth)
+        .with_lease(Duration::from_secs(30))
+        .with_publish_timeout(Duration::from_secs(10))
+        .with_poll_interval(Duration::from_millis(10))
+        .with_max_poll_interval(Duration::from_millis(200))
+        .with_retry(
+            RetryPolicy::new(5)
+                .with_initial_delay(Duration::from_millis(10))
+                .with_max_delay(Duration::from_millis(50)),
         )
-        .shutdown_grace(Duration::from_secs(5))
+        .with_shutdown_grace(Duration::from_secs(5))
 }
 
 pub(crate) fn relay(

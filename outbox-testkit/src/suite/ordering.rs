@@ -91,9 +91,10 @@ pub async fn per_key_order_holds_with_racing_relays(h: &dyn Harness) {
     let relays: Vec<_> = (0..4)
         .map(|i| {
             let config = fast_relay_config()
-                .name(format!("relay-{i}"))
-                .batch_size(4)
-                .publish(2, 2);
+                .with_name(format!("relay-{i}"))
+                .with_batch_size(4)
+                .with_publish_batch_size(2)
+                .with_publish_concurrency(2);
             relay(Arc::clone(&store), Arc::new(publisher.clone()), config).spawn()
         })
         .collect();

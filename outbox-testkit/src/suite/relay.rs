@@ -21,9 +21,10 @@ pub async fn shutdown_releases_leases(h: &dyn Harness) {
     // One publish call in flight at a time, and it never finishes within the grace.
     let publisher = RecordingPublisher::new().with_delay(Duration::from_secs(600));
     let config = fast_relay_config()
-        .lease(Duration::from_secs(600))
-        .publish(3, 1)
-        .shutdown_grace(Duration::from_millis(50));
+        .with_lease(Duration::from_secs(600))
+        .with_publish_batch_size(3)
+        .with_publish_concurrency(1)
+        .with_shutdown_grace(Duration::from_millis(50));
     let relay = relay(Arc::clone(&store), Arc::new(publisher.clone()), config).spawn();
     publisher.wait_for_calls(1, DEADLINE).await.unwrap();
     assert_eq!(stats(&*f.admin()).await.in_flight, 6);
@@ -63,9 +64,10 @@ pub async fn shutdown_finishes_in_flight_and_releases_the_rest(h: &dyn Harness) 
     f.enqueue(msgs(6)).await.unwrap();
     let (publisher, gate) = RecordingPublisher::new().hold_destination("conformance");
     let config = fast_relay_config()
-        .lease(Duration::from_secs(600))
-        .publish(3, 1)
-        .shutdown_grace(DEADLINE);
+        .with_lease(Duration::from_secs(600))
+        .with_publish_batch_size(3)
+        .with_publish_concurrency(1)
+        .with_shutdown_grace(DEADLINE);
     // The service's shutdown tree: cancelling it stops the relay.
     let shutdown = tokio_util::sync::CancellationToken::new();
     let relay = relay(Arc::clone(&store), Arc::new(publisher.clone()), config)
@@ -105,10 +107,11 @@ pub async fn killed_relay_loses_nothing(h: &dyn Harness) {
     // (and fail their messages) before that, on a loaded machine too: 1.5 s of the
     // 2-second lease, the most a lease that also covers the claim allows.
     let config = fast_relay_config()
-        .lease(Duration::from_secs(2))
-        .publish_timeout(Duration::from_millis(1500))
-        .batch_size(20)
-        .publish(10, 2);
+        .with_lease(Duration::from_secs(2))
+        .with_publish_timeout(Duration::from_millis(1500))
+        .with_batch_size(20)
+        .with_publish_batch_size(10)
+        .with_publish_concurrency(2);
     let doomed = relay(Arc::clone(&store), Arc::new(stuck.clone()), config.clone()).spawn();
     // Both publish calls of each batch it holds hang: one batch, or two when pipelining
     // lets it claim the second while the first hangs.
@@ -168,9 +171,10 @@ pub async fn relays_deliver_all_without_duplicates(h: &dyn Harness) {
     let relays: Vec<_> = (0..4)
         .map(|i| {
             let config = fast_relay_config()
-                .name(format!("relay-{i}"))
-                .batch_size(100)
-                .publish(50, 2);
+                .with_name(format!("relay-{i}"))
+                .with_batch_size(100)
+                .with_publish_batch_size(50)
+                .with_publish_concurrency(2);
             relay(Arc::clone(&store), Arc::new(publisher.clone()), config).spawn()
         })
         .collect();
@@ -245,7 +249,9 @@ pub async fn explicit_dispatch_does_not_block_the_sweeper(h: &dyn Harness) {
     let store = f.store();
     let (publisher, gate) = RecordingPublisher::new().hold_destination("held");
     // The loop polls only when woken, so it cannot take the held message first.
-    let config = fast_relay_config().poll(Duration::from_secs(3600), Duration::from_secs(3600));
+    let config = fast_relay_config()
+        .with_poll_interval(Duration::from_secs(3600))
+        .with_max_poll_interval(Duration::from_secs(3600));
     let relay = relay(Arc::clone(&store), Arc::new(publisher.clone()), config);
     let background = relay.spawn();
     relay.wait_idle(DEADLINE).await.unwrap();

@@ -142,10 +142,11 @@ pub async fn relay_renews_leases_across_publish_waves(h: &dyn Harness) {
     // renewal this config does not even validate.
     let publisher = RecordingPublisher::new().with_delay(Duration::from_millis(500));
     let config = fast_relay_config()
-        .batch_size(4)
-        .publish(1, 1)
-        .lease(Duration::from_millis(1500))
-        .publish_timeout(Duration::from_secs(1));
+        .with_batch_size(4)
+        .with_publish_batch_size(1)
+        .with_publish_concurrency(1)
+        .with_lease(Duration::from_millis(1500))
+        .with_publish_timeout(Duration::from_secs(1));
     assert!(config.validate().is_err());
     let relay = relay(Arc::clone(&store), Arc::new(publisher.clone()), config);
     let handle = relay.spawn();

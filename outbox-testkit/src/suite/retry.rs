@@ -54,9 +54,10 @@ pub async fn last_attempt_dead_letters(h: &dyn Harness) {
     let store = f.store();
     f.enqueue(msgs(1)).await.unwrap();
     let publisher = RecordingPublisher::failing_destination("conformance");
-    let config = fast_relay_config().retry(
-        RetryPolicy::with_max_attempts(3)
-            .backoff(Duration::from_millis(5), Duration::from_millis(20)),
+    let config = fast_relay_config().with_retry(
+        RetryPolicy::new(3)
+            .with_initial_delay(Duration::from_millis(5))
+            .with_max_delay(Duration::from_millis(20)),
     );
     let relay = relay(Arc::clone(&store), Arc::new(publisher.clone()), config).spawn();
     wait_until("the message to be dead-lettered", || async {
@@ -99,7 +100,7 @@ pub async fn attempts_without_outcome_dead_letter(h: &dyn Harness) {
         assert_eq!(got[0].message.attempts, attempt);
     }
     let publisher = RecordingPublisher::new();
-    let config = fast_relay_config().retry(RetryPolicy::with_max_attempts(2));
+    let config = fast_relay_config().with_retry(RetryPolicy::new(2));
     let relay = relay(Arc::clone(&store), Arc::new(publisher.clone()), config).spawn();
     wait_until("the message to be dead-lettered", || async {
         stats(&*f.admin()).await.dead == 1
