@@ -1,29 +1,33 @@
-//! The outbox-testkit conformance suite against a real PostgreSQL server.
+//! Every outbox-testkit suite against a real PostgreSQL server: the conformance suite
+//! in both claim modes, [`PgDedupStore`](outbox_postgres::PgDedupStore) in a fresh
+//! schema per store, [`PgDistributedLock`] on pools of their own per handle, and the
+//! idempotent consumer over [`PgEntityStore`] and the dedup store.
 //!
 //! Run: `OUTBOX_PG_URL=postgres://postgres@127.0.0.1:5432/outbox_test cargo test -p outbox-postgres --test conformance`
 
 mod common;
 
-use async_trait::async_trait;
+use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{store::StoreCapabilities, ClaimMode, Result};
-use outbox_postgres::{PgOutbox, PgOutboxConfig};
-use outbox_testkit::{Features, Fixture, Harness};
+use async_trait::async_trait;
+use outbox_core::consumer::EntityStore;
+use outbox_core::lock::LockGuard;
+use outbox_core::store::StoreCapabilities;
+use outbox_core::{ClaimMode, DedupStore, DistributedLock, Error, ErrorKind, Result};
+use outbox_postgres::{PgDistributedLock, PgEntityConfig, PgEntityStore, PgOutbox, PgOutboxConfig};
+use outbox_testkit::{ConsumerHarness, DedupHarness, Fixture, Harness, LockHarness};
 use sqlx::PgPool;
 
-/// Makes one schema per case on a shared database.
+/// One schema per store on a shared database; lock handles on pools of their own.
 struct PgHarness {
+    url: String,
     pool: PgPool,
     mode: ClaimMode,
 }
 
 #[async_trait]
 impl Harness for PgHarness {
-    fn features(&self) -> Features {
-        Features::all()
-    }
-
     async fn fixture(&self, capabilities: StoreCapabilities) -> Result<Box<dyn Fixture>> {
         let config = PgOutboxConfig::default()
             .with_schema(common::schema_name())
@@ -41,27 +45,111 @@ impl Harness for PgHarness {
     }
 }
 
-async fn make_harness() -> Option<PgHarness> {
-    harness(ClaimMode::Lease).await
+#[async_trait]
+impl DedupHarness for PgHarness {
+    async fn store(&self, retention: Duration) -> Result<Arc<dyn DedupStore>> {
+        Ok(Arc::new(common::dedup_store(&self.pool, retention).await?))
+    }
+
+    async fn purge_lock(&self) -> Result<Arc<dyn DistributedLock>> {
+        Ok(Arc::new(PgDistributedLock::new(self.pool.clone())))
+    }
 }
 
-async fn harness(mode: ClaimMode) -> Option<PgHarness> {
+#[async_trait]
+impl ConsumerHarness for PgHarness {
+    async fn entities(&self) -> Result<Arc<dyn EntityStore>> {
+        let config = PgEntityConfig::default().with_schema(common::schema_name());
+        let store = PgEntityStore::new(self.pool.clone(), config)?;
+        store.install().await?;
+        Ok(Arc::new(store))
+    }
+
+    async fn dedup(&self, retention: Duration) -> Result<Arc<dyn DedupStore>> {
+        Ok(Arc::new(common::dedup_store(&self.pool, retention).await?))
+    }
+}
+
+/// The `application_name` of the lock handles' sessions, so that `sever` only ever
+/// kills sessions of this test binary.
+const LOCK_APP: &str = "outbox-lock-conformance";
+
+/// The pid of the session of this test binary holding the advisory lock of `$1`, looked
+/// up by the key `PgDistributedLock` documents (`hashtextextended(name, 0)`); `pg_locks`
+/// shows a bigint key's high half as `classid` and its low half as `objid`.
+const HOLDER: &str = "\
+    SELECT l.pid FROM pg_locks l \
+    JOIN pg_stat_activity a ON a.pid = l.pid \
+    CROSS JOIN (SELECT hashtextextended($1, 0) AS k) key \
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+    AND l.classid = ((key.k >> 32) & 4294967295)::oid \
+    AND l.objid = (key.k & 4294967295)::oid \
+    AND a.application_name = $2";
+
+/// Every lock handle is a pool of its own (another process, as far as the server can
+/// tell); `sever` terminates the backend holding the guard's advisory lock.
+#[async_trait]
+impl LockHarness for PgHarness {
+    async fn lock(&self) -> Result<Arc<dyn DistributedLock>> {
+        let pool = common::pool_named(&self.url, 4, LOCK_APP).await;
+        Ok(Arc::new(PgDistributedLock::new(pool)))
+    }
+
+    async fn sever(&self, guard: &dyn LockGuard) -> Result<()> {
+        let pids: Vec<i32> = sqlx::query_scalar(HOLDER)
+            .bind(guard.name().as_str())
+            .bind(LOCK_APP)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(common::storage)?;
+        let [pid] = pids[..] else {
+            return Err(Error::new(
+                ErrorKind::Storage,
+                format!(
+                    "expected one session holding {:?}, found {pids:?}",
+                    guard.name()
+                ),
+            ));
+        };
+        let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(common::storage)?;
+        if killed {
+            Ok(())
+        } else {
+            Err(Error::new(
+                ErrorKind::Storage,
+                format!("could not terminate backend {pid}"),
+            ))
+        }
+    }
+}
+
+async fn harness() -> Option<PgHarness> {
+    harness_in(ClaimMode::Lease).await
+}
+
+async fn harness_in(mode: ClaimMode) -> Option<PgHarness> {
     let url = common::url("outbox-postgres conformance")?;
     Some(PgHarness {
         pool: common::pool(&url, 10).await,
+        url,
         mode,
     })
 }
 
-outbox_testkit::conformance_suite!(make_harness);
+outbox_testkit::backend_suites!(harness);
 
-/// The whole suite again with held-lock claims.
+/// The conformance suite again with held-lock claims.
 mod held_lock {
     use super::*;
 
-    async fn make_harness() -> Option<PgHarness> {
-        harness(ClaimMode::HeldLock).await
+    async fn harness() -> Option<PgHarness> {
+        harness_in(ClaimMode::HeldLock).await
     }
 
-    outbox_testkit::conformance_suite!(make_harness);
+    outbox_testkit::conformance_suite!(harness);
 }

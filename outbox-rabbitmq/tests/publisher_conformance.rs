@@ -25,9 +25,7 @@ use outbox_rabbitmq::lapin::{
     BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind,
 };
 use outbox_rabbitmq::{RabbitPublisher, RabbitPublisherConfig, Routing};
-use outbox_testkit::{
-    PublisherFeatures, PublisherHarness, PublisherNamespace, Received, RestartableNamespace,
-};
+use outbox_testkit::{PublisherHarness, PublisherNamespace, Received, RestartableNamespace};
 
 struct RabbitHarness {
     url: String,
@@ -46,17 +44,6 @@ fn broker_error(doing: &str, err: outbox_rabbitmq::lapin::Error) -> Error {
 
 #[async_trait]
 impl PublisherHarness for RabbitHarness {
-    fn features(&self) -> PublisherFeatures {
-        let mut features = PublisherFeatures::default();
-        // `mandatory` publishes come back as basic.return.
-        features.unroutable_is_permanent = true;
-        // RabbitMQ keeps no dedup window: consumers deduplicate on message-id.
-        features.dedup_window = false;
-        // A private node (common::private) is stopped and started.
-        features.broker_restart = true;
-        features
-    }
-
     async fn namespace(&self) -> Result<Box<dyn PublisherNamespace>> {
         Ok(Box::new(RabbitNamespace::declare(&self.url, None).await?))
     }

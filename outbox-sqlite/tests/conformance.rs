@@ -1,18 +1,27 @@
-//! The outbox-testkit conformance suite against SQLite: every case on a database file
-//! of its own (the mode services use), and again on a private in-memory database.
+//! Every outbox-testkit suite against SQLite: the conformance suite with every case on
+//! a database file of its own (the mode services use), and again on a private
+//! in-memory database; the dedup, lock and idempotent-consumer suites over
+//! [`SqliteDedupStore`], [`SqliteDistributedLock`] and [`SqliteEntityStore`] sharing
+//! one database file per case, as the stores of a service would; the plan suite.
 //!
 //! Run: `cargo test -p outbox-sqlite --test conformance`
 
 mod common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
+use outbox_core::consumer::EntityStore;
 use outbox_core::{
-    store::StoreCapabilities, MessageId, NewMessage, OutboxAdmin, OutboxStore, Result,
+    store::StoreCapabilities, DedupStore, DistributedLock, MessageId, NewMessage, OutboxAdmin,
+    OutboxStore, Result,
 };
-use outbox_sqlite::{SqliteOutbox, SqliteOutboxConfig};
-use outbox_testkit::{Features, Fixture, Harness};
+use outbox_sqlite::{
+    SqliteDedupConfig, SqliteDedupStore, SqliteDistributedLock, SqliteEntityConfig,
+    SqliteEntityStore, SqliteLockConfig, SqliteOutbox, SqliteOutboxConfig,
+};
+use outbox_testkit::{ConsumerHarness, DedupHarness, Fixture, Harness, LockHarness};
 use sqlx::SqlitePool;
 
 /// Where each fixture's database lives.
@@ -22,20 +31,24 @@ enum Storage {
     Memory,
 }
 
+/// Outboxes on the harness's storage, one database each; the other stores of a case
+/// share the harness's database file.
 struct SqliteHarness {
     storage: Storage,
+    db: common::TempDb,
+}
+
+impl SqliteHarness {
+    async fn new(storage: Storage) -> Option<SqliteHarness> {
+        Some(SqliteHarness {
+            storage,
+            db: common::TempDb::new().await,
+        })
+    }
 }
 
 #[async_trait]
 impl Harness for SqliteHarness {
-    /// SQLite has no row locks: a transaction holds the whole database, so the case
-    /// "claims skip rows another transaction locked" does not apply.
-    fn features(&self) -> Features {
-        let mut features = Features::all();
-        features.row_locks = false;
-        features
-    }
-
     async fn fixture(&self, capabilities: StoreCapabilities) -> Result<Box<dyn Fixture>> {
         Ok(Box::new(self.make(capabilities).await?))
     }
@@ -105,7 +118,7 @@ impl Fixture for SqliteFixture {
         let sql = format!(
             "UPDATE {} SET dispatched_at = CAST(strftime('%s', 'now') AS INTEGER) * 1000000 \
              WHERE id = ?1",
-            self.outbox.table_name()
+            self.outbox.qualified_name()
         );
         sqlx::query(&sql)
             .bind(id.as_uuid().as_bytes().to_vec())
@@ -116,21 +129,71 @@ impl Fixture for SqliteFixture {
     }
 }
 
-mod file {
-    async fn harness() -> Option<super::SqliteHarness> {
-        Some(super::SqliteHarness {
-            storage: super::Storage::File,
-        })
+impl SqliteHarness {
+    async fn dedup_store(&self, retention: Duration) -> Result<SqliteDedupStore> {
+        let config = SqliteDedupConfig::default()
+            .with_table(format!("inbox_{}", uuid::Uuid::new_v4().simple()))
+            .with_retention(retention);
+        let store = SqliteDedupStore::new(self.db.pool().clone(), config)?;
+        store.install().await?;
+        Ok(store)
     }
 
-    outbox_testkit::conformance_suite!(harness; lacks(row_locks, lease_renewal));
+    async fn lock(&self) -> Result<SqliteDistributedLock> {
+        let lock = SqliteDistributedLock::new(self.db.pool().clone(), SqliteLockConfig::default())?;
+        lock.install().await?;
+        Ok(lock)
+    }
 }
 
+#[async_trait]
+impl ConsumerHarness for SqliteHarness {
+    async fn entities(&self) -> Result<Arc<dyn EntityStore>> {
+        let config = SqliteEntityConfig::default()
+            .with_table(format!("entities_{}", uuid::Uuid::new_v4().simple()));
+        let store = SqliteEntityStore::new(self.db.pool().clone(), config)?;
+        store.install().await?;
+        Ok(Arc::new(store))
+    }
+
+    async fn dedup(&self, retention: Duration) -> Result<Arc<dyn DedupStore>> {
+        Ok(Arc::new(self.dedup_store(retention).await?))
+    }
+}
+
+#[async_trait]
+impl DedupHarness for SqliteHarness {
+    async fn store(&self, retention: Duration) -> Result<Arc<dyn DedupStore>> {
+        Ok(Arc::new(self.dedup_store(retention).await?))
+    }
+
+    async fn purge_lock(&self) -> Result<Arc<dyn DistributedLock>> {
+        Ok(Arc::new(self.lock().await?))
+    }
+}
+
+#[async_trait]
+impl LockHarness for SqliteHarness {
+    async fn lock(&self) -> Result<Arc<dyn DistributedLock>> {
+        Ok(Arc::new(SqliteHarness::lock(self).await?))
+    }
+}
+
+/// Every suite with outboxes on database files. SQLite takes no row locks a claim could
+/// skip, does not renew leases, and a lock holder's "session" is its renewal task and
+/// lease, with no connection to sever.
+mod file {
+    async fn harness() -> Option<super::SqliteHarness> {
+        super::SqliteHarness::new(super::Storage::File).await
+    }
+
+    outbox_testkit::backend_suites!(harness; lacks(row_locks, lease_renewal, sever));
+}
+
+/// The conformance suite again on private in-memory databases.
 mod memory {
     async fn harness() -> Option<super::SqliteHarness> {
-        Some(super::SqliteHarness {
-            storage: super::Storage::Memory,
-        })
+        super::SqliteHarness::new(super::Storage::Memory).await
     }
 
     outbox_testkit::conformance_suite!(harness; lacks(row_locks, lease_renewal));
@@ -199,7 +262,7 @@ mod plans {
         }
 
         async fn add_history(&self, history: History) -> Result<()> {
-            let t = self.outbox.table_name();
+            let t = self.outbox.qualified_name();
             let count = |n: usize| i64::try_from(n).expect("a small history");
             let (settled, dead) = (count(history.dispatched), count(history.dead));
             let due_end = settled + dead + count(history.due);
@@ -231,7 +294,7 @@ mod plans {
         async fn plans(&self, op: RelayOp) -> Result<Vec<PlannedStatement>> {
             let table = self
                 .outbox
-                .table_name()
+                .qualified_name()
                 .to_string()
                 .trim_matches('"')
                 .to_owned();
@@ -260,9 +323,7 @@ mod plans {
     }
 
     async fn harness() -> Option<SqliteHarness> {
-        Some(SqliteHarness {
-            storage: Storage::File,
-        })
+        SqliteHarness::new(Storage::File).await
     }
 
     outbox_testkit::plan_suite!(harness);

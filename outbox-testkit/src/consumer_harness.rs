@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use outbox_core::consumer::EntityStore;
 use outbox_core::{DedupStore, Result};
 
+use crate::declared::Sealed;
 use crate::dedup::MemoryDedupStore;
 use crate::dedup_harness::DedupFeatures;
 use crate::entity::MemoryEntityStore;
@@ -18,10 +19,12 @@ use crate::entity::MemoryEntityStore;
 /// Hands out the stores of the decoupled algorithm, isolated per case.
 #[async_trait]
 pub trait ConsumerHarness: Send + Sync + 'static {
-    /// What the dedup store supports: the case needing a short retention runs unless
-    /// [`consumer_suite!`](crate::consumer_suite) is told the store lacks
-    /// `short_retention`, and fails if it is not declared here.
-    fn features(&self) -> DedupFeatures;
+    /// What the dedup store supports, as
+    /// [`consumer_suite!`](crate::consumer_suite)`(make; lacks(short_retention))`
+    /// declared it; answered by [`Declared`](crate::Declared), never by a backend.
+    fn features(&self, _: Sealed) -> DedupFeatures {
+        DedupFeatures::all()
+    }
 
     /// A fresh, empty entity store in its own table or key prefix.
     async fn entities(&self) -> Result<Arc<dyn EntityStore>>;
@@ -37,10 +40,6 @@ pub struct MemoryConsumerHarness;
 
 #[async_trait]
 impl ConsumerHarness for MemoryConsumerHarness {
-    fn features(&self) -> DedupFeatures {
-        DedupFeatures::all()
-    }
-
     async fn entities(&self) -> Result<Arc<dyn EntityStore>> {
         Ok(Arc::new(MemoryEntityStore::new()))
     }

@@ -11,12 +11,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use outbox_core::{lock::LockGuard, DedupStore, DistributedLock, Error, ErrorKind, Result};
 
+use crate::declared::Sealed;
 use crate::dedup::{MemoryDedupStore, MemoryLock};
 
-/// What a [`DedupStore`] under test supports. The cases that need a capability run
-/// unless [`dedup_suite!`](crate::dedup_suite) is told the store lacks it
-/// (`dedup_suite!(make; lacks(short_retention))`), and fail if the harness does not
-/// declare it here.
+/// What a [`DedupStore`] under test supports, as its suite macro declares it: every
+/// capability but those named in `dedup_suite!(make; lacks(short_retention))` (or
+/// [`consumer_suite!`](crate::consumer_suite)'s list). A backend does not build it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DedupFeatures {
@@ -37,13 +37,24 @@ impl DedupFeatures {
             short_retention: true,
         }
     }
+
+    /// Everything but the capabilities `lacks` names (a suite macro's list).
+    pub(crate) fn lacking(lacks: &[&str]) -> Self {
+        DedupFeatures {
+            strong: !lacks.contains(&"strong"),
+            short_retention: !lacks.contains(&"short_retention"),
+        }
+    }
 }
 
 /// Hands out isolated [`DedupStore`]s, one or more per case.
 #[async_trait]
 pub trait DedupHarness: Send + Sync + 'static {
-    /// What the backend supports.
-    fn features(&self) -> DedupFeatures;
+    /// What the store supports, as its suite macro declared it; answered by
+    /// [`Declared`](crate::Declared), never by a backend.
+    fn features(&self, _: Sealed) -> DedupFeatures {
+        DedupFeatures::all()
+    }
 
     /// A fresh, empty store remembering ids for `retention`, in its own table or key
     /// prefix, so cases can run in parallel. The suite asks for a retention under a
@@ -55,9 +66,9 @@ pub trait DedupHarness: Send + Sync + 'static {
     async fn purge_lock(&self) -> Result<Arc<dyn DistributedLock>>;
 }
 
-/// What a [`DistributedLock`] under test supports. The case that needs `sever` runs
-/// unless [`lock_suite!`](crate::lock_suite) is told the harness lacks it
-/// (`lock_suite!(make; lacks(sever))`), and fails if it is not declared here.
+/// What a [`DistributedLock`] under test supports, as its suite macro declares it: the
+/// case that needs `sever` shows as ignored under `lock_suite!(make; lacks(sever))`.
+/// A backend does not build it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockFeatures {
@@ -70,6 +81,13 @@ impl LockFeatures {
     pub fn all() -> Self {
         LockFeatures { sever: true }
     }
+
+    /// Everything but the capabilities `lacks` names (a suite macro's list).
+    pub(crate) fn lacking(lacks: &[&str]) -> Self {
+        LockFeatures {
+            sever: !lacks.contains(&"sever"),
+        }
+    }
 }
 
 /// Hands out handles on a backend's lock space, as separate processes would hold them.
@@ -78,8 +96,11 @@ impl LockFeatures {
 /// names (a random suffix) rather than with a fresh store.
 #[async_trait]
 pub trait LockHarness: Send + Sync + 'static {
-    /// What the backend supports.
-    fn features(&self) -> LockFeatures;
+    /// What the harness supports, as its suite macro declared it; answered by
+    /// [`Declared`](crate::Declared), never by a backend.
+    fn features(&self, _: Sealed) -> LockFeatures {
+        LockFeatures::all()
+    }
 
     /// A new handle on the lock space shared by every handle of this harness, with its
     /// own connections, as another process of a fleet would have.
@@ -103,10 +124,6 @@ pub struct MemoryDedupHarness {
 
 #[async_trait]
 impl DedupHarness for MemoryDedupHarness {
-    fn features(&self) -> DedupFeatures {
-        DedupFeatures::all()
-    }
-
     async fn store(&self, retention: Duration) -> Result<Arc<dyn DedupStore>> {
         Ok(Arc::new(MemoryDedupStore::new(retention)))
     }
@@ -125,10 +142,6 @@ pub struct MemoryLockHarness {
 
 #[async_trait]
 impl LockHarness for MemoryLockHarness {
-    fn features(&self) -> LockFeatures {
-        LockFeatures::all()
-    }
-
     async fn lock(&self) -> Result<Arc<dyn DistributedLock>> {
         Ok(Arc::new(self.lock.clone()))
     }

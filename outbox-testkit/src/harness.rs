@@ -9,10 +9,13 @@ use outbox_core::{
     Result,
 };
 
-/// What a backend under test supports beyond the [`OutboxStore`] contract. The cases
-/// that need a capability run unless the suite macro is told the backend lacks it
-/// ([`conformance_suite!`](crate::conformance_suite)`(make; lacks(row_locks))`), and
-/// fail if it runs while the harness does not declare it here.
+use crate::declared::Sealed;
+
+/// What a backend under test supports beyond the [`OutboxStore`] contract, as its
+/// suite macro declares it: every capability but those named in
+/// [`conformance_suite!`](crate::conformance_suite)`(make; lacks(row_locks))`. The
+/// cases that need a lacked capability show as ignored; the others read this through
+/// [`Declared`](crate::Declared). A backend does not build it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Features {
@@ -24,6 +27,10 @@ pub struct Features {
     pub transactional_enqueue: bool,
     /// [`Fixture::lock_row`] is implemented (a row lock held by another transaction).
     pub row_locks: bool,
+    /// The stores declare
+    /// [`StoreCapabilities::lease_renewal`](outbox_core::store::StoreCapabilities::lease_renewal)
+    /// (checked against them by a case).
+    pub lease_renewal: bool,
 }
 
 impl Features {
@@ -34,6 +41,19 @@ impl Features {
             keep_retention: true,
             transactional_enqueue: true,
             row_locks: true,
+            lease_renewal: true,
+        }
+    }
+
+    /// Everything but the capabilities `lacks` names (a suite macro's list).
+    pub(crate) fn lacking(lacks: &[&str]) -> Self {
+        let has = |name: &str| !lacks.contains(&name);
+        Features {
+            per_key_ordering: has("per_key_ordering"),
+            keep_retention: has("keep_retention"),
+            transactional_enqueue: has("transactional_enqueue"),
+            row_locks: has("row_locks"),
+            lease_renewal: has("lease_renewal"),
         }
     }
 }
@@ -41,8 +61,12 @@ impl Features {
 /// Hands out isolated stores, one per conformance case.
 #[async_trait]
 pub trait Harness: Send + Sync + 'static {
-    /// What the backend supports.
-    fn features(&self) -> Features;
+    /// What the backend supports, as its suite macro declared it; answered by
+    /// [`Declared`](crate::Declared), never by a backend (no other crate can name the
+    /// argument). A harness used without its macro supports everything.
+    fn features(&self, _: Sealed) -> Features {
+        Features::all()
+    }
 
     /// A fresh store with these capabilities and its own schema, table or key prefix,
     /// so cases can run in parallel and never see each other's rows. The suite asks

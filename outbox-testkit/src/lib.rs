@@ -1,9 +1,11 @@
 #![doc = include_str!("../README.md")]
 
+mod backend_macros;
 mod broker;
 mod consumer_faults;
 mod consumer_harness;
 pub mod cpu;
+mod declared;
 mod dedup;
 mod dedup_harness;
 mod dedup_macros;
@@ -36,6 +38,7 @@ pub use broker::MemoryBroker;
 pub use consumer_faults::{Crash, EventuallyConsistent, PauseAfterFirstCall, Step};
 pub use consumer_harness::{ConsumerHarness, MemoryConsumerHarness};
 pub use dedup::{MemoryDedupStore, MemoryLock};
+pub use declared::Declared;
 pub use dedup_harness::{DedupFeatures, DedupHarness, MemoryDedupHarness};
 pub use dedup_harness::{LockFeatures, LockHarness, MemoryLockHarness};
 pub use entity::MemoryEntityStore;

@@ -7,7 +7,7 @@ use outbox_core::{
     store::StoreCapabilities, MessageId, NewMessage, OutboxAdmin, OutboxStore, Result,
 };
 
-use crate::harness::{Features, Fixture, Harness, RowLock};
+use crate::harness::{Fixture, Harness, RowLock};
 use crate::memory::MemoryStore;
 
 /// Runs the suite against [`MemoryStore`]; every feature is supported, and the stores
@@ -17,10 +17,6 @@ pub struct MemoryHarness;
 
 #[async_trait]
 impl Harness for MemoryHarness {
-    fn features(&self) -> Features {
-        Features::all()
-    }
-
     async fn fixture(&self, capabilities: StoreCapabilities) -> Result<Box<dyn Fixture>> {
         Ok(Box::new(MemoryFixture(MemoryStore::with_capabilities(
             capabilities.with_lease_renewal(true),

@@ -11,11 +11,12 @@ use async_trait::async_trait;
 use outbox_core::{Error, ErrorKind, Headers, Publisher, Result};
 
 use crate::broker::MemoryBroker;
+use crate::declared::Sealed;
 
-/// What a broker under test supports. The cases that need a capability run unless
-/// [`publisher_suite!`](crate::publisher_suite) is told the broker lacks it
-/// (`publisher_suite!(make; lacks(dedup_window))`), and fail if it is not declared
-/// here.
+/// What a broker under test supports, as its suite macro declares it: every capability
+/// but those named in
+/// [`publisher_suite!`](crate::publisher_suite)`(make; lacks(dedup_window))`. A
+/// harness does not build it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PublisherFeatures {
@@ -42,6 +43,16 @@ impl PublisherFeatures {
             dedup_window: true,
             unroutable_is_permanent: true,
             broker_restart: true,
+        }
+    }
+
+    /// Everything but the capabilities `lacks` names (a suite macro's list).
+    pub(crate) fn lacking(lacks: &[&str]) -> Self {
+        let has = |name: &str| !lacks.contains(&name);
+        PublisherFeatures {
+            dedup_window: has("dedup_window"),
+            unroutable_is_permanent: has("unroutable_is_permanent"),
+            broker_restart: has("broker_restart"),
         }
     }
 }
@@ -150,8 +161,11 @@ pub trait RestartableNamespace: PublisherNamespace {
 /// Hands out isolated [`PublisherNamespace`]s, one per case.
 #[async_trait]
 pub trait PublisherHarness: Send + Sync + 'static {
-    /// What the broker supports.
-    fn features(&self) -> PublisherFeatures;
+    /// What the broker supports, as its suite macro declared it; answered by
+    /// [`Declared`](crate::Declared), never by a harness.
+    fn features(&self, _: Sealed) -> PublisherFeatures {
+        PublisherFeatures::all()
+    }
 
     /// A fresh, empty namespace of the broker, so cases can run in parallel.
     async fn namespace(&self) -> Result<Box<dyn PublisherNamespace>>;
@@ -176,10 +190,6 @@ const ROUTED: &str = "routed.";
 
 #[async_trait]
 impl PublisherHarness for MemoryPublisherHarness {
-    fn features(&self) -> PublisherFeatures {
-        PublisherFeatures::all()
-    }
-
     async fn namespace(&self) -> Result<Box<dyn PublisherNamespace>> {
         Ok(Box::new(MemoryNamespace::new()))
     }

@@ -18,7 +18,7 @@ use outbox_dynamodb::{
     DynamoDedupConfig, DynamoDedupStore, DynamoEntityConfig, DynamoEntityStore, DynamoOutbox,
     DynamoOutboxConfig,
 };
-use outbox_testkit::{isolation, Features, Fixture, Harness};
+use outbox_testkit::{isolation, Fixture, Harness};
 use tokio::sync::OnceCell;
 
 /// The variable naming the DynamoDB endpoint (DynamoDB Local in tests).
@@ -237,13 +237,6 @@ impl DynamoHarness {
 
 #[async_trait::async_trait]
 impl Harness for DynamoHarness {
-    fn features(&self) -> Features {
-        let mut features = Features::all();
-        // DynamoDB has no transaction that holds an item: nothing for claims to skip.
-        features.row_locks = false;
-        features
-    }
-
     async fn fixture(&self, caps: StoreCapabilities) -> Result<Box<dyn Fixture>> {
         let config = DynamoOutboxConfig::default()
             .with_ordering(caps.ordering)

@@ -15,9 +15,7 @@ use outbox_nats::{
     NatsPublisher, NatsPublisherConfig, CONTENT_TYPE_HEADER, MESSAGE_ID_HEADER,
     PARTITION_KEY_HEADER,
 };
-use outbox_testkit::{
-    PublisherFeatures, PublisherHarness, PublisherNamespace, Received, RestartableNamespace,
-};
+use outbox_testkit::{PublisherHarness, PublisherNamespace, Received, RestartableNamespace};
 use private::PrivateNats;
 use tokio::sync::OnceCell;
 
@@ -114,10 +112,6 @@ pub struct NatsHarness {
 
 #[async_trait]
 impl PublisherHarness for NatsHarness {
-    fn features(&self) -> PublisherFeatures {
-        PublisherFeatures::all()
-    }
-
     async fn namespace(&self) -> Result<Box<dyn PublisherNamespace>> {
         let js = jetstream(&self.url).await;
         let name = unique_name();

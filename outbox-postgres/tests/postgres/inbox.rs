@@ -1,7 +1,7 @@
 //! The inbox table's transactional recording: `record_in` commits and rolls back with
 //! the handler's transaction, and a concurrent transaction recording the same id waits
 //! for it. Atomicity, consumer scoping, expiry and purging are in the shared suite
-//! (`tests/dedup_lock_conformance.rs`).
+//! (`tests/conformance.rs`).
 
 use std::time::Duration;
 

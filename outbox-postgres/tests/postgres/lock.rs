@@ -1,6 +1,6 @@
 //! How `PgDistributedLock` maps onto PostgreSQL: the documented advisory-lock key, and a
 //! dropped guard's session leaving its pool. Exclusion and release are in the shared
-//! suite (`tests/dedup_lock_conformance.rs`).
+//! suite (`tests/conformance.rs`).
 
 use outbox_core::{DistributedLock, LockName};
 use outbox_postgres::PgDistributedLock;

@@ -17,9 +17,7 @@ use outbox_sqs::aws_sdk_sqs::types::{
 };
 use outbox_sqs::aws_sdk_sqs::{self, Client};
 use outbox_sqs::{SqsPublisher, SqsPublisherConfig, FIFO_SUFFIX};
-use outbox_testkit::{
-    PublisherFeatures, PublisherHarness, PublisherNamespace, Received, RestartableNamespace,
-};
+use outbox_testkit::{PublisherHarness, PublisherNamespace, Received, RestartableNamespace};
 use private::PrivateMoto;
 use tokio::sync::OnceCell;
 
@@ -239,19 +237,6 @@ pub struct SqsHarness {
 
 #[async_trait]
 impl PublisherHarness for SqsHarness {
-    fn features(&self) -> PublisherFeatures {
-        let mut features = PublisherFeatures::default();
-        // GetQueueUrl (or SendMessageBatch) answers QueueDoesNotExist.
-        features.unroutable_is_permanent = true;
-        // FIFO queues drop a repeated MessageDeduplicationId for five minutes;
-        // standard queues keep no dedup window at all.
-        features.dedup_window = self.fifo;
-        // A private moto (common::private) records every request and replays them
-        // when it starts again, so its queues and messages survive the restart.
-        features.broker_restart = true;
-        features
-    }
-
     async fn namespace(&self) -> Result<Box<dyn PublisherNamespace>> {
         Ok(Box::new(
             SqsNamespace::new(&self.url, self.fifo, None).await,

@@ -1,6 +1,7 @@
 //! What operators read before they act: dead letters in either order, dead letters by
 //! id, and exact counts of what a requeue, discard or purge would touch.
 
+use crate::declared::SEALED;
 use std::time::Duration;
 
 use outbox_core::{
@@ -216,7 +217,7 @@ pub async fn dispatched_counts_match_what_purges_delete(h: &dyn Harness) {
         0,
         "no history under Retention::Delete"
     );
-    require(h.features().keep_retention, "keep_retention");
+    require(h.features(SEALED).keep_retention, "keep_retention");
     let f = fixture(h, keeping()).await;
     let (store, admin) = (f.store(), f.admin());
     f.enqueue(msgs(9)).await.unwrap();

@@ -1,16 +1,59 @@
 //! Cases that need the backend's own transactions: atomic enqueue, row locks, bad
 //! input. Guarantees 1, 2, 11 and 12.
 
+use crate::declared::SEALED;
 use std::time::Duration;
 
-use outbox_core::{ErrorKind, MessageLimits, NewMessage};
+use outbox_core::store::StoreCapabilities;
+use outbox_core::{ErrorKind, KeyOrder, MessageLimits, NewMessage, Retention};
 
 use super::*;
 use crate::harness::Harness;
 
+/// What the suite macro's `lacks(...)` list declares agrees with what the store itself
+/// declares: lease renewal, and the key order and retention a store made with them
+/// reports. The list is the one declaration of the harness; this checks it against
+/// the store's [`StoreCapabilities`](outbox_core::store::StoreCapabilities).
+pub async fn declared_capabilities_match_the_store(h: &dyn Harness) {
+    let declared = h.features(SEALED);
+    let f = plain(h).await;
+    let renews = f.store().capabilities().lease_renewal;
+    assert_eq!(
+        renews,
+        declared.lease_renewal,
+        "the store declares lease_renewal {renews}, but its suite macro {} it: name \
+         lease_renewal in lacks(...) exactly when the store does not renew",
+        if declared.lease_renewal {
+            "does not lack"
+        } else {
+            "lacks"
+        }
+    );
+    if declared.per_key_ordering {
+        let asked = StoreCapabilities::new(KeyOrder::PerKey, Retention::Delete);
+        let made = fixture(h, asked).await.store().capabilities();
+        assert!(
+            made.same_semantics(&asked),
+            "a store made for per-key order declares {made:?}: add per_key_ordering to \
+             lacks(...) if the backend cannot keep it"
+        );
+    }
+    if declared.keep_retention {
+        let made = fixture(h, keeping()).await.store().capabilities();
+        assert!(
+            made.same_semantics(&keeping()),
+            "a store made to keep history declares {made:?}: add keep_retention to \
+             lacks(...) if the backend cannot keep it"
+        );
+    }
+}
+
 /// A rolled-back enqueue leaves nothing; a committed one is claimable.
 pub async fn rolled_back_enqueue_leaves_nothing(h: &dyn Harness) {
-    require(h.features().transactional_enqueue, "transactional_enqueue");
+    require(
+        h.features(SEALED).transactional_enqueue,
+        "transactional_enqueue",
+    );
     let f = plain(h).await;
     let store = f.store();
     f.enqueue_rolled_back(msgs(3)).await.unwrap();
@@ -43,7 +86,7 @@ pub async fn invalid_batch_writes_nothing(h: &dyn Harness) {
 /// A claim skips a row another transaction has locked, without waiting for it, and
 /// takes the row once the lock is gone.
 pub async fn claim_skips_rows_locked_by_another_transaction(h: &dyn Harness) {
-    require(h.features().row_locks, "row_locks");
+    require(h.features(SEALED).row_locks, "row_locks");
     let f = plain(h).await;
     let store = f.store();
     let batch = msgs(3);

@@ -1,6 +1,7 @@
 //! [`DedupStore`] cases: atomic recording, read-your-writes, consumer scoping, expiry,
 //! bounded purges and the dedup [`Purger`].
 
+use crate::declared::SEALED;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -114,7 +115,7 @@ pub async fn dedup_concurrent_records_give_exactly_one_new(h: &dyn DedupHarness)
 /// ([`DedupFeatures::strong`](crate::DedupFeatures::strong)).
 pub async fn dedup_declared_consistency_matches_the_harness(h: &dyn DedupHarness) {
     let store = store(h, LONG).await;
-    let expected = if h.features().strong {
+    let expected = if h.features(SEALED).strong {
         Consistency::Strong
     } else {
         Consistency::Eventual
@@ -128,7 +129,7 @@ pub async fn dedup_declared_consistency_matches_the_harness(h: &dyn DedupHarness
 
 /// A [`Consistency::Strong`] store reports an id from the moment `record` returns.
 pub async fn dedup_strong_store_reads_its_writes(h: &dyn DedupHarness) {
-    require(h.features().strong, "strong");
+    require(h.features(SEALED).strong, "strong");
     let store = store(h, LONG).await;
     assert_eq!(store.consistency(), Consistency::Strong);
     let consumer = consumer("reader");
@@ -187,7 +188,7 @@ pub async fn dedup_ids_are_scoped_by_consumer(h: &dyn DedupHarness) {
 /// An id older than the retention is not reported, before any purge: `contains` says
 /// `false` and `record` says [`Dedup::New`] again (re-recording it).
 pub async fn dedup_expired_ids_are_new_again_before_any_purge(h: &dyn DedupHarness) {
-    require(h.features().short_retention, "short_retention");
+    require(h.features(SEALED).short_retention, "short_retention");
     let store = store(h, EXPIRY).await;
     let consumer = consumer("expiring");
     let (a, b) = (MessageId::new(), MessageId::new());
@@ -216,7 +217,7 @@ pub async fn dedup_expired_ids_are_new_again_before_any_purge(h: &dyn DedupHarne
 /// `purge_expired(limit)` deletes at most `limit` records, only expired ones, and
 /// returns how many; `purge_expired(0)` deletes nothing.
 pub async fn dedup_purge_is_bounded_and_spares_fresh_records(h: &dyn DedupHarness) {
-    require(h.features().short_retention, "short_retention");
+    require(h.features(SEALED).short_retention, "short_retention");
     let store = store(h, PURGE_RETENTION).await;
     let (c, other) = (consumer("purged"), consumer("also purged"));
     for _ in 0..5 {
@@ -264,7 +265,7 @@ pub async fn dedup_purge_is_bounded_and_spares_fresh_records(h: &dyn DedupHarnes
 /// [`Purger::for_dedup`] skips while its lock is held elsewhere, then purges every
 /// expired record in bounded batches, sparing fresh ones, and releases its lock.
 pub async fn dedup_purger_removes_expired_records_under_its_lock(h: &dyn DedupHarness) {
-    require(h.features().short_retention, "short_retention");
+    require(h.features(SEALED).short_retention, "short_retention");
     let store = store(h, PURGE_RETENTION).await;
     let lock = h.purge_lock().await.expect("harness could not make a lock");
     let name = LockName::new(format!("conformance dedup purge {}", MessageId::new()))

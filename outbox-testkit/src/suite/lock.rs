@@ -1,6 +1,7 @@
 //! [`DistributedLock`] cases: exclusion without waiting, independent names, release by
 //! unlock, by dropping the guard and by the holder's session ending.
 
+use crate::declared::SEALED;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -166,7 +167,7 @@ pub async fn lock_dropped_guard_is_released(h: &dyn LockHarness) {
 /// A lock whose holder's session dies (a crash, a cut connection) is released, and the
 /// orphaned guard's late unlock or drop leaves the next holder's lock alone.
 pub async fn lock_severed_session_releases_the_lock(h: &dyn LockHarness) {
-    require(h.features().sever, "sever");
+    require(h.features(SEALED).sever, "sever");
     let (ours, theirs) = (handle(h).await, handle(h).await);
     let name = unique("severed");
     let orphan = take(&*ours, &name, "nobody holds it").await;

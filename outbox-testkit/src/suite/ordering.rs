@@ -1,5 +1,6 @@
 //! Per-key order. Guarantee 6.
 
+use crate::declared::SEALED;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -16,7 +17,7 @@ fn ordered() -> StoreCapabilities {
 /// A claim returns only the head of each key; later messages of a key wait until the
 /// head is settled; unkeyed messages and other keys proceed.
 pub async fn claims_take_only_key_heads(h: &dyn Harness) {
-    require(h.features().per_key_ordering, "per_key_ordering");
+    require(h.features(SEALED).per_key_ordering, "per_key_ordering");
     let f = fixture(h, ordered()).await;
     let store = f.store();
     let batch = vec![
@@ -50,7 +51,7 @@ pub async fn claims_take_only_key_heads(h: &dyn Harness) {
 
 /// A dead-lettered head does not block its key forever.
 pub async fn dead_head_does_not_block_its_key(h: &dyn Harness) {
-    require(h.features().per_key_ordering, "per_key_ordering");
+    require(h.features(SEALED).per_key_ordering, "per_key_ordering");
     let f = fixture(h, ordered()).await;
     let store = f.store();
     let batch = vec![keyed("k", 0), keyed("k", 1)];
@@ -70,7 +71,7 @@ pub async fn dead_head_does_not_block_its_key(h: &dyn Harness) {
 /// Four relays racing over interleaved keys, with failures forcing retries, publish
 /// every key in enqueue order.
 pub async fn per_key_order_holds_with_racing_relays(h: &dyn Harness) {
-    require(h.features().per_key_ordering, "per_key_ordering");
+    require(h.features(SEALED).per_key_ordering, "per_key_ordering");
     let f = fixture(h, ordered()).await;
     let store = f.store();
     let keys = ["k0", "k1", "k2", "k3", "k4", "k5"];

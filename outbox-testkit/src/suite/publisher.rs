@@ -1,6 +1,7 @@
 //! [`Publisher`] cases against a live broker: outcomes, what arrives, the dedup id and
 //! window, unroutable destinations, concurrency and large batches.
 
+use crate::declared::SEALED;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -122,7 +123,7 @@ pub async fn publisher_returns_one_outcome_per_message_in_batch_order(h: &dyn Pu
     let ns = namespace(h).await;
     let publisher = publisher(&*ns).await;
     let routed = ns.destination("ordered");
-    if !h.features().unroutable_is_permanent {
+    if !h.features(SEALED).unroutable_is_permanent {
         let batch = numbered(&routed, 7);
         assert_all_published(&publish(&*publisher, &batch).await);
         assert_eq!(dedup_ids(&received(&*ns, &routed).await), ids_of(&batch));
@@ -261,7 +262,7 @@ pub async fn publisher_sends_the_message_id_as_the_dedup_id(h: &dyn PublisherHar
 pub async fn publisher_repeat_of_an_id_is_dropped_within_the_dedup_window(
     h: &dyn PublisherHarness,
 ) {
-    require(h.features().dedup_window, "dedup_window");
+    require(h.features(SEALED).dedup_window, "dedup_window");
     let ns = namespace(h).await;
     let first = publisher(&*ns).await;
     let destination = ns.destination("repeats");
@@ -293,7 +294,7 @@ pub async fn publisher_repeat_of_an_id_is_dropped_within_the_dedup_window(
 /// before and after it, is published.
 pub async fn publisher_unroutable_is_permanent_and_spares_the_batch(h: &dyn PublisherHarness) {
     require(
-        h.features().unroutable_is_permanent,
+        h.features(SEALED).unroutable_is_permanent,
         "unroutable_is_permanent",
     );
     let ns = namespace(h).await;
@@ -388,7 +389,7 @@ pub async fn publisher_large_batch(h: &dyn PublisherHarness) {
 pub async fn publisher_broker_restart_is_retryable_and_the_publisher_recovers(
     h: &dyn PublisherHarness,
 ) {
-    require(h.features().broker_restart, "broker_restart");
+    require(h.features(SEALED).broker_restart, "broker_restart");
     let ns = within("starting a private broker", h.restartable_namespace())
         .await
         .unwrap_or_else(|e| panic!("harness could not start a private broker: {}", e.report()));
@@ -507,7 +508,7 @@ pub async fn publisher_broker_restart_is_retryable_and_the_publisher_recovers(
     sent.extend(ids_of(&in_flight));
     sent.extend(ids_of(&during));
     let got = received(&*ns, &destination).await;
-    if h.features().dedup_window {
+    if h.features(SEALED).dedup_window {
         assert_eq!(
             dedup_ids(&got),
             sent,

@@ -1,5 +1,6 @@
 //! History and monitoring: purges and stats. Guarantee 8.
 
+use crate::declared::SEALED;
 use std::time::Duration;
 
 use outbox_core::{store::Disposition, store::OutboxStoreExt, Retention};
@@ -10,7 +11,7 @@ use crate::harness::Harness;
 /// Purging deletes at most `limit` dispatched rows per call and never touches pending,
 /// in-flight or dead ones.
 pub async fn purge_is_bounded_and_spares_undelivered(h: &dyn Harness) {
-    require(h.features().keep_retention, "keep_retention");
+    require(h.features(SEALED).keep_retention, "keep_retention");
     let f = fixture(h, keeping()).await;
     let store = f.store();
     f.enqueue(msgs(12)).await.unwrap();
@@ -74,7 +75,7 @@ pub async fn delete_retention_keeps_no_history(h: &dyn Harness) {
 
 /// Stats count pending, in-flight, dead and kept rows exactly.
 pub async fn stats_are_exact(h: &dyn Harness) {
-    let options = if h.features().keep_retention {
+    let options = if h.features(SEALED).keep_retention {
         keeping()
     } else {
         Default::default()
@@ -113,7 +114,7 @@ pub async fn stats_are_exact(h: &dyn Harness) {
         .unwrap();
     store.complete_one(&got[2].lease).await.unwrap();
     let s = stats(&*f.admin()).await;
-    let kept = u64::from(h.features().keep_retention);
+    let kept = u64::from(h.features(SEALED).keep_retention);
     assert_eq!(
         (s.pending, s.in_flight, s.dead, s.dispatched),
         (3, 0, 1, kept)

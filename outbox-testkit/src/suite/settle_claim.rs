@@ -1,6 +1,7 @@
 //! Settling one batch and claiming the next in one call:
 //! [`OutboxStore::settle_and_claim`](outbox_core::OutboxStore::settle_and_claim).
 
+use crate::declared::SEALED;
 use std::collections::HashSet;
 
 use outbox_core::{
@@ -182,7 +183,7 @@ pub async fn settle_and_claim_never_returns_what_it_settled(h: &dyn Harness) {
 /// The claim part skips rows another transaction holds locked, as a plain claim does,
 /// and never waits for them.
 pub async fn settle_and_claim_skips_locked_rows(h: &dyn Harness) {
-    require(h.features().row_locks, "row_locks");
+    require(h.features(SEALED).row_locks, "row_locks");
     let f = plain(h).await;
     let store = f.store();
     f.enqueue(msgs(1)).await.unwrap();
