@@ -5,6 +5,7 @@
 //!
 //! Run: `OUTBOX_MYSQL_URL=mysql://root@127.0.0.1:3306/outbox_test cargo test -p outbox-mysql --test held`
 
+#[macro_use]
 mod common;
 
 use std::time::Duration;
@@ -99,143 +100,133 @@ async fn row(pool: &MySqlPool, store: &MySqlOutbox) -> (i32, bool, String) {
     sqlx::query_as(&sql).fetch_one(pool).await.unwrap()
 }
 
-/// The row a held claim takes keeps every column: the claim wrote nothing. Stats count
-/// the message in flight.
-#[tokio::test]
-async fn a_held_claim_writes_nothing_to_its_rows() {
-    let Some(url) = common::url("held-lock claims") else {
-        return;
-    };
-    let pool = common::pool(&url, 4).await;
-    let store = held_outbox(&pool, &common::schema_name(), 2).await;
-    enqueue(&store, 1).await;
-    let before = row(&pool, &store).await;
-    let got = claim(&store, LONG).await;
-    assert_eq!(got[0].message.attempts, 1, "the attempt it starts");
-    assert_eq!(row(&pool, &store).await, before, "the claim wrote nothing");
-    let stats = store.stats().await.unwrap();
-    assert_eq!((stats.pending, stats.in_flight), (0, 1));
-    store.complete_one(&got[0].lease).await.unwrap();
-    let stats = store.stats().await.unwrap();
-    assert_eq!((stats.pending, stats.in_flight), (0, 0));
-}
-
-/// A batch whose connection dies is claimable at once, charged the attempt it
-/// started; its leases are lost; a message claimed through three dead connections
-/// starts its fourth attempt (a relay allowing three dead-letters it unpublished).
-#[tokio::test]
-async fn a_batch_whose_connection_dies_is_charged_and_claimable_at_once() {
-    let Some(url) = common::url("held-lock claims") else {
-        return;
-    };
-    let pool = common::pool(&url, 4).await;
-    let schema = common::schema_name();
-    let first = held_outbox(&pool, &schema, 1).await;
-    enqueue(&first, 1).await;
-    let id = held_connection_id(&first).await;
-    let got = claim(&first, LONG).await;
-    assert_eq!(got[0].message.attempts, 1);
-    kill(&pool, id).await;
-    let err = first.complete_one(&got[0].lease).await.unwrap_err();
-    assert_eq!(
-        err.kind(),
-        ErrorKind::LeaseLost,
-        "the batch ended with its connection"
-    );
-    for attempt in 2..=3 {
-        let store = held_outbox(&pool, &schema, 1).await;
-        let id = held_connection_id(&store).await;
-        let again = claim(&store, LONG).await;
-        assert_eq!(again.len(), 1, "claimable at once");
-        assert_eq!(
-            again[0].message.attempts, attempt,
-            "the dead batch was charged"
-        );
-        kill(&pool, id).await;
+mysql_test! {
+    /// The row a held claim takes keeps every column: the claim wrote nothing. Stats count
+    /// the message in flight.
+    async fn a_held_claim_writes_nothing_to_its_rows(
+        pool = common::connect("held-lock claims", 4)
+    ) {
+        let store = held_outbox(&pool, &common::schema_name(), 2).await;
+        enqueue(&store, 1).await;
+        let before = row(&pool, &store).await;
+        let got = claim(&store, LONG).await;
+        assert_eq!(got[0].message.attempts, 1, "the attempt it starts");
+        assert_eq!(row(&pool, &store).await, before, "the claim wrote nothing");
+        let stats = store.stats().await.unwrap();
+        assert_eq!((stats.pending, stats.in_flight), (0, 1));
+        store.complete_one(&got[0].lease).await.unwrap();
+        let stats = store.stats().await.unwrap();
+        assert_eq!((stats.pending, stats.in_flight), (0, 0));
     }
-    let last = held_outbox(&pool, &schema, 1).await;
-    let again = claim(&last, LONG).await;
-    assert_eq!(again[0].message.attempts, 4);
-    last.complete_one(&again[0].lease).await.unwrap();
-    assert_eq!(
-        count(&pool, &format!("`{schema}`.`outbox_messages_held`")).await,
-        0,
-        "every batch's registry row is gone"
-    );
-}
 
-/// A batch left idle past its lease has its connection ended by the server
-/// (`idle_transaction_timeout`), which releases its rows.
-#[tokio::test]
-async fn the_server_ends_a_batch_idle_past_its_lease() {
-    let Some(url) = common::url("held-lock claims") else {
-        return;
-    };
-    let pool = common::pool(&url, 4).await;
-    let schema = common::schema_name();
-    let store = held_outbox(&pool, &schema, 1).await;
-    enqueue(&store, 1).await;
-    let id = held_connection_id(&store).await;
-    let got = claim(&store, Duration::from_secs(1)).await;
-    assert_eq!(got.len(), 1);
-    wait_until("the server to end the idle batch", || async {
-        !connection_alive(&pool, id).await
-    })
-    .await;
-    let err = store.complete_one(&got[0].lease).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::LeaseLost);
-    let other = held_outbox(&pool, &schema, 1).await;
-    let again = claim(&other, LONG).await;
-    assert_eq!(again[0].message.attempts, 2, "the ended batch was charged");
-}
+    /// A batch whose connection dies is claimable at once, charged the attempt it
+    /// started; its leases are lost; a message claimed through three dead connections
+    /// starts its fourth attempt (a relay allowing three dead-letters it unpublished).
+    async fn a_batch_whose_connection_dies_is_charged_and_claimable_at_once(
+        pool = common::connect("held-lock claims", 4)
+    ) {
+        let schema = common::schema_name();
+        let first = held_outbox(&pool, &schema, 1).await;
+        enqueue(&first, 1).await;
+        let id = held_connection_id(&first).await;
+        let got = claim(&first, LONG).await;
+        assert_eq!(got[0].message.attempts, 1);
+        kill(&pool, id).await;
+        let err = first.complete_one(&got[0].lease).await.unwrap_err();
+        assert_eq!(
+            err.kind(),
+            ErrorKind::LeaseLost,
+            "the batch ended with its connection"
+        );
+        for attempt in 2..=3 {
+            let store = held_outbox(&pool, &schema, 1).await;
+            let id = held_connection_id(&store).await;
+            let again = claim(&store, LONG).await;
+            assert_eq!(again.len(), 1, "claimable at once");
+            assert_eq!(
+                again[0].message.attempts, attempt,
+                "the dead batch was charged"
+            );
+            kill(&pool, id).await;
+        }
+        let last = held_outbox(&pool, &schema, 1).await;
+        let again = claim(&last, LONG).await;
+        assert_eq!(again[0].message.attempts, 4);
+        last.complete_one(&again[0].lease).await.unwrap();
+        assert_eq!(
+            count(&pool, &format!("`{schema}`.`outbox_messages_held`")).await,
+            0,
+            "every batch's registry row is gone"
+        );
+    }
 
-/// Between its registry row's commit and its lock on that row, a batch is known alive
-/// only by its session's user-level lock (`obx-held-<batch>`): a sweep then passes
-/// over the row and charges nothing; once the lock is free (the session ended), the
-/// sweep charges the row's messages and deletes it.
-#[tokio::test]
-async fn a_sweep_passes_over_a_batch_whose_session_holds_its_lock() {
-    let Some(url) = common::url("held-lock claims") else {
-        return;
-    };
-    let pool = common::pool(&url, 4).await;
-    let schema = common::schema_name();
-    let store = held_outbox(&pool, &schema, 2).await;
-    enqueue(&store, 3).await;
-    let ids: Vec<String> = sqlx::query_scalar(&format!(
-        "SELECT LOWER(HEX(id)) FROM {} ORDER BY seq",
-        store.qualified_name()
-    ))
-    .fetch_all(&pool)
-    .await
-    .unwrap();
-    let batch = uuid::Uuid::now_v7().simple().to_string();
-    // The batch's session: its lock taken, its registry row committed, no row lock yet.
-    let mut session = pool.acquire().await.unwrap();
-    let got: i64 = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
-        .bind(format!("obx-held-{batch}"))
-        .fetch_one(&mut *session)
+    /// A batch left idle past its lease has its connection ended by the server
+    /// (`idle_transaction_timeout`), which releases its rows.
+    async fn the_server_ends_a_batch_idle_past_its_lease(
+        pool = common::connect("held-lock claims", 4)
+    ) {
+        let schema = common::schema_name();
+        let store = held_outbox(&pool, &schema, 1).await;
+        enqueue(&store, 1).await;
+        let id = held_connection_id(&store).await;
+        let got = claim(&store, Duration::from_secs(1)).await;
+        assert_eq!(got.len(), 1);
+        wait_until("the server to end the idle batch", || async {
+            !connection_alive(&pool, id).await
+        })
+        .await;
+        let err = store.complete_one(&got[0].lease).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::LeaseLost);
+        let other = held_outbox(&pool, &schema, 1).await;
+        let again = claim(&other, LONG).await;
+        assert_eq!(again[0].message.attempts, 2, "the ended batch was charged");
+    }
+
+    /// Between its registry row's commit and its lock on that row, a batch is known alive
+    /// only by its session's user-level lock (`obx-held-<batch>`): a sweep then passes
+    /// over the row and charges nothing; once the lock is free (the session ended), the
+    /// sweep charges the row's messages and deletes it.
+    async fn a_sweep_passes_over_a_batch_whose_session_holds_its_lock(
+        pool = common::connect("held-lock claims", 4)
+    ) {
+        let schema = common::schema_name();
+        let store = held_outbox(&pool, &schema, 2).await;
+        enqueue(&store, 3).await;
+        let ids: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT LOWER(HEX(id)) FROM {} ORDER BY seq",
+            store.qualified_name()
+        ))
+        .fetch_all(&pool)
         .await
         .unwrap();
-    assert_eq!(got, 1);
-    sqlx::query(&format!(
-        "INSERT INTO `{schema}`.`outbox_messages_held` (batch, ids, held_at) \
-         VALUES (UNHEX(?), ?, UTC_TIMESTAMP(6))"
-    ))
-    .bind(&batch)
-    .bind(serde_json::to_string(&ids).unwrap())
-    .execute(&pool)
-    .await
-    .unwrap();
-    assert_eq!(store.sweep_held().await.unwrap(), 0, "the batch lives");
-    assert_eq!(row_attempts(&pool, &store).await, vec![0, 0, 0]);
-    session.close().await.unwrap();
-    assert_eq!(store.sweep_held().await.unwrap(), 3, "the batch ended");
-    assert_eq!(row_attempts(&pool, &store).await, vec![1, 1, 1]);
-    assert_eq!(
-        count(&pool, &format!("`{schema}`.`outbox_messages_held`")).await,
-        0
-    );
+        let batch = uuid::Uuid::now_v7().simple().to_string();
+        // The batch's session: its lock taken, its registry row committed, no row lock yet.
+        let mut session = pool.acquire().await.unwrap();
+        let got: i64 = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+            .bind(format!("obx-held-{batch}"))
+            .fetch_one(&mut *session)
+            .await
+            .unwrap();
+        assert_eq!(got, 1);
+        sqlx::query(&format!(
+            "INSERT INTO `{schema}`.`outbox_messages_held` (batch, ids, held_at) \
+             VALUES (UNHEX(?), ?, UTC_TIMESTAMP(6))"
+        ))
+        .bind(&batch)
+        .bind(serde_json::to_string(&ids).unwrap())
+        .execute(&pool)
+        .await
+        .unwrap();
+        assert_eq!(store.sweep_held().await.unwrap(), 0, "the batch lives");
+        assert_eq!(row_attempts(&pool, &store).await, vec![0, 0, 0]);
+        session.close().await.unwrap();
+        assert_eq!(store.sweep_held().await.unwrap(), 3, "the batch ended");
+        assert_eq!(row_attempts(&pool, &store).await, vec![1, 1, 1]);
+        assert_eq!(
+            count(&pool, &format!("`{schema}`.`outbox_messages_held`")).await,
+            0
+        );
+    }
 }
 
 /// Rows of `table` (quoted).
@@ -256,33 +247,32 @@ async fn row_attempts(pool: &MySqlPool, store: &MySqlOutbox) -> Vec<i32> {
     .unwrap()
 }
 
-/// Two held batches that each hold half of a small table complete at once: each
-/// complete reaches its own rows by primary key. (A `DELETE ... WHERE id IN (...)` of
-/// half the table is planned as a scan, which waits on the rows the other batch holds:
-/// the two batches deadlocked, and the loser published its messages again.)
-#[tokio::test]
-async fn batches_holding_most_of_a_small_table_complete_without_waiting() {
-    let Some(url) = common::url("held-lock claims") else {
-        return;
-    };
-    let pool = common::pool(&url, 4).await;
-    let store = held_outbox(&pool, &common::schema_name(), 2).await;
-    enqueue(&store, 20).await;
-    sqlx::query(&format!("ANALYZE TABLE {}", store.qualified_name()))
-        .execute(&pool)
+mysql_test! {
+    /// Two held batches that each hold half of a small table complete at once: each
+    /// complete reaches its own rows by primary key. (A `DELETE ... WHERE id IN (...)` of
+    /// half the table is planned as a scan, which waits on the rows the other batch holds:
+    /// the two batches deadlocked, and the loser published its messages again.)
+    async fn batches_holding_most_of_a_small_table_complete_without_waiting(
+        pool = common::connect("held-lock claims", 4)
+    ) {
+        let store = held_outbox(&pool, &common::schema_name(), 2).await;
+        enqueue(&store, 20).await;
+        sqlx::query(&format!("ANALYZE TABLE {}", store.qualified_name()))
+            .execute(&pool)
+            .await
+            .unwrap();
+        let first = claim(&store, LONG).await;
+        let second = claim(&store, LONG).await;
+        assert_eq!((first.len(), second.len()), (10, 10));
+        let leases = |c: &[ClaimedMessage]| c.iter().map(|c| c.lease).collect::<Vec<_>>();
+        let (a, b) = (leases(&first), leases(&second));
+        let (done_a, done_b) = tokio::time::timeout(Duration::from_secs(10), async {
+            tokio::join!(store.complete(&a), store.complete(&b))
+        })
         .await
-        .unwrap();
-    let first = claim(&store, LONG).await;
-    let second = claim(&store, LONG).await;
-    assert_eq!((first.len(), second.len()), (10, 10));
-    let leases = |c: &[ClaimedMessage]| c.iter().map(|c| c.lease).collect::<Vec<_>>();
-    let (a, b) = (leases(&first), leases(&second));
-    let (done_a, done_b) = tokio::time::timeout(Duration::from_secs(10), async {
-        tokio::join!(store.complete(&a), store.complete(&b))
-    })
-    .await
-    .expect("neither complete waits on the other batch's rows");
-    assert!(done_a.unwrap().lost.is_empty());
-    assert!(done_b.unwrap().lost.is_empty());
-    assert_eq!(count(&pool, &store.qualified_name().to_string()).await, 0);
+        .expect("neither complete waits on the other batch's rows");
+        assert!(done_a.unwrap().lost.is_empty());
+        assert!(done_b.unwrap().lost.is_empty());
+        assert_eq!(count(&pool, &store.qualified_name().to_string()).await, 0);
+    }
 }

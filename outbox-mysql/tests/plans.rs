@@ -5,6 +5,7 @@
 //!
 //! Run: `OUTBOX_MYSQL_URL=mysql://root@127.0.0.1:3306/outbox_test cargo test -p outbox-mysql --test plans`
 
+#[macro_use]
 mod common;
 
 use async_trait::async_trait;
@@ -258,108 +259,102 @@ async fn with_history(outbox: MySqlOutbox, chosen: &str) -> (common::MySqlFixtur
     (fixture, ids)
 }
 
-/// The admin statements on the same history (not part of the kit's plan suite): those
-/// naming ids reach the table by primary key only (MariaDB before 11.1 has no
-/// semijoin for a single-table `UPDATE`/`DELETE`, so an `IN (JSON_TABLE)` there was a
-/// dependent subquery over `<table>_dead`); the others read `<table>_dead` or
-/// `<table>_dispatched`, never the whole table.
-#[tokio::test]
-async fn admin_statements_reach_rows_through_their_indexes() {
-    let Some(harness) = harness().await else {
-        return;
-    };
-    let config = MySqlOutboxConfig::default()
-        .with_schema(common::schema_name())
-        .with_retention(Retention::Keep {
-            window: std::time::Duration::from_secs(3600),
-        });
-    let outbox = MySqlOutbox::new(harness.pool.clone(), config).expect("outbox");
-    let (fixture, dead) = with_history(outbox, "dead_flag = 1 ORDER BY id DESC").await;
-    let t = fixture.outbox.qualified_name();
-    let filter = "ssiiJJ";
-    let cases = [
-        ("requeue_ids", "J", true),
-        ("discard_ids", "J", true),
-        ("requeue_matching", &*format!("{filter}i"), false),
-        ("discard_matching", &*format!("{filter}i"), false),
-        ("count_dead", filter, false),
-        ("count_dispatched", "i", false),
-        ("purge", "ii", false),
-        ("purge_delete", "J", true),
-    ];
-    let dispatched = Access::Index(format!("{}_dispatched", t.table()));
-    for (name, binds, by_key) in cases {
-        let planned = fixture.explain(name, binds, &dead).await.expect("plan");
-        if name == "purge" {
-            // Locks its rows through the purge index alone.
-            assert_eq!(
-                planned.accesses,
-                std::slice::from_ref(&dispatched),
-                "{planned}"
-            );
-        }
-        assert!(!planned.accesses.is_empty(), "{planned}");
-        for access in &planned.accesses {
-            match access {
-                Access::ByKey => {}
-                Access::Index(_) if !by_key => {}
-                other => panic!("{name} reads the table with {other:?}:\n{planned}"),
+mysql_test! {
+    /// The admin statements on the same history (not part of the kit's plan suite): those
+    /// naming ids reach the table by primary key only (MariaDB before 11.1 has no
+    /// semijoin for a single-table `UPDATE`/`DELETE`, so an `IN (JSON_TABLE)` there was a
+    /// dependent subquery over `<table>_dead`); the others read `<table>_dead` or
+    /// `<table>_dispatched`, never the whole table.
+    async fn admin_statements_reach_rows_through_their_indexes(harness = harness()) {
+        let config = MySqlOutboxConfig::default()
+            .with_schema(common::schema_name())
+            .with_retention(Retention::Keep {
+                window: std::time::Duration::from_secs(3600),
+            });
+        let outbox = MySqlOutbox::new(harness.pool.clone(), config).expect("outbox");
+        let (fixture, dead) = with_history(outbox, "dead_flag = 1 ORDER BY id DESC").await;
+        let t = fixture.outbox.qualified_name();
+        let filter = "ssiiJJ";
+        let cases = [
+            ("requeue_ids", "J", true),
+            ("discard_ids", "J", true),
+            ("requeue_matching", &*format!("{filter}i"), false),
+            ("discard_matching", &*format!("{filter}i"), false),
+            ("count_dead", filter, false),
+            ("count_dispatched", "i", false),
+            ("purge", "ii", false),
+            ("purge_delete", "J", true),
+        ];
+        let dispatched = Access::Index(format!("{}_dispatched", t.table()));
+        for (name, binds, by_key) in cases {
+            let planned = fixture.explain(name, binds, &dead).await.expect("plan");
+            if name == "purge" {
+                // Locks its rows through the purge index alone.
+                assert_eq!(
+                    planned.accesses,
+                    std::slice::from_ref(&dispatched),
+                    "{planned}"
+                );
+            }
+            assert!(!planned.accesses.is_empty(), "{planned}");
+            for access in &planned.accesses {
+                match access {
+                    Access::ByKey => {}
+                    Access::Index(_) if !by_key => {}
+                    other => panic!("{name} reads the table with {other:?}:\n{planned}"),
+                }
             }
         }
     }
-}
 
-/// The dedup purge on a table of 100,000 records, statistics frozen: its locking select
-/// reads `<table>_processed_at` alone, its delete reaches the records it names by
-/// primary key, the JSON keys read first.
-#[tokio::test]
-async fn dedup_purge_reads_its_index_then_the_primary_key() {
-    let Some(harness) = harness().await else {
-        return;
-    };
-    let store = common::dedup_store(&harness.pool, std::time::Duration::from_secs(60))
-        .await
-        .expect("store");
-    let name = store.config().qualified_name().expect("name");
-    let t = name.to_string();
-    let steps = [
-        format!("ALTER TABLE {t} STATS_AUTO_RECALC = 0"),
-        format!(
-            "INSERT INTO {t} (consumer, message_id, processed_at) \
-             SELECT CONCAT('c', n.i % 4), UNHEX(REPLACE(UUID(), '-', '')), \
-                 UTC_TIMESTAMP(6) - INTERVAL n.i SECOND \
-             FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d AS i \
-                   FROM {DIGITS} a, {DIGITS} b, {DIGITS} c, {DIGITS} e, {DIGITS} f) AS n"
-        ),
-    ];
-    for step in steps {
-        sqlx::raw_sql(&step)
-            .execute(&harness.pool)
+    /// The dedup purge on a table of 100,000 records, statistics frozen: its locking select
+    /// reads `<table>_processed_at` alone, its delete reaches the records it names by
+    /// primary key, the JSON keys read first.
+    async fn dedup_purge_reads_its_index_then_the_primary_key(harness = harness()) {
+        let store = common::dedup_store(&harness.pool, std::time::Duration::from_secs(60))
             .await
-            .expect("history");
-    }
-    let keys: Vec<String> = sqlx::query_scalar(&format!(
-        "SELECT CAST(JSON_ARRAY(HEX(consumer), HEX(message_id)) AS CHAR) FROM {t} LIMIT 64"
-    ))
-    .fetch_all(&harness.pool)
-    .await
-    .expect("keys");
-    let keys = format!("[{}]", keys.join(","));
-    let [select, delete] = store.purge_sql();
-    let index = Access::Index(format!("{}_processed_at", name.table()));
-    for (text, binds, expected) in [(select, "ii", index), (delete, "J", Access::ByKey)] {
-        let planned = explain(
-            &harness.pool,
-            name.table(),
-            "dedup purge",
-            text.to_owned(),
-            binds,
-            &[],
-            &keys,
-        )
+            .expect("store");
+        let name = store.config().qualified_name().expect("name");
+        let t = name.to_string();
+        let steps = [
+            format!("ALTER TABLE {t} STATS_AUTO_RECALC = 0"),
+            format!(
+                "INSERT INTO {t} (consumer, message_id, processed_at) \
+                 SELECT CONCAT('c', n.i % 4), UNHEX(REPLACE(UUID(), '-', '')), \
+                     UTC_TIMESTAMP(6) - INTERVAL n.i SECOND \
+                 FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d AS i \
+                       FROM {DIGITS} a, {DIGITS} b, {DIGITS} c, {DIGITS} e, {DIGITS} f) AS n"
+            ),
+        ];
+        for step in steps {
+            sqlx::raw_sql(&step)
+                .execute(&harness.pool)
+                .await
+                .expect("history");
+        }
+        let keys: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT CAST(JSON_ARRAY(HEX(consumer), HEX(message_id)) AS CHAR) FROM {t} LIMIT 64"
+        ))
+        .fetch_all(&harness.pool)
         .await
-        .expect("plan");
-        assert_eq!(planned.accesses, [expected], "{planned}");
+        .expect("keys");
+        let keys = format!("[{}]", keys.join(","));
+        let [select, delete] = store.purge_sql();
+        let index = Access::Index(format!("{}_processed_at", name.table()));
+        for (text, binds, expected) in [(select, "ii", index), (delete, "J", Access::ByKey)] {
+            let planned = explain(
+                &harness.pool,
+                name.table(),
+                "dedup purge",
+                text.to_owned(),
+                binds,
+                &[],
+                &keys,
+            )
+            .await
+            .expect("plan");
+            assert_eq!(planned.accesses, [expected], "{planned}");
+        }
     }
 }
 
@@ -382,70 +377,69 @@ fn table_accesses(plan: &Value, out: &mut Vec<(String, String, String)>) {
     }
 }
 
-/// The held-lock statements on the same frozen history: every read of the outbox
-/// table (by name or the claim's aliases `c`, `e`, `m`) goes through an index, never a
-/// scan; the registry is reached by primary key where a statement names its batch. (The
-/// registry is read whole where a claim excludes registered ids and where a sweep picks
-/// rows: one row per open batch.)
-#[tokio::test]
-async fn held_statements_reach_rows_through_their_indexes() {
-    let Some(harness) = harness().await else {
-        return;
-    };
-    let config = MySqlOutboxConfig::default().with_schema(common::schema_name());
-    let claims =
-        outbox_mysql::MySqlClaimConfig::default().with_claim_mode(outbox_core::ClaimMode::HeldLock);
-    let outbox = MySqlOutbox::new(harness.pool.clone(), config)
-        .expect("outbox")
-        .with_claims(claims);
-    let (fixture, due) = with_history(outbox, "due_at IS NOT NULL ORDER BY id").await;
-    let t = fixture.outbox.qualified_name();
-    let registry = format!("{}_held", t.table());
-    // One registry row, for the statements that name their batch (the first due id).
-    sqlx::query(&format!(
-        "INSERT INTO {}.`{registry}` (batch, ids, held_at) VALUES (?, '[]', UTC_TIMESTAMP(6))",
-        t.quoted_schema()
-    ))
-    .bind(due[0])
-    .execute(fixture.outbox.pool())
-    .await
-    .expect("a registry row");
-    let cases = [
-        ("held_claim", "isii"),
-        ("held_claim_ids", "isLii"),
-        ("held_claim_excluding", "isLii"),
-        ("held_complete", "J"),
-        ("held_fail", "F"),
-        ("held_hold", "h"),
-        ("held_unregister", "b"),
-        ("held_swept", ""),
-        ("held_free", "J"),
-        ("held_undelivered", "J"),
-        ("held_charge", "J"),
-        ("held_drop_batches", "J"),
-        ("held_keep", "Jh"),
-        ("held_stats", ""),
-    ];
-    for (name, binds) in cases {
-        let planned = fixture.explain(name, binds, &due).await.expect("plan");
-        let json: Value = serde_json::from_str(&valid_json(&planned.plan)).expect("a JSON plan");
-        let mut found = Vec::new();
-        table_accesses(&json, &mut found);
-        let names_its_batch = ["held_hold", "held_unregister", "held_keep"].contains(&name);
-        assert!(!found.is_empty(), "{planned}");
-        for (table, kind, key) in &found {
-            let outbox_table = [t.table(), "c", "e", "m"].contains(&table.as_str());
-            if outbox_table {
-                assert!(
-                    !matches!(kind.as_str(), "ALL" | "index") && !key.is_empty(),
-                    "{name} reads {table} with {kind} {key}:\n{planned}"
-                );
-            }
-            if names_its_batch && (table == &registry || table == "b") {
-                assert_eq!(
-                    key, "PRIMARY",
-                    "{name} reads {table} with {kind}:\n{planned}"
-                );
+mysql_test! {
+    /// The held-lock statements on the same frozen history: every read of the outbox
+    /// table (by name or the claim's aliases `c`, `e`, `m`) goes through an index, never a
+    /// scan; the registry is reached by primary key where a statement names its batch. (The
+    /// registry is read whole where a claim excludes registered ids and where a sweep picks
+    /// rows: one row per open batch.)
+    async fn held_statements_reach_rows_through_their_indexes(harness = harness()) {
+        let config = MySqlOutboxConfig::default().with_schema(common::schema_name());
+        let claims = outbox_mysql::MySqlClaimConfig::default()
+            .with_claim_mode(outbox_core::ClaimMode::HeldLock);
+        let outbox = MySqlOutbox::new(harness.pool.clone(), config)
+            .expect("outbox")
+            .with_claims(claims);
+        let (fixture, due) = with_history(outbox, "due_at IS NOT NULL ORDER BY id").await;
+        let t = fixture.outbox.qualified_name();
+        let registry = format!("{}_held", t.table());
+        // One registry row, for the statements that name their batch (the first due id).
+        sqlx::query(&format!(
+            "INSERT INTO {}.`{registry}` (batch, ids, held_at) VALUES (?, '[]', UTC_TIMESTAMP(6))",
+            t.quoted_schema()
+        ))
+        .bind(due[0])
+        .execute(fixture.outbox.pool())
+        .await
+        .expect("a registry row");
+        let cases = [
+            ("held_claim", "isii"),
+            ("held_claim_ids", "isLii"),
+            ("held_claim_excluding", "isLii"),
+            ("held_complete", "J"),
+            ("held_fail", "F"),
+            ("held_hold", "h"),
+            ("held_unregister", "b"),
+            ("held_swept", ""),
+            ("held_free", "J"),
+            ("held_undelivered", "J"),
+            ("held_charge", "J"),
+            ("held_drop_batches", "J"),
+            ("held_keep", "Jh"),
+            ("held_stats", ""),
+        ];
+        for (name, binds) in cases {
+            let planned = fixture.explain(name, binds, &due).await.expect("plan");
+            let json: Value =
+                serde_json::from_str(&valid_json(&planned.plan)).expect("a JSON plan");
+            let mut found = Vec::new();
+            table_accesses(&json, &mut found);
+            let names_its_batch = ["held_hold", "held_unregister", "held_keep"].contains(&name);
+            assert!(!found.is_empty(), "{planned}");
+            for (table, kind, key) in &found {
+                let outbox_table = [t.table(), "c", "e", "m"].contains(&table.as_str());
+                if outbox_table {
+                    assert!(
+                        !matches!(kind.as_str(), "ALL" | "index") && !key.is_empty(),
+                        "{name} reads {table} with {kind} {key}:\n{planned}"
+                    );
+                }
+                if names_its_batch && (table == &registry || table == "b") {
+                    assert_eq!(
+                        key, "PRIMARY",
+                        "{name} reads {table} with {kind}:\n{planned}"
+                    );
+                }
             }
         }
     }

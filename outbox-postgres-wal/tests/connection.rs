@@ -2,6 +2,7 @@
 //! certificate made for the test by `openssl` (a CA, and a server certificate for
 //! 127.0.0.1), and password authentication (SCRAM, MD5).
 
+#[macro_use]
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -129,120 +130,106 @@ async fn refused(outbox: &WalOutbox, target: ReplicationTarget) -> outbox_core::
     err
 }
 
-/// `prefer` falls back to plain text and `require` refuses a server without TLS; once
-/// the server has a certificate, `verify-full` streams encrypted with the right CA and
-/// refuses the wrong one, and `prefer` encrypts too.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    outbox_service_unset,
-    ignore = "no PostgreSQL server binaries when built: see the build warning"
-)]
-async fn the_replication_connection_speaks_tls() {
-    let Some(env) = Env::start(&[]).await else {
-        return;
-    };
-    let outbox = env.outbox().await;
-    assert!(!streams(&env, &outbox, target(&env, "sslmode=prefer")).await);
-    let err = refused(&outbox, target(&env, "sslmode=require")).await;
-    assert!(
-        err.report().to_string().to_lowercase().contains("tls"),
-        "{}",
-        err.report()
-    );
-
-    let certs = certificates();
-    for file in ["server.crt", "server.key"] {
-        env.cluster
-            .write_data_file(file, &std::fs::read(certs.join(file)).unwrap());
-    }
-    // One statement each: ALTER SYSTEM refuses a (multi-statement) transaction.
-    for statement in [
-        "ALTER SYSTEM SET ssl_cert_file = 'server.crt'",
-        "ALTER SYSTEM SET ssl_key_file = 'server.key'",
-        "ALTER SYSTEM SET ssl = on",
-        "SELECT pg_reload_conf()",
-    ] {
-        sqlx::raw_sql(statement).execute(&env.pool).await.unwrap();
-    }
-    wait_until("the server serves TLS", || async {
-        sqlx::query_scalar::<_, String>("SHOW ssl")
-            .fetch_one(&env.pool)
-            .await
-            .is_ok_and(|on| on == "on")
-    })
-    .await;
-    // verify-full checks a host name (the client refuses an IP address there).
-    let verified = |ca: &str| {
-        let url = env.cluster.url().replace("127.0.0.1", "localhost");
-        let root = certs.join(ca);
-        let query = format!("sslmode=verify-full&sslrootcert={}", root.display());
-        ReplicationTarget::from_url(&format!("{url}?{query}")).unwrap()
-    };
-    refused(&outbox, verified("other-ca.crt")).await;
-    assert!(streams(&env, &outbox, verified("ca.crt")).await);
-    assert!(streams(&env, &outbox, target(&env, "sslmode=prefer")).await);
-    let _ = std::fs::remove_dir_all(&certs);
-}
-
-/// A replication role with a password gets in by SCRAM and by MD5 (`pg_hba.conf`
-/// asks for each in turn), and a wrong password is a permanent configuration error.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    outbox_service_unset,
-    ignore = "no PostgreSQL server binaries when built: see the build warning"
-)]
-async fn the_replication_connection_authenticates_by_password() {
-    let Some(env) = Env::start(&[]).await else {
-        return;
-    };
-    let outbox = env.outbox().await;
-    let url = |password: &str| {
-        let url = env
-            .cluster
-            .url()
-            .replace("postgres@", &format!("relay:{password}@"));
-        ReplicationTarget::from_url(&format!("{url}?sslmode=disable")).unwrap()
-    };
-    for method in ["scram-sha-256", "md5"] {
-        // The test's own pool (user postgres) keeps trust; the relay's role must
-        // authenticate. The password is stored in the method's own form.
-        env.cluster.write_data_file(
-            "pg_hba.conf",
-            format!(
-                "local all all trust\n\
-                 host all postgres 127.0.0.1/32 trust\n\
-                 host all relay 127.0.0.1/32 {method}\n\
-                 host replication relay 127.0.0.1/32 {method}\n"
-            )
-            .as_bytes(),
+wal_test! {
+    /// `prefer` falls back to plain text and `require` refuses a server without TLS; once
+    /// the server has a certificate, `verify-full` streams encrypted with the right CA and
+    /// refuses the wrong one, and `prefer` encrypts too.
+    async fn the_replication_connection_speaks_tls((env, outbox) = Env::with_outbox(&[])) {
+        assert!(!streams(&env, &outbox, target(&env, "sslmode=prefer")).await);
+        let err = refused(&outbox, target(&env, "sslmode=require")).await;
+        assert!(
+            err.report().to_string().to_lowercase().contains("tls"),
+            "{}",
+            err.report()
         );
-        let encryption = if method == "md5" {
-            "md5"
-        } else {
-            "scram-sha-256"
-        };
-        // One connection: the SET must hold for the CREATE ROLE.
-        let mut conn = env.pool.acquire().await.unwrap();
+
+        let certs = certificates();
+        for file in ["server.crt", "server.key"] {
+            env.cluster
+                .write_data_file(file, &std::fs::read(certs.join(file)).unwrap());
+        }
+        // One statement each: ALTER SYSTEM refuses a (multi-statement) transaction.
         for statement in [
-            &format!("SET password_encryption = '{encryption}'"),
-            "DROP ROLE IF EXISTS relay",
-            "CREATE ROLE relay LOGIN REPLICATION PASSWORD 's3cret'",
+            "ALTER SYSTEM SET ssl_cert_file = 'server.crt'",
+            "ALTER SYSTEM SET ssl_key_file = 'server.key'",
+            "ALTER SYSTEM SET ssl = on",
             "SELECT pg_reload_conf()",
         ] {
-            sqlx::raw_sql(statement).execute(&mut *conn).await.unwrap();
+            sqlx::raw_sql(statement).execute(&env.pool).await.unwrap();
         }
-        drop(conn);
-        let stored: String =
-            sqlx::query_scalar("SELECT rolpassword FROM pg_authid WHERE rolname = 'relay'")
+        wait_until("the server serves TLS", || async {
+            sqlx::query_scalar::<_, String>("SHOW ssl")
                 .fetch_one(&env.pool)
                 .await
-                .unwrap();
-        assert!(
-            stored.to_lowercase().starts_with(&encryption[..3]),
-            "{method}: stored as {stored}"
-        );
-        let err = run_until_refused(&outbox, url("wrong")).await;
-        assert_eq!(err.kind(), ErrorKind::Config, "{method}: {}", err.report());
-        assert!(!streams(&env, &outbox, url("s3cret")).await, "{method}");
+                .is_ok_and(|on| on == "on")
+        })
+        .await;
+        // verify-full checks a host name (the client refuses an IP address there).
+        let verified = |ca: &str| {
+            let url = env.cluster.url().replace("127.0.0.1", "localhost");
+            let root = certs.join(ca);
+            let query = format!("sslmode=verify-full&sslrootcert={}", root.display());
+            ReplicationTarget::from_url(&format!("{url}?{query}")).unwrap()
+        };
+        refused(&outbox, verified("other-ca.crt")).await;
+        assert!(streams(&env, &outbox, verified("ca.crt")).await);
+        assert!(streams(&env, &outbox, target(&env, "sslmode=prefer")).await);
+        let _ = std::fs::remove_dir_all(&certs);
+    }
+
+    /// A replication role with a password gets in by SCRAM and by MD5 (`pg_hba.conf`
+    /// asks for each in turn), and a wrong password is a permanent configuration error.
+    async fn the_replication_connection_authenticates_by_password(
+        (env, outbox) = Env::with_outbox(&[])
+    ) {
+        let url = |password: &str| {
+            let url = env
+                .cluster
+                .url()
+                .replace("postgres@", &format!("relay:{password}@"));
+            ReplicationTarget::from_url(&format!("{url}?sslmode=disable")).unwrap()
+        };
+        for method in ["scram-sha-256", "md5"] {
+            // The test's own pool (user postgres) keeps trust; the relay's role must
+            // authenticate. The password is stored in the method's own form.
+            env.cluster.write_data_file(
+                "pg_hba.conf",
+                format!(
+                    "local all all trust\n\
+                     host all postgres 127.0.0.1/32 trust\n\
+                     host all relay 127.0.0.1/32 {method}\n\
+                     host replication relay 127.0.0.1/32 {method}\n"
+                )
+                .as_bytes(),
+            );
+            let encryption = if method == "md5" {
+                "md5"
+            } else {
+                "scram-sha-256"
+            };
+            // One connection: the SET must hold for the CREATE ROLE.
+            let mut conn = env.pool.acquire().await.unwrap();
+            for statement in [
+                &format!("SET password_encryption = '{encryption}'"),
+                "DROP ROLE IF EXISTS relay",
+                "CREATE ROLE relay LOGIN REPLICATION PASSWORD 's3cret'",
+                "SELECT pg_reload_conf()",
+            ] {
+                sqlx::raw_sql(statement).execute(&mut *conn).await.unwrap();
+            }
+            drop(conn);
+            let stored: String =
+                sqlx::query_scalar("SELECT rolpassword FROM pg_authid WHERE rolname = 'relay'")
+                    .fetch_one(&env.pool)
+                    .await
+                    .unwrap();
+            assert!(
+                stored.to_lowercase().starts_with(&encryption[..3]),
+                "{method}: stored as {stored}"
+            );
+            let err = run_until_refused(&outbox, url("wrong")).await;
+            assert_eq!(err.kind(), ErrorKind::Config, "{method}: {}", err.report());
+            assert!(!streams(&env, &outbox, url("s3cret")).await, "{method}");
+        }
     }
 }

@@ -7,6 +7,7 @@
 //!
 //! Run: `eval "$(scripts/services.sh)" && cargo test -p outbox-sqs --test publish`
 
+#[macro_use]
 mod common;
 
 use std::collections::HashMap;
@@ -172,252 +173,234 @@ async fn publish(publisher: &SqsPublisher, batch: &[Message]) -> Vec<PublishOutc
     outcomes
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(outbox_service_unset, ignore = "OUTBOX_SQS_URL is not set")]
-async fn a_message_over_the_limit_is_permanent_naming_its_size_and_the_limit() {
-    let Some(queues) = Queues::new("outbox-sqs size check", false, &["sized"]).await else {
-        return;
-    };
-    let publisher = queues.publisher(queues.config());
-    // The body alone is the limit; the attributes push it over.
-    let batch = vec![
-        message("sized", None, "before"),
-        message("sized", None, vec![b'x'; 256 * 1024]),
-        message("sized", None, "after"),
-    ];
-    let outcomes = publish(&publisher, &batch).await;
-    assert_eq!(outcomes[0], PublishOutcome::Published);
-    assert_eq!(outcomes[2], PublishOutcome::Published);
-    match &outcomes[1] {
-        PublishOutcome::Permanent(reason) => {
-            assert!(
-                reason.contains("262144 bytes") && reason.contains(&batch[1].id.to_string()),
-                "the reason names the limit and the message: {reason}"
-            );
-            let size = 256 * 1024 + outbox_sqs::MESSAGE_ID_ATTRIBUTE.len() + "String".len() + 36;
-            assert!(reason.contains(&format!("is {size} bytes")), "{reason}");
+sqs_test! {
+    async fn a_message_over_the_limit_is_permanent_naming_its_size_and_the_limit(
+        queues = Queues::new("outbox-sqs size check", false, &["sized"])
+    ) {
+        let publisher = queues.publisher(queues.config());
+        // The body alone is the limit; the attributes push it over.
+        let batch = vec![
+            message("sized", None, "before"),
+            message("sized", None, vec![b'x'; 256 * 1024]),
+            message("sized", None, "after"),
+        ];
+        let outcomes = publish(&publisher, &batch).await;
+        assert_eq!(outcomes[0], PublishOutcome::Published);
+        assert_eq!(outcomes[2], PublishOutcome::Published);
+        match &outcomes[1] {
+            PublishOutcome::Permanent(reason) => {
+                assert!(
+                    reason.contains("262144 bytes") && reason.contains(&batch[1].id.to_string()),
+                    "the reason names the limit and the message: {reason}"
+                );
+                let size =
+                    256 * 1024 + outbox_sqs::MESSAGE_ID_ATTRIBUTE.len() + "String".len() + 36;
+                assert!(reason.contains(&format!("is {size} bytes")), "{reason}");
+            }
+            other => panic!("an oversize message must be Permanent, got {other:?}"),
         }
-        other => panic!("an oversize message must be Permanent, got {other:?}"),
-    }
-    let got: Vec<Vec<u8>> = queues
-        .drain("sized")
-        .await
-        .into_iter()
-        .map(|(r, _)| r.payload)
-        .collect();
-    assert_eq!(got, [b"before".to_vec(), b"after".to_vec()]);
-    queues.teardown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(outbox_service_unset, ignore = "OUTBOX_SQS_URL is not set")]
-async fn large_messages_are_split_into_requests_by_size_and_all_land() {
-    let Some(queues) = Queues::new("outbox-sqs request size", false, &["big"]).await else {
-        return;
-    };
-    let wiretap = Wiretap::default();
-    let publisher = queues.tapped(queues.config(), &wiretap);
-    // Twelve messages of 100 KiB: two per request, six requests. (moto would take
-    // them in fewer: it sums bodies against 1 MiB, so the count is the proof.)
-    let batch: Vec<Message> = (0..12u8)
-        .map(|i| message("big", None, vec![b'a' + i; 100 * 1024]))
-        .collect();
-    for (i, outcome) in publish(&publisher, &batch).await.iter().enumerate() {
-        assert_eq!(*outcome, PublishOutcome::Published, "message {i}");
-    }
-    assert_eq!(wiretap.batches(), [2; 6], "entries per SendMessageBatch");
-    let mut got: Vec<Vec<u8>> = queues
-        .drain("big")
-        .await
-        .into_iter()
-        .map(|(r, _)| r.payload)
-        .collect();
-    got.sort();
-    let mut sent: Vec<Vec<u8>> = batch.iter().map(|m| m.payload.clone()).collect();
-    sent.sort();
-    assert_eq!(got, sent);
-    queues.teardown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(outbox_service_unset, ignore = "OUTBOX_SQS_URL is not set")]
-async fn a_fifo_queue_keeps_each_keys_order_across_requests() {
-    let Some(queues) = Queues::new("outbox-sqs FIFO order", true, &["ordered"]).await else {
-        return;
-    };
-    let publisher = queues.publisher(queues.config());
-    // 45 messages over keys a, b, c and none: several requests, each key in all.
-    let keys = [Some("a"), Some("b"), None, Some("c"), Some("a")];
-    let batch: Vec<Message> = (0..45)
-        .map(|i| message("ordered", keys[i % keys.len()], format!("{i}")))
-        .collect();
-    for outcome in publish(&publisher, &batch).await {
-        assert_eq!(outcome, PublishOutcome::Published);
-    }
-    let got = queues.drain("ordered").await;
-    assert_eq!(got.len(), batch.len());
-    for key in ["a", "b", "c"] {
-        let sent: Vec<&[u8]> = batch
-            .iter()
-            .filter(|m| m.partition_key.as_deref() == Some(key))
-            .map(|m| m.payload.as_slice())
+        let got: Vec<Vec<u8>> = queues
+            .drain("sized")
+            .await
+            .into_iter()
+            .map(|(r, _)| r.payload)
             .collect();
-        let received: Vec<&[u8]> = got
-            .iter()
-            .filter(|(r, _)| r.partition_key.as_deref() == Some(key))
-            .map(|(r, _)| r.payload.as_slice())
+        assert_eq!(got, [b"before".to_vec(), b"after".to_vec()]);
+        queues.teardown().await;
+    }
+
+    async fn large_messages_are_split_into_requests_by_size_and_all_land(
+        queues = Queues::new("outbox-sqs request size", false, &["big"])
+    ) {
+        let wiretap = Wiretap::default();
+        let publisher = queues.tapped(queues.config(), &wiretap);
+        // Twelve messages of 100 KiB: two per request, six requests. (moto would take
+        // them in fewer: it sums bodies against 1 MiB, so the count is the proof.)
+        let batch: Vec<Message> = (0..12u8)
+            .map(|i| message("big", None, vec![b'a' + i; 100 * 1024]))
             .collect();
-        assert_eq!(received, sent, "key {key} arrived out of order");
-    }
-    queues.teardown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(outbox_service_unset, ignore = "OUTBOX_SQS_URL is not set")]
-async fn a_key_that_cannot_be_a_fifo_group_is_permanent_alone() {
-    let Some(queues) = Queues::new("outbox-sqs FIFO groups", true, &["groups"]).await else {
-        return;
-    };
-    let publisher = queues.publisher(queues.config());
-    let batch = vec![
-        message("groups", Some("ok-1"), "first"),
-        message("groups", Some("has a space"), "refused"),
-        message("groups", Some(&"k".repeat(129)), "refused too"),
-        message("groups", Some("ok-2"), "last"),
-    ];
-    let outcomes = publish(&publisher, &batch).await;
-    assert_eq!(outcomes[0], PublishOutcome::Published);
-    assert_eq!(outcomes[3], PublishOutcome::Published);
-    for outcome in &outcomes[1..3] {
-        assert!(
-            matches!(outcome, PublishOutcome::Permanent(reason) if reason.contains("MessageGroupId")),
-            "{outcome:?}"
-        );
-    }
-    assert_eq!(queues.drain("groups").await.len(), 2);
-    queues.teardown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(outbox_service_unset, ignore = "OUTBOX_SQS_URL is not set")]
-async fn a_deleted_queue_is_permanent_and_found_again_once_created() {
-    let Some(queues) = Queues::new("outbox-sqs queue cache", false, &["gone"]).await else {
-        return;
-    };
-    let wiretap = Wiretap::default();
-    let publisher = queues.tapped(queues.config(), &wiretap);
-    let one = || vec![message("gone", None, "x")];
-    assert_eq!(
-        publish(&publisher, &one()).await,
-        [PublishOutcome::Published]
-    );
-    assert_eq!(wiretap.operations(), ["GetQueueUrl", "SendMessageBatch"]);
-    queues
-        .client
-        .delete_queue()
-        .queue_url(&queues.urls["gone"])
-        .send()
-        .await
-        .expect("delete the queue");
-    // The cached URL no longer names a queue.
-    let outcomes = publish(&publisher, &one()).await;
-    assert!(
-        matches!(&outcomes[0], PublishOutcome::Permanent(reason) if reason.contains("does not exist")),
-        "{outcomes:?}"
-    );
-    common::create_queue(&queues.client, &format!("{}gone", queues.prefix))
-        .await
-        .expect("create the queue again");
-    assert_eq!(
-        publish(&publisher, &one()).await,
-        [PublishOutcome::Published]
-    );
-    // moto gives the new queue the old URL, so the publish above would pass with the
-    // stale cache too; what shows the cache was dropped is the second lookup (SQS
-    // may give a queue created again a URL of its own).
-    assert_eq!(
-        wiretap.operations(),
-        [
-            "GetQueueUrl",
-            "SendMessageBatch",
-            "SendMessageBatch",
-            "GetQueueUrl",
-            "SendMessageBatch"
-        ]
-    );
-    assert_eq!(queues.drain("gone").await.len(), 1);
-    queues.teardown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(outbox_service_unset, ignore = "OUTBOX_SQS_URL is not set")]
-async fn a_request_refused_for_one_entry_fails_only_that_entry() {
-    let Some(queues) = Queues::new("outbox-sqs per-entry isolation", false, &["iso"]).await else {
-        return;
-    };
-    let wiretap = Wiretap::default();
-    let publisher = queues.tapped(queues.config(), &wiretap);
-    let mut batch: Vec<Message> = (0..4)
-        .map(|i| message("iso", None, format!("{i}")))
-        .collect();
-    batch[2].headers.insert("poison", "1");
-    let outcomes = publish(&publisher, &batch).await;
-    for (i, outcome) in outcomes.iter().enumerate() {
-        if i == 2 {
-            assert!(
-                matches!(outcome, PublishOutcome::Permanent(r) if r.contains("InvalidParameterValue")),
-                "{outcome:?}"
-            );
-        } else {
+        for (i, outcome) in publish(&publisher, &batch).await.iter().enumerate() {
             assert_eq!(*outcome, PublishOutcome::Published, "message {i}");
         }
+        assert_eq!(wiretap.batches(), [2; 6], "entries per SendMessageBatch");
+        let mut got: Vec<Vec<u8>> = queues
+            .drain("big")
+            .await
+            .into_iter()
+            .map(|(r, _)| r.payload)
+            .collect();
+        got.sort();
+        let mut sent: Vec<Vec<u8>> = batch.iter().map(|m| m.payload.clone()).collect();
+        sent.sort();
+        assert_eq!(got, sent);
+        queues.teardown().await;
     }
-    assert_eq!(
-        wiretap.batches(),
-        [4, 1, 1, 1, 1],
-        "the refused request, then each entry alone"
-    );
-    let mut got: Vec<Vec<u8>> = queues
-        .drain("iso")
-        .await
-        .into_iter()
-        .map(|(r, _)| r.payload)
-        .collect();
-    got.sort();
-    assert_eq!(got, [b"0".to_vec(), b"1".to_vec(), b"3".to_vec()]);
-    queues.teardown().await;
-}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(outbox_service_unset, ignore = "OUTBOX_SQS_URL is not set")]
-async fn a_single_queue_carries_every_destination() {
-    let Some(queues) = Queues::new("outbox-sqs single queue", false, &["all"]).await else {
-        return;
-    };
-    let config = SqsPublisherConfig::new().with_single_queue(&queues.urls["all"]);
-    let publisher = queues.publisher(config);
-    let batch = vec![
-        message("orders.created", None, "1"),
-        message("payments/settled", Some("p-1"), "2"),
-    ];
-    for outcome in publish(&publisher, &batch).await {
-        assert_eq!(outcome, PublishOutcome::Published);
+    async fn a_fifo_queue_keeps_each_keys_order_across_requests(
+        queues = Queues::new("outbox-sqs FIFO order", true, &["ordered"])
+    ) {
+        let publisher = queues.publisher(queues.config());
+        // 45 messages over keys a, b, c and none: several requests, each key in all.
+        let keys = [Some("a"), Some("b"), None, Some("c"), Some("a")];
+        let batch: Vec<Message> = (0..45)
+            .map(|i| message("ordered", keys[i % keys.len()], format!("{i}")))
+            .collect();
+        for outcome in publish(&publisher, &batch).await {
+            assert_eq!(outcome, PublishOutcome::Published);
+        }
+        let got = queues.drain("ordered").await;
+        assert_eq!(got.len(), batch.len());
+        for key in ["a", "b", "c"] {
+            let sent: Vec<&[u8]> = batch
+                .iter()
+                .filter(|m| m.partition_key.as_deref() == Some(key))
+                .map(|m| m.payload.as_slice())
+                .collect();
+            let received: Vec<&[u8]> = got
+                .iter()
+                .filter(|(r, _)| r.partition_key.as_deref() == Some(key))
+                .map(|(r, _)| r.payload.as_slice())
+                .collect();
+            assert_eq!(received, sent, "key {key} arrived out of order");
+        }
+        queues.teardown().await;
     }
-    let mut got: Vec<(Vec<u8>, Option<String>)> = queues
-        .drain("all")
-        .await
-        .into_iter()
-        .map(|(r, destination)| (r.payload, destination))
-        .collect();
-    got.sort();
-    assert_eq!(
-        got,
-        [
-            (b"1".to_vec(), Some("orders.created".to_owned())),
-            (b"2".to_vec(), Some("payments/settled".to_owned())),
-        ]
-    );
-    queues.teardown().await;
+
+    async fn a_key_that_cannot_be_a_fifo_group_is_permanent_alone(
+        queues = Queues::new("outbox-sqs FIFO groups", true, &["groups"])
+    ) {
+        let publisher = queues.publisher(queues.config());
+        let batch = vec![
+            message("groups", Some("ok-1"), "first"),
+            message("groups", Some("has a space"), "refused"),
+            message("groups", Some(&"k".repeat(129)), "refused too"),
+            message("groups", Some("ok-2"), "last"),
+        ];
+        let outcomes = publish(&publisher, &batch).await;
+        assert_eq!(outcomes[0], PublishOutcome::Published);
+        assert_eq!(outcomes[3], PublishOutcome::Published);
+        for outcome in &outcomes[1..3] {
+            assert!(
+                matches!(outcome, PublishOutcome::Permanent(reason) if reason.contains("MessageGroupId")),
+                "{outcome:?}"
+            );
+        }
+        assert_eq!(queues.drain("groups").await.len(), 2);
+        queues.teardown().await;
+    }
+
+    async fn a_deleted_queue_is_permanent_and_found_again_once_created(
+        queues = Queues::new("outbox-sqs queue cache", false, &["gone"])
+    ) {
+        let wiretap = Wiretap::default();
+        let publisher = queues.tapped(queues.config(), &wiretap);
+        let one = || vec![message("gone", None, "x")];
+        assert_eq!(
+            publish(&publisher, &one()).await,
+            [PublishOutcome::Published]
+        );
+        assert_eq!(wiretap.operations(), ["GetQueueUrl", "SendMessageBatch"]);
+        queues
+            .client
+            .delete_queue()
+            .queue_url(&queues.urls["gone"])
+            .send()
+            .await
+            .expect("delete the queue");
+        // The cached URL no longer names a queue.
+        let outcomes = publish(&publisher, &one()).await;
+        assert!(
+            matches!(&outcomes[0], PublishOutcome::Permanent(reason) if reason.contains("does not exist")),
+            "{outcomes:?}"
+        );
+        common::create_queue(&queues.client, &format!("{}gone", queues.prefix))
+            .await
+            .expect("create the queue again");
+        assert_eq!(
+            publish(&publisher, &one()).await,
+            [PublishOutcome::Published]
+        );
+        // moto gives the new queue the old URL, so the publish above would pass with the
+        // stale cache too; what shows the cache was dropped is the second lookup (SQS
+        // may give a queue created again a URL of its own).
+        assert_eq!(
+            wiretap.operations(),
+            [
+                "GetQueueUrl",
+                "SendMessageBatch",
+                "SendMessageBatch",
+                "GetQueueUrl",
+                "SendMessageBatch"
+            ]
+        );
+        assert_eq!(queues.drain("gone").await.len(), 1);
+        queues.teardown().await;
+    }
+
+    async fn a_request_refused_for_one_entry_fails_only_that_entry(
+        queues = Queues::new("outbox-sqs per-entry isolation", false, &["iso"])
+    ) {
+        let wiretap = Wiretap::default();
+        let publisher = queues.tapped(queues.config(), &wiretap);
+        let mut batch: Vec<Message> = (0..4)
+            .map(|i| message("iso", None, format!("{i}")))
+            .collect();
+        batch[2].headers.insert("poison", "1");
+        let outcomes = publish(&publisher, &batch).await;
+        for (i, outcome) in outcomes.iter().enumerate() {
+            if i == 2 {
+                assert!(
+                    matches!(outcome, PublishOutcome::Permanent(r) if r.contains("InvalidParameterValue")),
+                    "{outcome:?}"
+                );
+            } else {
+                assert_eq!(*outcome, PublishOutcome::Published, "message {i}");
+            }
+        }
+        assert_eq!(
+            wiretap.batches(),
+            [4, 1, 1, 1, 1],
+            "the refused request, then each entry alone"
+        );
+        let mut got: Vec<Vec<u8>> = queues
+            .drain("iso")
+            .await
+            .into_iter()
+            .map(|(r, _)| r.payload)
+            .collect();
+        got.sort();
+        assert_eq!(got, [b"0".to_vec(), b"1".to_vec(), b"3".to_vec()]);
+        queues.teardown().await;
+    }
+
+    async fn a_single_queue_carries_every_destination(
+        queues = Queues::new("outbox-sqs single queue", false, &["all"])
+    ) {
+        let config = SqsPublisherConfig::new().with_single_queue(&queues.urls["all"]);
+        let publisher = queues.publisher(config);
+        let batch = vec![
+            message("orders.created", None, "1"),
+            message("payments/settled", Some("p-1"), "2"),
+        ];
+        for outcome in publish(&publisher, &batch).await {
+            assert_eq!(outcome, PublishOutcome::Published);
+        }
+        let mut got: Vec<(Vec<u8>, Option<String>)> = queues
+            .drain("all")
+            .await
+            .into_iter()
+            .map(|(r, destination)| (r.payload, destination))
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                (b"1".to_vec(), Some("orders.created".to_owned())),
+                (b"2".to_vec(), Some("payments/settled".to_owned())),
+            ]
+        );
+        queues.teardown().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

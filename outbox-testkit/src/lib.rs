@@ -28,6 +28,7 @@ mod publisher_harness;
 mod publisher_macros;
 mod publishers;
 mod recorder;
+mod service_test;
 pub mod suite;
 pub mod wait;
 
@@ -37,8 +38,8 @@ include!(concat!(env!("OUT_DIR"), "/suite_cases.rs"));
 pub use broker::MemoryBroker;
 pub use consumer_faults::{Crash, EventuallyConsistent, PauseAfterFirstCall, Step};
 pub use consumer_harness::{ConsumerHarness, MemoryConsumerHarness};
-pub use dedup::{MemoryDedupStore, MemoryLock};
 pub use declared::Declared;
+pub use dedup::{MemoryDedupStore, MemoryLock};
 pub use dedup_harness::{DedupFeatures, DedupHarness, MemoryDedupHarness};
 pub use dedup_harness::{LockFeatures, LockHarness, MemoryLockHarness};
 pub use entity::MemoryEntityStore;

@@ -18,6 +18,35 @@ pub(crate) fn url(what: &str) -> Option<String> {
     outbox_testkit::service_url("OUTBOX_DYNAMODB_URL", what)
 }
 
+/// `service_test!` for the tests that need DynamoDB Local, on a runtime of two workers:
+/// ignored, with this reason, when `OUTBOX_DYNAMODB_URL` was not set at build time.
+/// Each test awaits its fixture first (a future of `Option`: `None` skips it), for
+/// example [`url_and_outbox`].
+#[allow(unused_macros)]
+macro_rules! streams_test {
+    ($($tests:tt)*) => {
+        outbox_testkit::service_test! {
+            ignore = "OUTBOX_DYNAMODB_URL was not set at build time (see the build warning)";
+            flavor = multi_thread(2);
+            $($tests)*
+        }
+    };
+}
+
+/// [`url`], as a `streams_test!` fixture (for `tests/metrics.rs`).
+#[allow(dead_code)]
+pub(crate) async fn service_url(what: &str) -> Option<String> {
+    url(what)
+}
+
+/// A `streams_test!` fixture: the endpoint and a fresh [`outbox`] on tables named after
+/// `tables`.
+pub(crate) async fn url_and_outbox(what: &str, tables: &str) -> Option<(String, StreamOutbox)> {
+    let url = url(what)?;
+    let outbox = outbox(&url, tables).await;
+    Some((url, outbox))
+}
+
 /// A DynamoDB client for `url` with dummy credentials, as DynamoDB Local accepts.
 pub(crate) fn dynamodb(url: &str) -> aws_sdk_dynamodb::Client {
     aws_sdk_dynamodb::Client::from_conf(
@@ -66,8 +95,9 @@ pub(crate) fn relay_config() -> StreamRelayConfig {
         .with_discovery_interval(Duration::from_secs(1))
         .with_idle_checkpoint(Duration::from_millis(200))
         .with_retry(
-            RetryPolicy::with_max_attempts(3)
-                .backoff(Duration::from_millis(10), Duration::from_millis(50)),
+            RetryPolicy::new(3)
+                .with_initial_delay(Duration::from_millis(10))
+                .with_max_delay(Duration::from_millis(50)),
         )
 }
 

@@ -9,6 +9,7 @@
 //! Each test has its own tables. Without `OUTBOX_DYNAMODB_URL` every test prints that
 //! it was skipped (and fails under `OUTBOX_REQUIRE_INTEGRATION=1`).
 
+#[macro_use]
 mod common;
 mod outbox;
 mod relay;

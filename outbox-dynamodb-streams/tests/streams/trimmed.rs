@@ -89,78 +89,77 @@ fn messages(n: usize, destination: &str) -> Vec<NewMessage> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_trimmed_stream_stops_the_relay_and_the_recovery_replays_from_the_table() {
-    let Some(url) = common::url("stream relay: trimmed") else {
-        return;
-    };
-    let outbox = common::outbox(&url, "trim").await;
-    let trim = Trim::default();
-    let streams = outbox_dynamodb_streams::aws_sdk_dynamodbstreams::Client::from_conf(
-        common::streams_config(&url)
-            .interceptor(trim.clone())
-            .build(),
-    );
-    let publisher = RecordingPublisher::new();
-    let relay = Running::start(
-        &outbox,
-        streams.clone(),
-        Arc::new(publisher.clone()),
-        common::relay_config(),
-    );
-    let early = messages(5, "early");
-    outbox.enqueue(Vec::new(), &early).await.unwrap();
-    publisher
-        .wait_for_unique(5, outbox_testkit::wait::DEADLINE)
-        .await
+streams_test! {
+    async fn a_trimmed_stream_stops_the_relay_and_the_recovery_replays_from_the_table(
+        (url, outbox) = common::url_and_outbox("stream relay: trimmed", "trim")
+    ) {
+        let trim = Trim::default();
+        let streams = outbox_dynamodb_streams::aws_sdk_dynamodbstreams::Client::from_conf(
+            common::streams_config(&url)
+                .interceptor(trim.clone())
+                .build(),
+        );
+        let publisher = RecordingPublisher::new();
+        let relay = Running::start(
+            &outbox,
+            streams.clone(),
+            Arc::new(publisher.clone()),
+            common::relay_config(),
+        );
+        let early = messages(5, "early");
+        outbox.enqueue(Vec::new(), &early).await.unwrap();
+        publisher
+            .wait_for_unique(5, outbox_testkit::wait::DEADLINE)
+            .await
+            .unwrap();
+        // The relay "was down" past the retention: the records after its checkpoint are gone.
+        trim.0.store(true, Ordering::SeqCst);
+        let lost = messages(7, "lost");
+        outbox.enqueue(Vec::new(), &lost).await.unwrap();
+        let e = outbox_testkit::wait::within("the relay to stop", relay.task)
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Storage);
+        assert!(!e.is_retryable());
+        assert!(e.message().contains("recover_trimmed"), "{}", e.message());
+        assert_eq!(
+            publisher.unique_count(),
+            5,
+            "nothing after the checkpoint was published"
+        );
+        // A relay started now stops too: the lease is marked until the recovery.
+        trim.0.store(false, Ordering::SeqCst);
+        let recovery = StreamRelay::new(
+            outbox.clone(),
+            streams.clone(),
+            Arc::new(publisher.clone()),
+            common::relay_config(),
+        )
         .unwrap();
-    // The relay "was down" past the retention: the records after its checkpoint are gone.
-    trim.0.store(true, Ordering::SeqCst);
-    let lost = messages(7, "lost");
-    outbox.enqueue(Vec::new(), &lost).await.unwrap();
-    let e = outbox_testkit::wait::within("the relay to stop", relay.task)
-        .await
-        .unwrap()
-        .unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Storage);
-    assert!(!e.is_retryable());
-    assert!(e.message().contains("recover_trimmed"), "{}", e.message());
-    assert_eq!(
-        publisher.unique_count(),
-        5,
-        "nothing after the checkpoint was published"
-    );
-    // A relay started now stops too: the lease is marked until the recovery.
-    trim.0.store(false, Ordering::SeqCst);
-    let recovery = StreamRelay::new(
-        outbox.clone(),
-        streams.clone(),
-        Arc::new(publisher.clone()),
-        common::relay_config(),
-    )
-    .unwrap();
-    let replayed = recovery.recover_trimmed().await.unwrap();
-    // Everything since the checkpoint's time less the margin: the lost seven, and the
-    // early five again (they are within the margin).
-    assert!(REPLAY_MARGIN.as_secs() >= 60);
-    assert_eq!(replayed, 12);
-    assert_eq!(publisher.unique_count(), 12);
-    // Nothing is marked any more: a second recovery replays nothing.
-    assert_eq!(recovery.recover_trimmed().await.unwrap(), 0);
-    // The shard is read again from its oldest record: everything once more, and new
-    // messages flow.
-    let relay = Running::start(
-        &outbox,
-        streams,
-        Arc::new(publisher.clone()),
-        common::relay_config(),
-    );
-    let after = messages(3, "after");
-    outbox.enqueue(Vec::new(), &after).await.unwrap();
-    publisher
-        .wait_for_unique(15, outbox_testkit::wait::DEADLINE)
-        .await
-        .unwrap();
-    relay.shutdown().await;
-    outbox.drop_tables().await.unwrap();
+        let replayed = recovery.recover_trimmed().await.unwrap();
+        // Everything since the checkpoint's time less the margin: the lost seven, and the
+        // early five again (they are within the margin).
+        assert!(REPLAY_MARGIN.as_secs() >= 60);
+        assert_eq!(replayed, 12);
+        assert_eq!(publisher.unique_count(), 12);
+        // Nothing is marked any more: a second recovery replays nothing.
+        assert_eq!(recovery.recover_trimmed().await.unwrap(), 0);
+        // The shard is read again from its oldest record: everything once more, and new
+        // messages flow.
+        let relay = Running::start(
+            &outbox,
+            streams,
+            Arc::new(publisher.clone()),
+            common::relay_config(),
+        );
+        let after = messages(3, "after");
+        outbox.enqueue(Vec::new(), &after).await.unwrap();
+        publisher
+            .wait_for_unique(15, outbox_testkit::wait::DEADLINE)
+            .await
+            .unwrap();
+        relay.shutdown().await;
+        outbox.drop_tables().await.unwrap();
+    }
 }

@@ -33,6 +33,21 @@ pub fn url(what: &str) -> Option<String> {
     outbox_testkit::service_url(URL_VAR, what)
 }
 
+/// `service_test!` for the tests that need DynamoDB, on a runtime of two workers:
+/// ignored, with this reason, when `OUTBOX_DYNAMODB_URL` was not set at build time.
+/// Each test awaits its fixture first (a future of `Option`: `None` skips it), for
+/// example [`client`] or [`client_and_outbox`].
+#[allow(unused_macros)]
+macro_rules! dynamo_test {
+    ($($tests:tt)*) => {
+        outbox_testkit::service_test! {
+            ignore = "OUTBOX_DYNAMODB_URL was not set at build time (see the build warning)";
+            flavor = multi_thread(2);
+            $($tests)*
+        }
+    };
+}
+
 /// A client for `url` with dummy static credentials, as DynamoDB Local accepts.
 pub fn client_for(url: &str) -> Client {
     let config = aws_sdk_dynamodb::Config::builder()
@@ -94,6 +109,16 @@ pub async fn outbox(client: &Client, config: DynamoOutboxConfig) -> Result<Dynam
     )?;
     outbox.install().await?;
     Ok(outbox)
+}
+
+/// A `dynamo_test!` fixture: a [`client`] and an [`outbox`] of `config` on it.
+pub async fn client_and_outbox(
+    what: &str,
+    config: DynamoOutboxConfig,
+) -> Option<(Client, DynamoOutbox)> {
+    let client = client(what).await?;
+    let outbox = outbox(&client, config).await.unwrap();
+    Some((client, outbox))
 }
 
 /// An installed dedup store in a table of its own.

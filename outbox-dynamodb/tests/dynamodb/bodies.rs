@@ -150,335 +150,325 @@ pub(crate) async fn claim(
         .into_messages()
 }
 
-/// A pending message waiting past half its body TTL gets every body item renewed to a
-/// full TTL from now, recorded on its state item, so the next sweep leaves it alone;
-/// a young message is not touched. The gauge shows how long the oldest waited.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_waiting_past_half_its_body_ttl_is_renewed_by_the_sweep() {
-    let Some(client) = common::client("outbox-dynamodb body sweep").await else {
-        return;
-    };
-    let limits = MessageLimits::default().with_max_payload_bytes(1024 * 1024);
-    let outbox = common::outbox(&client, config().with_limits(limits))
-        .await
-        .unwrap();
-    // 400 KiB: two body items (the split layout).
-    let old = NewMessage::builder("old")
-        .payload(vec![7u8; 400 * 1024])
-        .build()
-        .unwrap();
-    let young = NewMessage::builder("young").build().unwrap();
-    common::enqueue_all(&outbox, &[old.clone(), young.clone()])
-        .await
-        .unwrap();
-    age(&outbox, old.id(), AT_RISK).await;
-    let before = body_ttls(&outbox, old.id()).await;
-    let young_before = body_ttls(&outbox, young.id()).await;
-    assert_eq!(before.len(), 2);
-    assert!(before[0] < now_s() + 21 * 60, "{before:?}");
-
-    let start = now_s();
-    assert_eq!(outbox.renew_bodies().await.unwrap(), 1);
-    let after = body_ttls(&outbox, old.id()).await;
-    let full = start + BODY_TTL.as_secs();
-    assert!(
-        after
-            .iter()
-            .all(|t| *t >= full && *t <= now_s() + BODY_TTL.as_secs() + 1),
-        "every part renewed to a full TTL from now: {before:?} -> {after:?}"
-    );
-    assert_eq!(body_exp(&outbox, old.id()).await, Some(after[0]));
-    assert_eq!(body_ttls(&outbox, young.id()).await, young_before);
-    let m = outbox.metrics();
-    assert_eq!(m.bodies_renewed, 1);
-    // Billed at the body's size: 400 KiB of body items is about 400 write units.
-    assert!(m.body_renewal_units >= 400.0, "{m:?}");
-    assert!(m.last_body_sweep.is_some());
-    assert!(
-        m.oldest_due_age.is_some_and(|age| age >= AT_RISK),
-        "{:?}",
-        m.oldest_due_age
-    );
-
-    // Recorded: the next sweep reads the state and writes nothing.
-    assert_eq!(outbox.renew_bodies().await.unwrap(), 0);
-    assert_eq!(body_ttls(&outbox, old.id()).await, after);
-    // And the message is still whole.
-    let mut got = claim(&outbox, 10).await;
-    got.sort_by_key(|c| c.message.id);
-    let ids: Vec<MessageId> = got.iter().map(|c| c.message.id).collect();
-    let mut want = vec![old.id(), young.id()];
-    want.sort();
-    assert_eq!(ids, want);
-    let whole = got.iter().find(|c| c.message.id == old.id()).unwrap();
-    assert_eq!(whole.message.payload, old.payload());
-    assert_eq!(
-        outbox.metrics().bodies_renewed,
-        1,
-        "the claim had enough left"
-    );
-}
-
-/// A message waiting long enough to be looked at but with more than half its body TTL
-/// left, and a fresh one, are not written by the sweep; the at-risk one beside them is,
-/// and so is one waiting only a little over a sixteenth of the TTL whose body is at
-/// risk. A claim renews a body only when less than half the TTL would be left past its
-/// lease: not the waiting one under a short lease, the waiting one (not the fresh)
-/// under a long one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_not_at_risk_is_not_renewed() {
-    let Some(client) = common::client("outbox-dynamodb body not at risk").await else {
-        return;
-    };
-    let outbox = common::outbox(&client, config()).await.unwrap();
-    let messages: Vec<NewMessage> = (0..4)
-        .map(|i| NewMessage::builder(format!("m{i}")).build().unwrap())
-        .collect();
-    common::enqueue_all(&outbox, &messages).await.unwrap();
-    let (waiting, fresh, at_risk) = (messages[0].id(), messages[1].id(), messages[2].id());
-    age(&outbox, waiting, WAITING).await;
-    age(&outbox, at_risk, AT_RISK).await;
-    // Waiting 5 minutes (over a sixteenth of the TTL, under a quarter), with a body
-    // that has only 20 minutes left (as after a clock jump): the sweep must look.
-    let recent = messages[3].id();
-    age(&outbox, recent, Duration::from_secs(5 * 60)).await;
-    let at_risk_body = AT_RISK - Duration::from_secs(5 * 60);
-    age_body(&outbox, recent, at_risk_body).await;
-    let mut recent_state = state(&outbox, recent).await.unwrap();
-    shift(
-        &mut recent_state,
-        "body_exp",
-        u128::from(at_risk_body.as_secs()),
-    );
-    put(&outbox, recent_state).await;
-    let waiting_before = (
-        body_ttls(&outbox, waiting).await,
-        body_exp(&outbox, waiting).await,
-    );
-    let fresh_before = (
-        body_ttls(&outbox, fresh).await,
-        body_exp(&outbox, fresh).await,
-    );
-    let at_risk_before = body_ttls(&outbox, at_risk).await;
-
-    assert_eq!(outbox.renew_bodies().await.unwrap(), 2);
-    assert!(body_ttls(&outbox, recent).await[0] >= now_s() + BODY_TTL.as_secs() - 1);
-    assert_eq!(
-        (
-            body_ttls(&outbox, waiting).await,
-            body_exp(&outbox, waiting).await
-        ),
-        waiting_before
-    );
-    assert_eq!(
-        (
-            body_ttls(&outbox, fresh).await,
-            body_exp(&outbox, fresh).await
-        ),
-        fresh_before
-    );
-    assert!(body_ttls(&outbox, at_risk).await[0] > at_risk_before[0] + 30 * 60);
-    assert_eq!(outbox.metrics().bodies_renewed, 2);
-
-    // A claim keeps half the TTL past its lease. Under a 30-second lease the waiting
-    // message (40 minutes left) has enough, and a release (availability now) too.
-    let got = claim(&outbox, 10).await;
-    assert_eq!(got.len(), 4);
-    let leases: Vec<outbox_core::store::Lease> = got.iter().map(|c| c.lease).collect();
-    assert!(outbox.release(&leases).await.unwrap().lost.is_empty());
-    assert_eq!(body_ttls(&outbox, waiting).await, waiting_before.0);
-    assert_eq!(outbox.metrics().bodies_renewed, 2);
-    // Under a 15-minute lease it has not (40 < 15 + 30): renewed past the lease; the
-    // fresh one (60 minutes left) is not.
-    let long = Duration::from_secs(15 * 60);
-    let start = now_s();
-    let got = outbox
-        .claim(ClaimRequest::new(10, long).unwrap())
-        .await
-        .unwrap();
-    assert_eq!(got.len(), 4);
-    assert!(body_ttls(&outbox, waiting).await[0] >= start + long.as_secs() + BODY_TTL.as_secs());
-    assert_eq!(body_ttls(&outbox, fresh).await, fresh_before.0);
-    assert_eq!(outbox.metrics().bodies_renewed, 3);
-}
-
-/// The sweep's renewals wait for the store's renewal budget: at 2 write units per
-/// second, two at-risk 1 KB bodies (each a body write and a state write) cannot all be
-/// renewed from the first second's balance, so some renewal waits; both are renewed.
-/// Without a budget nothing waits.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_sweep_waits_for_its_renewal_budget() {
-    let Some(client) = common::client("outbox-dynamodb body renewal budget").await else {
-        return;
-    };
-    for (budget, waits) in [(Some(2), true), (None, false)] {
-        let outbox = common::outbox(&client, config().with_renewal_budget(budget))
+dynamo_test! {
+    /// A pending message waiting past half its body TTL gets every body item renewed to a
+    /// full TTL from now, recorded on its state item, so the next sweep leaves it alone;
+    /// a young message is not touched. The gauge shows how long the oldest waited.
+    async fn a_message_waiting_past_half_its_body_ttl_is_renewed_by_the_sweep(
+        client = common::client("outbox-dynamodb body sweep")
+    ) {
+        let limits = MessageLimits::default().with_max_payload_bytes(1024 * 1024);
+        let outbox = common::outbox(&client, config().with_limits(limits))
             .await
             .unwrap();
-        let messages: Vec<NewMessage> = (0..2)
-            .map(|i| {
-                NewMessage::builder(format!("m{i}"))
-                    .payload(vec![1u8; 1024])
-                    .build()
-                    .unwrap()
-            })
+        // 400 KiB: two body items (the split layout).
+        let old = NewMessage::builder("old")
+            .payload(vec![7u8; 400 * 1024])
+            .build()
+            .unwrap();
+        let young = NewMessage::builder("young").build().unwrap();
+        common::enqueue_all(&outbox, &[old.clone(), young.clone()])
+            .await
+            .unwrap();
+        age(&outbox, old.id(), AT_RISK).await;
+        let before = body_ttls(&outbox, old.id()).await;
+        let young_before = body_ttls(&outbox, young.id()).await;
+        assert_eq!(before.len(), 2);
+        assert!(before[0] < now_s() + 21 * 60, "{before:?}");
+
+        let start = now_s();
+        assert_eq!(outbox.renew_bodies().await.unwrap(), 1);
+        let after = body_ttls(&outbox, old.id()).await;
+        let full = start + BODY_TTL.as_secs();
+        assert!(
+            after
+                .iter()
+                .all(|t| *t >= full && *t <= now_s() + BODY_TTL.as_secs() + 1),
+            "every part renewed to a full TTL from now: {before:?} -> {after:?}"
+        );
+        assert_eq!(body_exp(&outbox, old.id()).await, Some(after[0]));
+        assert_eq!(body_ttls(&outbox, young.id()).await, young_before);
+        let m = outbox.metrics();
+        assert_eq!(m.bodies_renewed, 1);
+        // Billed at the body's size: 400 KiB of body items is about 400 write units.
+        assert!(m.body_renewal_units >= 400.0, "{m:?}");
+        assert!(m.last_body_sweep.is_some());
+        assert!(
+            m.oldest_due_age.is_some_and(|age| age >= AT_RISK),
+            "{:?}",
+            m.oldest_due_age
+        );
+
+        // Recorded: the next sweep reads the state and writes nothing.
+        assert_eq!(outbox.renew_bodies().await.unwrap(), 0);
+        assert_eq!(body_ttls(&outbox, old.id()).await, after);
+        // And the message is still whole.
+        let mut got = claim(&outbox, 10).await;
+        got.sort_by_key(|c| c.message.id);
+        let ids: Vec<MessageId> = got.iter().map(|c| c.message.id).collect();
+        let mut want = vec![old.id(), young.id()];
+        want.sort();
+        assert_eq!(ids, want);
+        let whole = got.iter().find(|c| c.message.id == old.id()).unwrap();
+        assert_eq!(whole.message.payload, old.payload());
+        assert_eq!(
+            outbox.metrics().bodies_renewed,
+            1,
+            "the claim had enough left"
+        );
+    }
+
+    /// A message waiting long enough to be looked at but with more than half its body TTL
+    /// left, and a fresh one, are not written by the sweep; the at-risk one beside them is,
+    /// and so is one waiting only a little over a sixteenth of the TTL whose body is at
+    /// risk. A claim renews a body only when less than half the TTL would be left past its
+    /// lease: not the waiting one under a short lease, the waiting one (not the fresh)
+    /// under a long one.
+    async fn a_message_not_at_risk_is_not_renewed(
+        (_, outbox) = common::client_and_outbox("outbox-dynamodb body not at risk", config())
+    ) {
+        let messages: Vec<NewMessage> = (0..4)
+            .map(|i| NewMessage::builder(format!("m{i}")).build().unwrap())
             .collect();
         common::enqueue_all(&outbox, &messages).await.unwrap();
-        for m in &messages {
-            age(&outbox, m.id(), AT_RISK).await;
-        }
-        assert_eq!(outbox.renew_bodies().await.unwrap(), 2, "{budget:?}");
-        let m = outbox.metrics();
-        assert!(m.body_renewal_units >= 4.0, "{m:?}");
-        assert_eq!(m.sweep_budget_waits > 0, waits, "{budget:?}: {m:?}");
-    }
-}
+        let (waiting, fresh, at_risk) = (messages[0].id(), messages[1].id(), messages[2].id());
+        age(&outbox, waiting, WAITING).await;
+        age(&outbox, at_risk, AT_RISK).await;
+        // Waiting 5 minutes (over a sixteenth of the TTL, under a quarter), with a body
+        // that has only 20 minutes left (as after a clock jump): the sweep must look.
+        let recent = messages[3].id();
+        age(&outbox, recent, Duration::from_secs(5 * 60)).await;
+        let at_risk_body = AT_RISK - Duration::from_secs(5 * 60);
+        age_body(&outbox, recent, at_risk_body).await;
+        let mut recent_state = state(&outbox, recent).await.unwrap();
+        shift(
+            &mut recent_state,
+            "body_exp",
+            u128::from(at_risk_body.as_secs()),
+        );
+        put(&outbox, recent_state).await;
+        let waiting_before = (
+            body_ttls(&outbox, waiting).await,
+            body_exp(&outbox, waiting).await,
+        );
+        let fresh_before = (
+            body_ttls(&outbox, fresh).await,
+            body_exp(&outbox, fresh).await,
+        );
+        let at_risk_before = body_ttls(&outbox, at_risk).await;
 
-/// Under per-key order, a message blocked behind its key's head is never claimed while
-/// the head retries; the sweep a claim starts renews its body. The head's own body is
-/// renewed by the retry whose backoff would outlast it. A second claim within the
-/// sweep interval does not sweep again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_blocked_behind_its_keys_head_is_renewed_by_a_claims_sweep() {
-    let Some(client) = common::client("outbox-dynamodb body blocked").await else {
-        return;
-    };
-    let outbox = common::outbox(&client, config().with_ordering(KeyOrder::PerKey))
-        .await
-        .unwrap();
-    let keyed = |d: &str| {
-        NewMessage::builder(d)
-            .partition_key("order-1")
-            .build()
-            .unwrap()
-    };
-    let (head, blocked) = (keyed("head"), keyed("blocked"));
-    common::enqueue_all(&outbox, &[head.clone(), blocked.clone()])
-        .await
-        .unwrap();
-    age(&outbox, head.id(), AT_RISK).await;
-    age(&outbox, blocked.id(), AT_RISK).await;
-    let before = body_ttls(&outbox, blocked.id()).await;
+        assert_eq!(outbox.renew_bodies().await.unwrap(), 2);
+        assert!(body_ttls(&outbox, recent).await[0] >= now_s() + BODY_TTL.as_secs() - 1);
+        assert_eq!(
+            (
+                body_ttls(&outbox, waiting).await,
+                body_exp(&outbox, waiting).await
+            ),
+            waiting_before
+        );
+        assert_eq!(
+            (
+                body_ttls(&outbox, fresh).await,
+                body_exp(&outbox, fresh).await
+            ),
+            fresh_before
+        );
+        assert!(body_ttls(&outbox, at_risk).await[0] > at_risk_before[0] + 30 * 60);
+        assert_eq!(outbox.metrics().bodies_renewed, 2);
 
-    // This store's first claim starts a sweep of its shards, and claims the head only.
-    let start = now_s();
-    let got = claim(&outbox, 10).await;
-    assert_eq!(got.len(), 1);
-    assert_eq!(got[0].message.id, head.id());
-    wait_until("the claim's sweep to renew the blocked body", || async {
-        let after = body_ttls(&outbox, blocked.id()).await;
-        after[0] >= start + BODY_TTL.as_secs()
-            && body_exp(&outbox, blocked.id()).await == Some(after[0])
-    })
-    .await;
-    let after = body_ttls(&outbox, blocked.id()).await;
-    assert!(after[0] > before[0]);
-
-    // The head backs off for two hours: its body must outlive the backoff.
-    let backoff = Duration::from_secs(2 * 3600);
-    let failed = outbox
-        .fail(&[Failure::new(
-            got[0].lease,
-            "broker down",
-            Disposition::Retry { after: backoff },
-        )])
-        .await
-        .unwrap();
-    assert!(failed.lost.is_empty());
-    let head_ttl = body_ttls(&outbox, head.id()).await[0];
-    assert!(
-        head_ttl >= now_s() + backoff.as_secs() + BODY_TTL.as_secs() * 3 / 4,
-        "the retry kept the head's body ahead of its backoff: {head_ttl}"
-    );
-    assert!(claim(&outbox, 10).await.is_empty(), "the key is blocked");
-
-    // Put the blocked body at risk again: a claim within the sweep interval leaves
-    // it (no second sweep), an explicit sweep renews it.
-    age(&outbox, blocked.id(), BODY_TTL).await;
-    let again = body_ttls(&outbox, blocked.id()).await;
-    assert!(claim(&outbox, 10).await.is_empty());
-    assert_eq!(body_ttls(&outbox, blocked.id()).await, again);
-    assert_eq!(outbox.renew_bodies().await.unwrap(), 1);
-    assert!(body_ttls(&outbox, blocked.id()).await[0] >= now_s() + BODY_TTL.as_secs() - 1);
-}
-
-/// A completed message's body is left to its time to live (under `Delete` its state is
-/// gone, under `Keep` it left the due index); a pending one beside it is renewed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_completed_messages_body_is_not_renewed() {
-    let Some(client) = common::client("outbox-dynamodb body completed").await else {
-        return;
-    };
-    for retention in [
-        Retention::Delete,
-        Retention::Keep {
-            window: Duration::from_secs(3600),
-        },
-    ] {
-        let outbox = common::outbox(&client, config().with_retention(retention))
+        // A claim keeps half the TTL past its lease. Under a 30-second lease the waiting
+        // message (40 minutes left) has enough, and a release (availability now) too.
+        let got = claim(&outbox, 10).await;
+        assert_eq!(got.len(), 4);
+        let leases: Vec<outbox_core::store::Lease> = got.iter().map(|c| c.lease).collect();
+        assert!(outbox.release(&leases).await.unwrap().lost.is_empty());
+        assert_eq!(body_ttls(&outbox, waiting).await, waiting_before.0);
+        assert_eq!(outbox.metrics().bodies_renewed, 2);
+        // Under a 15-minute lease it has not (40 < 15 + 30): renewed past the lease; the
+        // fresh one (60 minutes left) is not.
+        let long = Duration::from_secs(15 * 60);
+        let start = now_s();
+        let got = outbox
+            .claim(ClaimRequest::new(10, long).unwrap())
             .await
             .unwrap();
-        let done = NewMessage::builder("done").build().unwrap();
-        common::enqueue_all(&outbox, std::slice::from_ref(&done))
+        assert_eq!(got.len(), 4);
+        assert!(
+            body_ttls(&outbox, waiting).await[0] >= start + long.as_secs() + BODY_TTL.as_secs()
+        );
+        assert_eq!(body_ttls(&outbox, fresh).await, fresh_before.0);
+        assert_eq!(outbox.metrics().bodies_renewed, 3);
+    }
+
+    /// The sweep's renewals wait for the store's renewal budget: at 2 write units per
+    /// second, two at-risk 1 KB bodies (each a body write and a state write) cannot all be
+    /// renewed from the first second's balance, so some renewal waits; both are renewed.
+    /// Without a budget nothing waits.
+    async fn the_sweep_waits_for_its_renewal_budget(
+        client = common::client("outbox-dynamodb body renewal budget")
+    ) {
+        for (budget, waits) in [(Some(2), true), (None, false)] {
+            let outbox = common::outbox(&client, config().with_renewal_budget(budget))
+                .await
+                .unwrap();
+            let messages: Vec<NewMessage> = (0..2)
+                .map(|i| {
+                    NewMessage::builder(format!("m{i}"))
+                        .payload(vec![1u8; 1024])
+                        .build()
+                        .unwrap()
+                })
+                .collect();
+            common::enqueue_all(&outbox, &messages).await.unwrap();
+            for m in &messages {
+                age(&outbox, m.id(), AT_RISK).await;
+            }
+            assert_eq!(outbox.renew_bodies().await.unwrap(), 2, "{budget:?}");
+            let m = outbox.metrics();
+            assert!(m.body_renewal_units >= 4.0, "{m:?}");
+            assert_eq!(m.sweep_budget_waits > 0, waits, "{budget:?}: {m:?}");
+        }
+    }
+
+    /// Under per-key order, a message blocked behind its key's head is never claimed while
+    /// the head retries; the sweep a claim starts renews its body. The head's own body is
+    /// renewed by the retry whose backoff would outlast it. A second claim within the
+    /// sweep interval does not sweep again.
+    async fn a_message_blocked_behind_its_keys_head_is_renewed_by_a_claims_sweep(
+        (_, outbox) = common::client_and_outbox(
+            "outbox-dynamodb body blocked",
+            config().with_ordering(KeyOrder::PerKey),
+        )
+    ) {
+        let keyed = |d: &str| {
+            NewMessage::builder(d)
+                .partition_key("order-1")
+                .build()
+                .unwrap()
+        };
+        let (head, blocked) = (keyed("head"), keyed("blocked"));
+        common::enqueue_all(&outbox, &[head.clone(), blocked.clone()])
+            .await
+            .unwrap();
+        age(&outbox, head.id(), AT_RISK).await;
+        age(&outbox, blocked.id(), AT_RISK).await;
+        let before = body_ttls(&outbox, blocked.id()).await;
+
+        // This store's first claim starts a sweep of its shards, and claims the head only.
+        let start = now_s();
+        let got = claim(&outbox, 10).await;
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].message.id, head.id());
+        wait_until("the claim's sweep to renew the blocked body", || async {
+            let after = body_ttls(&outbox, blocked.id()).await;
+            after[0] >= start + BODY_TTL.as_secs()
+                && body_exp(&outbox, blocked.id()).await == Some(after[0])
+        })
+        .await;
+        let after = body_ttls(&outbox, blocked.id()).await;
+        assert!(after[0] > before[0]);
+
+        // The head backs off for two hours: its body must outlive the backoff.
+        let backoff = Duration::from_secs(2 * 3600);
+        let failed = outbox
+            .fail(&[Failure::new(
+                got[0].lease,
+                "broker down",
+                Disposition::Retry { after: backoff },
+            )])
+            .await
+            .unwrap();
+        assert!(failed.lost.is_empty());
+        let head_ttl = body_ttls(&outbox, head.id()).await[0];
+        assert!(
+            head_ttl >= now_s() + backoff.as_secs() + BODY_TTL.as_secs() * 3 / 4,
+            "the retry kept the head's body ahead of its backoff: {head_ttl}"
+        );
+        assert!(claim(&outbox, 10).await.is_empty(), "the key is blocked");
+
+        // Put the blocked body at risk again: a claim within the sweep interval leaves
+        // it (no second sweep), an explicit sweep renews it.
+        age(&outbox, blocked.id(), BODY_TTL).await;
+        let again = body_ttls(&outbox, blocked.id()).await;
+        assert!(claim(&outbox, 10).await.is_empty());
+        assert_eq!(body_ttls(&outbox, blocked.id()).await, again);
+        assert_eq!(outbox.renew_bodies().await.unwrap(), 1);
+        assert!(body_ttls(&outbox, blocked.id()).await[0] >= now_s() + BODY_TTL.as_secs() - 1);
+    }
+
+    /// A completed message's body is left to its time to live (under `Delete` its state is
+    /// gone, under `Keep` it left the due index); a pending one beside it is renewed.
+    async fn a_completed_messages_body_is_not_renewed(
+        client = common::client("outbox-dynamodb body completed")
+    ) {
+        for retention in [
+            Retention::Delete,
+            Retention::Keep {
+                window: Duration::from_secs(3600),
+            },
+        ] {
+            let outbox = common::outbox(&client, config().with_retention(retention))
+                .await
+                .unwrap();
+            let done = NewMessage::builder("done").build().unwrap();
+            common::enqueue_all(&outbox, std::slice::from_ref(&done))
+                .await
+                .unwrap();
+            let got = claim(&outbox, 1).await;
+            assert_eq!(got.len(), 1);
+            let settled = outbox.complete(&[got[0].lease]).await.unwrap();
+            assert!(settled.lost.is_empty());
+            let pending = NewMessage::builder("pending").build().unwrap();
+            common::enqueue_all(&outbox, std::slice::from_ref(&pending))
+                .await
+                .unwrap();
+            age(&outbox, done.id(), AT_RISK).await;
+            age(&outbox, pending.id(), AT_RISK).await;
+            let done_before = body_ttls(&outbox, done.id()).await;
+            let pending_before = body_ttls(&outbox, pending.id()).await;
+
+            assert_eq!(outbox.renew_bodies().await.unwrap(), 1, "{retention:?}");
+            assert_eq!(
+                body_ttls(&outbox, done.id()).await,
+                done_before,
+                "{retention:?}"
+            );
+            assert!(body_ttls(&outbox, pending.id()).await[0] > pending_before[0] + 30 * 60);
+        }
+    }
+
+    /// A dead letter keeps its body (no time to live) and is never swept; a requeue gives
+    /// the body a full time to live back and records it on the state item.
+    async fn a_dead_letter_keeps_its_body_and_a_requeue_renews_it(
+        (_, outbox) = common::client_and_outbox("outbox-dynamodb body dead letter", config())
+    ) {
+        let m = NewMessage::builder("dead").build().unwrap();
+        common::enqueue_all(&outbox, std::slice::from_ref(&m))
             .await
             .unwrap();
         let got = claim(&outbox, 1).await;
-        assert_eq!(got.len(), 1);
-        let settled = outbox.complete(&[got[0].lease]).await.unwrap();
-        assert!(settled.lost.is_empty());
-        let pending = NewMessage::builder("pending").build().unwrap();
-        common::enqueue_all(&outbox, std::slice::from_ref(&pending))
-            .await
-            .unwrap();
-        age(&outbox, done.id(), AT_RISK).await;
-        age(&outbox, pending.id(), AT_RISK).await;
-        let done_before = body_ttls(&outbox, done.id()).await;
-        let pending_before = body_ttls(&outbox, pending.id()).await;
-
-        assert_eq!(outbox.renew_bodies().await.unwrap(), 1, "{retention:?}");
-        assert_eq!(
-            body_ttls(&outbox, done.id()).await,
-            done_before,
-            "{retention:?}"
+        let failure = Failure::new(got[0].lease, "refused", Disposition::DeadLetter);
+        assert!(outbox.fail(&[failure]).await.unwrap().lost.is_empty());
+        age(&outbox, m.id(), AT_RISK).await;
+        let parts = body(&outbox, m.id()).await;
+        assert_eq!(parts.len(), 1);
+        assert!(
+            !parts[0].contains_key("ttl"),
+            "a dead letter's body has no TTL"
         );
-        assert!(body_ttls(&outbox, pending.id()).await[0] > pending_before[0] + 30 * 60);
+        assert_eq!(outbox.renew_bodies().await.unwrap(), 0);
+        assert!(!body(&outbox, m.id()).await[0].contains_key("ttl"));
+
+        let start = now_s();
+        let selection = outbox_core::DeadLetterSelection::Ids(vec![m.id()]);
+        assert_eq!(
+            outbox_core::OutboxAdmin::requeue_dead(&outbox, &selection)
+                .await
+                .unwrap(),
+            1
+        );
+        let ttl = body_ttls(&outbox, m.id()).await[0];
+        assert!(ttl >= start + BODY_TTL.as_secs(), "{ttl}");
+        assert_eq!(body_exp(&outbox, m.id()).await, Some(ttl));
     }
-}
-
-/// A dead letter keeps its body (no time to live) and is never swept; a requeue gives
-/// the body a full time to live back and records it on the state item.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_letter_keeps_its_body_and_a_requeue_renews_it() {
-    let Some(client) = common::client("outbox-dynamodb body dead letter").await else {
-        return;
-    };
-    let outbox = common::outbox(&client, config()).await.unwrap();
-    let m = NewMessage::builder("dead").build().unwrap();
-    common::enqueue_all(&outbox, std::slice::from_ref(&m))
-        .await
-        .unwrap();
-    let got = claim(&outbox, 1).await;
-    let failure = Failure::new(got[0].lease, "refused", Disposition::DeadLetter);
-    assert!(outbox.fail(&[failure]).await.unwrap().lost.is_empty());
-    age(&outbox, m.id(), AT_RISK).await;
-    let parts = body(&outbox, m.id()).await;
-    assert_eq!(parts.len(), 1);
-    assert!(
-        !parts[0].contains_key("ttl"),
-        "a dead letter's body has no TTL"
-    );
-    assert_eq!(outbox.renew_bodies().await.unwrap(), 0);
-    assert!(!body(&outbox, m.id()).await[0].contains_key("ttl"));
-
-    let start = now_s();
-    let selection = outbox_core::DeadLetterSelection::Ids(vec![m.id()]);
-    assert_eq!(
-        outbox_core::OutboxAdmin::requeue_dead(&outbox, &selection)
-            .await
-            .unwrap(),
-        1
-    );
-    let ttl = body_ttls(&outbox, m.id()).await[0];
-    assert!(ttl >= start + BODY_TTL.as_secs(), "{ttl}");
-    assert_eq!(body_exp(&outbox, m.id()).await, Some(ttl));
 }

@@ -4,6 +4,7 @@
 //!
 //! Run: `eval "$(scripts/services.sh)" && cargo test -p outbox-dynamodb --test dynamodb`
 
+#[macro_use]
 #[path = "../common/mod.rs"]
 mod common;
 
@@ -11,6 +12,7 @@ mod bodies;
 mod dedup;
 mod faults;
 mod limits;
+mod lock;
 mod markers;
 mod relay;
 mod settle;

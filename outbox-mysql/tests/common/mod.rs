@@ -22,6 +22,29 @@ pub fn url(what: &str) -> Option<String> {
     outbox_testkit::service_url(URL_VAR, what)
 }
 
+/// `service_test!` for the tests that need the database: ignored, with this reason,
+/// when `OUTBOX_MYSQL_URL` was not set at build time. Each test awaits its fixture first
+/// (a future of `Option`: `None` skips it), for example [`service_url`] or [`connect`].
+#[allow(unused_macros)]
+macro_rules! mysql_test {
+    ($($tests:tt)*) => {
+        outbox_testkit::service_test! {
+            ignore = "OUTBOX_MYSQL_URL was not set at build time (see the build warning)";
+            $($tests)*
+        }
+    };
+}
+
+/// [`url`], as a `mysql_test!` fixture for a test that opens its own pools.
+pub async fn service_url(what: &str) -> Option<String> {
+    url(what)
+}
+
+/// A `mysql_test!` fixture: a [`pool`] of `max` connections on the test database.
+pub async fn connect(what: &str, max: u32) -> Option<MySqlPool> {
+    Some(pool(&url(what)?, max).await)
+}
+
 /// A small pool for one test (each `#[tokio::test]` has its own runtime).
 pub async fn pool(url: &str, max: u32) -> MySqlPool {
     let options: MySqlConnectOptions = url.parse().expect("valid OUTBOX_MYSQL_URL");

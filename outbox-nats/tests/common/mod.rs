@@ -31,6 +31,26 @@ pub fn url(what: &str) -> Option<String> {
     outbox_testkit::service_url(URL_VAR, what)
 }
 
+/// `service_test!` for the tests that need the server, on a runtime of two workers:
+/// ignored, with this reason, when `OUTBOX_NATS_URL` was not set at build time. Each
+/// test awaits its fixture first (a future of `Option`: `None` skips it), for example
+/// [`service_url`].
+#[allow(unused_macros)]
+macro_rules! nats_test {
+    ($($tests:tt)*) => {
+        outbox_testkit::service_test! {
+            ignore = "OUTBOX_NATS_URL was not set at build time (see the build warning)";
+            flavor = multi_thread(2);
+            $($tests)*
+        }
+    };
+}
+
+/// [`url`], as a `nats_test!` fixture.
+pub async fn service_url(what: &str) -> Option<String> {
+    url(what)
+}
+
 fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

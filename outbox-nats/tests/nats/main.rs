@@ -3,6 +3,7 @@
 //!
 //! Run: `eval "$(scripts/services.sh)" && cargo test -p outbox-nats --test nats`
 
+#[macro_use]
 #[path = "../common/mod.rs"]
 mod common;
 
@@ -28,24 +29,25 @@ fn message(destination: &str, payload: Vec<u8>) -> Message {
     })
 }
 
-/// A stream of its own and a publisher prefixed with its name.
+/// A `nats_test!` fixture: a stream of its own and a publisher prefixed with its name.
 async fn setup(
-    url: &str,
+    what: &str,
     config: impl Fn(NatsPublisherConfig) -> NatsPublisherConfig,
-) -> (
+) -> Option<(
     outbox_nats::async_nats::jetstream::Context,
     String,
     NatsPublisher,
-) {
-    let js = common::jetstream(url).await;
+)> {
+    let url = common::url(what)?;
+    let js = common::jetstream(&url).await;
     let name = common::unique_name();
     common::create_stream(&js, &name, "ok").await;
     let publisher = NatsPublisher::connect(config(
-        NatsPublisherConfig::new(url).with_subject_prefix(&name),
+        NatsPublisherConfig::new(&url).with_subject_prefix(&name),
     ))
     .await
     .expect("connect");
-    (js, name, publisher)
+    Some((js, name, publisher))
 }
 
 async fn publish(publisher: &NatsPublisher, batch: &[Message]) -> Vec<PublishOutcome> {
@@ -56,92 +58,88 @@ async fn publish(publisher: &NatsPublisher, batch: &[Message]) -> Vec<PublishOut
     outcomes
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_over_the_servers_max_payload_is_permanent_alone() {
-    let Some(url) = common::url("outbox-nats max payload") else {
-        return;
-    };
-    let (js, name, publisher) = setup(&url, |c| c).await;
-    let max = publisher.client().server_info().max_payload;
-    let batch = [
-        message("ok.a", b"small".to_vec()),
-        message("ok.a", vec![7; max + 1]),
-        message("ok.a", b"small too".to_vec()),
-    ];
-    let outcomes = publish(&publisher, &batch).await;
-    assert_eq!(outcomes[0], PublishOutcome::Published);
-    match &outcomes[1] {
-        PublishOutcome::Permanent(reason) => assert!(reason.contains("max_payload"), "{reason}"),
-        other => panic!("an oversize message must be Permanent, got {other:?}"),
+nats_test! {
+    async fn a_message_over_the_servers_max_payload_is_permanent_alone(
+        (js, name, publisher) = setup("outbox-nats max payload", |c| c)
+    ) {
+        let max = publisher.client().server_info().max_payload;
+        let batch = [
+            message("ok.a", b"small".to_vec()),
+            message("ok.a", vec![7; max + 1]),
+            message("ok.a", b"small too".to_vec()),
+        ];
+        let outcomes = publish(&publisher, &batch).await;
+        assert_eq!(outcomes[0], PublishOutcome::Published);
+        match &outcomes[1] {
+            PublishOutcome::Permanent(reason) => {
+                assert!(reason.contains("max_payload"), "{reason}")
+            }
+            other => panic!("an oversize message must be Permanent, got {other:?}"),
+        }
+        assert_eq!(outcomes[2], PublishOutcome::Published);
+        let held = common::read_back(&js, &name, &format!("{name}.ok.a"))
+            .await
+            .unwrap();
+        assert_eq!(held.len(), 2);
+        js.delete_stream(&name).await.unwrap();
     }
-    assert_eq!(outcomes[2], PublishOutcome::Published);
-    let held = common::read_back(&js, &name, &format!("{name}.ok.a"))
-        .await
-        .unwrap();
-    assert_eq!(held.len(), 2);
-    js.delete_stream(&name).await.unwrap();
-}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_destination_that_is_no_subject_is_permanent_alone() {
-    let Some(url) = common::url("outbox-nats subjects") else {
-        return;
-    };
-    let (js, name, publisher) = setup(&url, |c| c).await;
-    let batch = [
-        message("ok.a", Vec::new()),
-        message("ok.has space", Vec::new()),
-        message("ok.*", Vec::new()),
-        message("ok..a", Vec::new()),
-        message("ok.b", Vec::new()),
-    ];
-    let outcomes = publish(&publisher, &batch).await;
-    assert_eq!(outcomes[0], PublishOutcome::Published);
-    for outcome in &outcomes[1..4] {
-        assert!(
-            matches!(outcome, PublishOutcome::Permanent(r) if r.contains("NATS subject")),
-            "{outcome:?}"
-        );
+    async fn a_destination_that_is_no_subject_is_permanent_alone(
+        (js, name, publisher) = setup("outbox-nats subjects", |c| c)
+    ) {
+        let batch = [
+            message("ok.a", Vec::new()),
+            message("ok.has space", Vec::new()),
+            message("ok.*", Vec::new()),
+            message("ok..a", Vec::new()),
+            message("ok.b", Vec::new()),
+        ];
+        let outcomes = publish(&publisher, &batch).await;
+        assert_eq!(outcomes[0], PublishOutcome::Published);
+        for outcome in &outcomes[1..4] {
+            assert!(
+                matches!(outcome, PublishOutcome::Permanent(r) if r.contains("NATS subject")),
+                "{outcome:?}"
+            );
+        }
+        assert_eq!(outcomes[4], PublishOutcome::Published);
+        js.delete_stream(&name).await.unwrap();
     }
-    assert_eq!(outcomes[4], PublishOutcome::Published);
-    js.delete_stream(&name).await.unwrap();
-}
 
-/// A core subscriber that never answers stands in for a JetStream that took the
-/// message but whose ack never comes: the message is retryable, the publisher goes on.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_missing_ack_is_retryable_and_the_publisher_goes_on() {
-    let Some(url) = common::url("outbox-nats ack timeout") else {
-        return;
-    };
-    let (js, name, publisher) =
-        setup(&url, |c| c.with_ack_timeout(Duration::from_millis(300))).await;
-    let silent_subject = format!("{name}.silent.x");
-    let mut silent = publisher
-        .client()
-        .subscribe(silent_subject.clone())
-        .await
-        .unwrap();
-    publisher.client().flush().await.unwrap();
+    /// A core subscriber that never answers stands in for a JetStream that took the
+    /// message but whose ack never comes: the message is retryable, the publisher goes on.
+    async fn a_missing_ack_is_retryable_and_the_publisher_goes_on(
+        (js, name, publisher) = setup("outbox-nats ack timeout", |c| {
+            c.with_ack_timeout(Duration::from_millis(300))
+        })
+    ) {
+        let silent_subject = format!("{name}.silent.x");
+        let mut silent = publisher
+            .client()
+            .subscribe(silent_subject.clone())
+            .await
+            .unwrap();
+        publisher.client().flush().await.unwrap();
 
-    let batch = [
-        message("silent.x", b"lost ack".to_vec()),
-        message("ok.a", b"fine".to_vec()),
-    ];
-    let outcomes = publish(&publisher, &batch).await;
-    match &outcomes[0] {
-        PublishOutcome::Retryable(reason) => assert!(reason.contains("PubAck"), "{reason}"),
-        other => panic!("a missing ack must be Retryable, got {other:?}"),
+        let batch = [
+            message("silent.x", b"lost ack".to_vec()),
+            message("ok.a", b"fine".to_vec()),
+        ];
+        let outcomes = publish(&publisher, &batch).await;
+        match &outcomes[0] {
+            PublishOutcome::Retryable(reason) => assert!(reason.contains("PubAck"), "{reason}"),
+            other => panic!("a missing ack must be Retryable, got {other:?}"),
+        }
+        assert_eq!(outcomes[1], PublishOutcome::Published);
+        let seen = within("the silent subscriber's copy", silent.next())
+            .await
+            .unwrap();
+        assert_eq!(&seen.payload[..], b"lost ack");
+
+        let again = publish(&publisher, &[message("ok.a", b"next".to_vec())]).await;
+        assert_eq!(again, [PublishOutcome::Published]);
+        js.delete_stream(&name).await.unwrap();
     }
-    assert_eq!(outcomes[1], PublishOutcome::Published);
-    let seen = within("the silent subscriber's copy", silent.next())
-        .await
-        .unwrap();
-    assert_eq!(&seen.payload[..], b"lost ack");
-
-    let again = publish(&publisher, &[message("ok.a", b"next".to_vec())]).await;
-    assert_eq!(again, [PublishOutcome::Published]);
-    js.delete_stream(&name).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,29 +165,29 @@ async fn connecting_reports_what_to_do_next() {
     assert_eq!(invalid.kind(), ErrorKind::Config);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_publisher_over_an_existing_client_publishes() {
-    let Some(url) = common::url("outbox-nats from_client") else {
-        return;
-    };
-    let js = common::jetstream(&url).await;
-    let name = common::unique_name();
-    common::create_stream(&js, &name, "ok").await;
-    let publisher = NatsPublisher::from_client(
-        js.client(),
-        NatsPublisherConfig::new("ignored").with_subject_prefix(&name),
-    )
-    .unwrap();
-    let m = message("ok.a", b"x".to_vec());
-    assert_eq!(
-        publish(&publisher, std::slice::from_ref(&m)).await,
-        [PublishOutcome::Published]
-    );
-    // The same id again: JetStream acks it as a duplicate, which counts as published.
-    assert_eq!(publish(&publisher, &[m]).await, [PublishOutcome::Published]);
-    let held = common::read_back(&js, &name, &format!("{name}.ok.a"))
-        .await
+nats_test! {
+    async fn a_publisher_over_an_existing_client_publishes(
+        url = common::service_url("outbox-nats from_client")
+    ) {
+        let js = common::jetstream(&url).await;
+        let name = common::unique_name();
+        common::create_stream(&js, &name, "ok").await;
+        let publisher = NatsPublisher::from_client(
+            js.client(),
+            NatsPublisherConfig::new("ignored").with_subject_prefix(&name),
+        )
         .unwrap();
-    assert_eq!(held.len(), 1);
-    js.delete_stream(&name).await.unwrap();
+        let m = message("ok.a", b"x".to_vec());
+        assert_eq!(
+            publish(&publisher, std::slice::from_ref(&m)).await,
+            [PublishOutcome::Published]
+        );
+        // The same id again: JetStream acks it as a duplicate, which counts as published.
+        assert_eq!(publish(&publisher, &[m]).await, [PublishOutcome::Published]);
+        let held = common::read_back(&js, &name, &format!("{name}.ok.a"))
+            .await
+            .unwrap();
+        assert_eq!(held.len(), 1);
+        js.delete_stream(&name).await.unwrap();
+    }
 }

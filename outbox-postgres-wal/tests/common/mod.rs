@@ -28,6 +28,21 @@ pub const LOGICAL: [(&str, &str); 3] = [
     ("max_replication_slots", "20"),
 ];
 
+/// `service_test!` for the tests that start a private cluster, on a runtime of two
+/// workers: ignored, with this reason, when the build found no PostgreSQL server
+/// binaries. Each test awaits its fixture first (a future of `Option`: `None` skips it),
+/// for example [`Env::start`] or [`Env::with_outbox`].
+#[allow(unused_macros)]
+macro_rules! wal_test {
+    ($($tests:tt)*) => {
+        outbox_testkit::service_test! {
+            ignore = "no PostgreSQL server binaries when built: see the build warning";
+            flavor = multi_thread(2);
+            $($tests)*
+        }
+    };
+}
+
 /// A private cluster (dropped last) and a pool on it.
 pub struct Env {
     pub pool: PgPool,
@@ -77,6 +92,14 @@ impl Env {
         Some(Env { pool, cluster })
     }
 
+    /// A cluster as [`start`](Self::start) starts it, and a fresh [`outbox`](Self::outbox)
+    /// on it.
+    pub async fn with_outbox(extra: &[(&str, &str)]) -> Option<(Env, WalOutbox)> {
+        let env = Self::start(extra).await?;
+        let outbox = env.outbox().await;
+        Some((env, outbox))
+    }
+
     pub fn target(&self) -> ReplicationTarget {
         ReplicationTarget::from_url(&self.cluster.url()).unwrap()
     }
@@ -101,10 +124,12 @@ pub fn fast() -> WalRelayConfig {
         .with_batch_size(50)
         .with_status_interval(Duration::from_millis(50))
         .with_retry(
-            outbox_core::RetryPolicy::with_max_attempts(5)
-                .backoff(Duration::from_millis(20), Duration::from_millis(100)),
+            outbox_core::RetryPolicy::new(5)
+                .with_initial_delay(Duration::from_millis(20))
+                .with_max_delay(Duration::from_millis(100)),
         )
-        .with_reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200))
+        .with_initial_reconnect_backoff(Duration::from_millis(20))
+        .with_max_reconnect_backoff(Duration::from_millis(200))
         .with_lock_retry(Duration::from_millis(50))
         .with_lag_interval(Duration::from_millis(200))
 }

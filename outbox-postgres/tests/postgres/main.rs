@@ -8,6 +8,7 @@
 //!
 //! Every test makes its own schema.
 
+#[macro_use]
 #[path = "../common/mod.rs"]
 mod common;
 
@@ -35,6 +36,13 @@ async fn outbox(pool: &PgPool, config: PgOutboxConfig) -> PgOutbox {
     let outbox = PgOutbox::new(pool.clone(), config.with_schema(common::schema_name())).unwrap();
     outbox.install().await.unwrap();
     outbox
+}
+
+/// A `pg_test!` fixture: a pool of `max` connections and a fresh [`outbox`] on it.
+async fn pg_outbox(what: &str, max: u32, config: PgOutboxConfig) -> Option<(PgPool, PgOutbox)> {
+    let pool = common::connect(what, max).await?;
+    let outbox = outbox(&pool, config).await;
+    Some((pool, outbox))
 }
 
 /// Enqueue `messages` in one committed transaction.

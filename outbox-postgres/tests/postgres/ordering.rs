@@ -9,7 +9,7 @@ use outbox_core::{
 };
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 
-use crate::{common, enqueue, outbox, table};
+use crate::{enqueue, pg_outbox, table};
 
 /// A lease that never lapses during a test.
 pub(crate) const LONG: Duration = Duration::from_secs(300);
@@ -67,94 +67,88 @@ async fn load_blocked_backlog(outbox: &PgOutbox, others: i64, backlog: i64) {
         .unwrap();
 }
 
-/// With one key dominating the statistics and its head in flight, the head check must
-/// still probe the `<table>_key` index per candidate. (Planned as a sequential scan, it
-/// rescanned the table for every blocked row: seconds per claim.)
-#[tokio::test]
-async fn head_check_uses_the_key_index_behind_a_blocked_backlog() {
-    let Some(url) = common::url("per-key claim plan") else {
-        return;
-    };
-    let pool = common::pool(&url, 2).await;
-    let outbox = outbox(&pool, per_key()).await;
-    let claim = crate::plans::claim_statement(&outbox).await;
-    load_blocked_backlog(&outbox, 2_000, 20_000).await;
+pg_test! {
+    /// With one key dominating the statistics and its head in flight, the head check must
+    /// still probe the `<table>_key` index per candidate. (Planned as a sequential scan, it
+    /// rescanned the table for every blocked row: seconds per claim.)
+    async fn head_check_uses_the_key_index_behind_a_blocked_backlog(
+        (_, outbox) = pg_outbox("per-key claim plan", 2, per_key())
+    ) {
+        let claim = crate::plans::claim_statement(&outbox).await;
+        load_blocked_backlog(&outbox, 2_000, 20_000).await;
 
-    let plan = crate::plans::explain_claim(outbox.relay_pool(), &claim, 100).await;
-    // The head check reads the table as `e`; the rest of the plan may use any access
-    // path (a hash join over a small table is fine).
-    let name = outbox.config().table();
-    assert!(
-        plan.contains(&format!("using {name}_key on {name} e ")),
-        "the head check must probe {name}_key:\n{plan}"
-    );
-    assert!(
-        !plan.contains(&format!("Seq Scan on {name} e ")),
-        "the head check must not scan the table:\n{plan}"
-    );
+        let plan = crate::plans::explain_claim(outbox.relay_pool(), &claim, 100).await;
+        // The head check reads the table as `e`; the rest of the plan may use any access
+        // path (a hash join over a small table is fine).
+        let name = outbox.config().table();
+        assert!(
+            plan.contains(&format!("using {name}_key on {name} e ")),
+            "the head check must probe {name}_key:\n{plan}"
+        );
+        assert!(
+            !plan.contains(&format!("Seq Scan on {name} e ")),
+            "the head check must not scan the table:\n{plan}"
+        );
 
-    let claimed = outbox
-        .claim(ClaimRequest::new(100, LONG).unwrap())
-        .await
-        .unwrap();
-    let mut keys: Vec<_> = claimed
-        .iter()
-        .map(|c| c.message.partition_key.clone().unwrap_or_default())
-        .collect();
-    keys.sort();
-    assert_eq!(
-        keys,
-        ["k0", "k1", "k2", "k3"],
-        "only the heads of the free keys"
-    );
-}
+        let claimed = outbox
+            .claim(ClaimRequest::new(100, LONG).unwrap())
+            .await
+            .unwrap();
+        let mut keys: Vec<_> = claimed
+            .iter()
+            .map(|c| c.message.partition_key.clone().unwrap_or_default())
+            .collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            ["k0", "k1", "k2", "k3"],
+            "only the heads of the free keys"
+        );
+    }
 
-/// Requeueing a dead letter under per-key order makes it claimable at once by its
-/// original `seq`, even while a later message of its key is in flight; the messages
-/// after that wait for both.
-#[tokio::test]
-async fn requeued_dead_head_is_claimable_beside_its_in_flight_successor() {
-    let Some(url) = common::url("per-key requeue") else {
-        return;
-    };
-    let pool = common::pool(&url, 2).await;
-    let outbox = outbox(&pool, per_key()).await;
-    let batch: Vec<_> = (0..3).map(|n| keyed("k", n)).collect();
-    enqueue(&outbox, &batch).await;
+    /// Requeueing a dead letter under per-key order makes it claimable at once by its
+    /// original `seq`, even while a later message of its key is in flight; the messages
+    /// after that wait for both.
+    async fn requeued_dead_head_is_claimable_beside_its_in_flight_successor(
+        (_, outbox) = pg_outbox("per-key requeue", 2, per_key())
+    ) {
+        let batch: Vec<_> = (0..3).map(|n| keyed("k", n)).collect();
+        enqueue(&outbox, &batch).await;
 
-    let head = outbox
-        .claim(ClaimRequest::new(10, LONG).unwrap())
-        .await
-        .unwrap();
-    assert_eq!(head.len(), 1);
-    outbox
-        .fail_one(Failure::new(
-            head[0].lease,
-            "poison",
-            Disposition::DeadLetter,
-        ))
-        .await
-        .unwrap();
-    let second = outbox
-        .claim(ClaimRequest::new(10, LONG).unwrap())
-        .await
-        .unwrap();
-    assert_eq!(second.len(), 1);
-    assert_eq!(second[0].message.id, batch[1].id());
+        let head = outbox
+            .claim(ClaimRequest::new(10, LONG).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(head.len(), 1);
+        outbox
+            .fail_one(Failure::new(
+                head[0].lease,
+                "poison",
+                Disposition::DeadLetter,
+            ))
+            .await
+            .unwrap();
+        let second = outbox
+            .claim(ClaimRequest::new(10, LONG).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(second.len(), 1);
+        assert_eq!(second[0].message.id, batch[1].id());
 
-    let requeue = DeadLetterSelection::Ids(vec![batch[0].id()]);
-    assert_eq!(outbox.requeue_dead(&requeue).await.unwrap(), 1);
-    let requeued = outbox
-        .claim(ClaimRequest::new(10, LONG).unwrap())
-        .await
-        .unwrap();
-    let ids: Vec<_> = requeued.iter().map(|c| c.message.id).collect();
-    assert_eq!(
-        ids,
-        vec![batch[0].id()],
-        "the requeued head is claimed while its successor is still in flight; \
-         the third message waits for both"
-    );
-    let stats = outbox.stats().await.unwrap();
-    assert_eq!((stats.in_flight, stats.pending), (2, 1));
+        let requeue = DeadLetterSelection::Ids(vec![batch[0].id()]);
+        assert_eq!(outbox.requeue_dead(&requeue).await.unwrap(), 1);
+        let requeued = outbox
+            .claim(ClaimRequest::new(10, LONG).unwrap())
+            .await
+            .unwrap();
+        let ids: Vec<_> = requeued.iter().map(|c| c.message.id).collect();
+        assert_eq!(
+            ids,
+            vec![batch[0].id()],
+            "the requeued head is claimed while its successor is still in flight; \
+             the third message waits for both"
+        );
+        let stats = outbox.stats().await.unwrap();
+        assert_eq!((stats.in_flight, stats.pending), (2, 1));
+    }
 }

@@ -433,294 +433,282 @@ async fn random_ids(outbox: &PgOutbox, n: i64) -> Vec<uuid::Uuid> {
     .unwrap()
 }
 
-/// On a table bulk-loaded with 100,000 undelivered rows and never analyzed, every
-/// statement that settles a batch reaches its rows through the primary key (never the
-/// due index, never a sequential scan), in its custom and its generic plan, and the
-/// claim reads the due index. (Without statistics, settles written with the due
-/// index's own predicate were planned as a nested loop over that whole index per id:
-/// 3.4 s for a 100-row complete over 57,000 rows.)
-#[tokio::test]
-async fn settles_use_the_primary_key_on_a_table_without_statistics() {
-    let Some(url) = common::url("settle plans without statistics") else {
-        return;
-    };
-    let pool = common::pool(&url, 2).await;
-    let keep = Retention::Keep {
-        window: Duration::from_secs(3600),
-    };
-    for retention in [Retention::Delete, keep] {
-        let outbox =
-            crate::outbox(&pool, PgOutboxConfig::default().with_retention(retention)).await;
-        let claim = claim_statement(&outbox).await;
-        let enqueue = enqueue_statement(&outbox).await;
-        let settles = settle_statements(&outbox).await;
-        let matching = matching_statements(&outbox).await;
+pg_test! {
+    /// On a table bulk-loaded with 100,000 undelivered rows and never analyzed, every
+    /// statement that settles a batch reaches its rows through the primary key (never the
+    /// due index, never a sequential scan), in its custom and its generic plan, and the
+    /// claim reads the due index. (Without statistics, settles written with the due
+    /// index's own predicate were planned as a nested loop over that whole index per id:
+    /// 3.4 s for a 100-row complete over 57,000 rows.)
+    async fn settles_use_the_primary_key_on_a_table_without_statistics(
+        pool = common::connect("settle plans without statistics", 2)
+    ) {
+        let keep = Retention::Keep {
+            window: Duration::from_secs(3600),
+        };
+        for retention in [Retention::Delete, keep] {
+            let outbox =
+                crate::outbox(&pool, PgOutboxConfig::default().with_retention(retention)).await;
+            let claim = claim_statement(&outbox).await;
+            let enqueue = enqueue_statement(&outbox).await;
+            let settles = settle_statements(&outbox).await;
+            let matching = matching_statements(&outbox).await;
+            no_autovacuum(&outbox).await;
+            load_without_statistics(&outbox, 100_000).await;
+            let ids = random_ids(&outbox, 100).await;
+            let name = outbox.config().table();
+            let (pkey, due, dead) = (
+                format!("{name}_pkey"),
+                format!("{name}_due"),
+                format!("{name}_dead"),
+            );
+
+            for plan in [Plan::Custom, Plan::Generic] {
+                for (what, statement) in &settles {
+                    let args = |types: &[String]| settle_args(types, &ids);
+                    // Admin statements run on the outbox's own pool, the rest on the
+                    // relay's connections, each with its sessions' settings.
+                    let by_id_only = what.ends_with("ids");
+                    let on = if by_id_only {
+                        &pool
+                    } else {
+                        outbox.relay_pool()
+                    };
+                    let text = explain(on, statement, args, plan).await;
+                    let keyed = text.contains(&pkey) || (by_id_only && text.contains(&dead));
+                    assert!(
+                        keyed,
+                        "{what} ({plan:?}, {retention:?}) must use {pkey}:\n{text}"
+                    );
+                    assert!(
+                        !text.contains(&due) && !text.contains("Seq Scan"),
+                        "{what} ({plan:?}, {retention:?}) must not scan {due} or the table:\n{text}"
+                    );
+                }
+                let args = |types: &[String]| settle_args(types, &ids);
+                let text = explain(outbox.relay_pool(), &claim, args, plan).await;
+                assert!(
+                    text.contains(&due),
+                    "the claim ({plan:?}) must read {due}:\n{text}"
+                );
+                assert!(!text.contains("Seq Scan"), "the claim ({plan:?}):\n{text}");
+                // Stored ids are found by the insert's uniqueness check: nothing is read.
+                let args = |types: &[String]| settle_args(types, &ids);
+                let text = explain(&pool, &enqueue, args, plan).await;
+                let reads = text.lines().any(|l| l.contains("Scan") && l.contains(name));
+                assert!(
+                    !reads,
+                    "the enqueue ({plan:?}) must not read the table:\n{text}"
+                );
+            }
+
+            // Filtered requeues and discards read the dead-letter index once the table has
+            // statistics. (Without them, the planner takes `dead_at IS NOT NULL` to match
+            // almost every row and may scan the table: these are bounded operator calls,
+            // not the relay's path, so that is left to the planner.)
+            sqlx::query(&format!("ANALYZE {}", table(&outbox)))
+                .execute(&pool)
+                .await
+                .unwrap();
+            for plan in [Plan::Custom, Plan::Generic] {
+                for statement in &matching {
+                    let args = |types: &[String]| settle_args(types, &ids);
+                    let text = explain(&pool, statement, args, plan).await;
+                    assert!(text.contains(&dead), "{plan:?}: must read {dead}:\n{text}");
+                    assert!(!text.contains("Seq Scan"), "{plan:?}:\n{text}");
+                }
+            }
+        }
+    }
+
+    /// Generic plans made while the table was empty stay on their indexes once it has
+    /// grown, without statistics, to 100,000 undelivered rows: every statement the relay
+    /// sends is prepared on the relay's connection while the table holds a dozen rows
+    /// (with generic plans forced, the worst case of PostgreSQL's plan cache), the table
+    /// is bulk-loaded, and each cached plan is explained as it would run. (On ordinary
+    /// sessions the settle's cached generic plan was a sequential scan joined to the ids:
+    /// 2.7 s per 100-row settle once the table had grown.)
+    async fn plans_cached_on_an_empty_table_stay_on_their_indexes_after_it_grows(
+        (_, outbox) = crate::pg_outbox("cached plans after growth", 2, PgOutboxConfig::default())
+    ) {
         no_autovacuum(&outbox).await;
+        let twin = twin(&outbox).await;
+        let relay = twin.relay_pool();
+        sqlx::raw_sql("SET plan_cache_mode = force_generic_plan")
+            .execute(relay)
+            .await
+            .unwrap();
+        relay_statements_on_a_dozen_rows(&outbox, &twin).await;
+        let next = |n| ClaimRequest::new(n, LONG).unwrap();
+
         load_without_statistics(&outbox, 100_000).await;
         let ids = random_ids(&outbox, 100).await;
         let name = outbox.config().table();
-        let (pkey, due, dead) = (
-            format!("{name}_pkey"),
-            format!("{name}_due"),
-            format!("{name}_dead"),
-        );
-
-        for plan in [Plan::Custom, Plan::Generic] {
-            for (what, statement) in &settles {
-                let args = |types: &[String]| settle_args(types, &ids);
-                // Admin statements run on the outbox's own pool, the rest on the
-                // relay's connections, each with its sessions' settings.
-                let by_id_only = what.ends_with("ids");
-                let on = if by_id_only {
-                    &pool
-                } else {
-                    outbox.relay_pool()
-                };
-                let text = explain(on, statement, args, plan).await;
-                let keyed = text.contains(&pkey) || (by_id_only && text.contains(&dead));
-                assert!(
-                    keyed,
-                    "{what} ({plan:?}, {retention:?}) must use {pkey}:\n{text}"
-                );
-                assert!(
-                    !text.contains(&due) && !text.contains("Seq Scan"),
-                    "{what} ({plan:?}, {retention:?}) must not scan {due} or the table:\n{text}"
-                );
-            }
-            let args = |types: &[String]| settle_args(types, &ids);
-            let text = explain(outbox.relay_pool(), &claim, args, plan).await;
-            assert!(
-                text.contains(&due),
-                "the claim ({plan:?}) must read {due}:\n{text}"
-            );
-            assert!(!text.contains("Seq Scan"), "the claim ({plan:?}):\n{text}");
-            // Stored ids are found by the insert's uniqueness check: nothing is read.
-            let args = |types: &[String]| settle_args(types, &ids);
-            let text = explain(&pool, &enqueue, args, plan).await;
-            let reads = text.lines().any(|l| l.contains("Scan") && l.contains(name));
-            assert!(
-                !reads,
-                "the enqueue ({plan:?}) must not read the table:\n{text}"
-            );
-        }
-
-        // Filtered requeues and discards read the dead-letter index once the table has
-        // statistics. (Without them, the planner takes `dead_at IS NOT NULL` to match
-        // almost every row and may scan the table: these are bounded operator calls,
-        // not the relay's path, so that is left to the planner.)
-        sqlx::query(&format!("ANALYZE {}", table(&outbox)))
-            .execute(&pool)
+        let (pkey, due) = (format!("{name}_pkey"), format!("{name}_due"));
+        let mut conn = relay.acquire().await.unwrap();
+        let cached = cached_on(&mut conn, name).await;
+        let mut seen = std::collections::BTreeSet::new();
+        for (statement, text, types) in &cached {
+            let args = settle_args(types, &ids);
+            let plan: Vec<String> = sqlx::query_scalar(&format!(
+                "EXPLAIN (COSTS OFF) EXECUTE {statement}({})",
+                args.join(", ")
+            ))
+            .fetch_all(&mut *conn)
             .await
             .unwrap();
-        for plan in [Plan::Custom, Plan::Generic] {
-            for statement in &matching {
-                let args = |types: &[String]| settle_args(types, &ids);
-                let text = explain(&pool, statement, args, plan).await;
-                assert!(text.contains(&dead), "{plan:?}: must read {dead}:\n{text}");
-                assert!(!text.contains("Seq Scan"), "{plan:?}:\n{text}");
+            let plan = plan.join("\n");
+            let claims_due = text.contains("SKIP LOCKED") && !text.contains("= ANY($4");
+            let settles = text.contains("unnest(") || text.contains("= ANY($4");
+            assert!(!plan.contains("Seq Scan"), "{text}\n{plan}");
+            assert!(!plan.contains("Bitmap"), "{text}\n{plan}");
+            if text.contains("SKIP LOCKED") {
+                // One TID probe per locked row, not the claimed rows rescanned per row.
+                let probes = [
+                    "TID Cond: (ctid = due.ctid)",
+                    "TID Cond: (ctid = ready.ctid)",
+                ];
+                assert!(
+                    probes.iter().any(|p| plan.contains(p)) && !plan.contains("Join Filter"),
+                    "a claim must update its rows by ctid, one probe each:\n{text}\n{plan}"
+                );
+            }
+            if text.contains("NOT IN (SELECT x FROM unnest($6") {
+                // The settled ids are looked up in a hash, not compared one by one.
+                assert!(
+                    plan.contains("hashed SubPlan"),
+                    "the exclusion must be hashed:\n{text}\n{plan}"
+                );
+                seen.insert("exclusion");
+            }
+            if claims_due {
+                assert!(
+                    plan.contains(&due),
+                    "a claim must read {due}:\n{text}\n{plan}"
+                );
+                seen.insert("claim");
+            }
+            if settles {
+                assert!(
+                    plan.contains(&pkey),
+                    "must find ids by {pkey}:\n{text}\n{plan}"
+                );
+                seen.insert("by id");
             }
         }
+        assert_eq!(
+            seen.into_iter().collect::<Vec<_>>(),
+            ["by id", "claim", "exclusion"],
+            "every kind of relay statement was cached: {cached:?}"
+        );
+        assert!(
+            cached.len() >= 7,
+            "claim, claim ids, complete and claim, complete, fail, release, renew: {cached:?}"
+        );
+        drop(conn);
+
+        // And they run as planned: a whole batch settled and the next claimed.
+        let held: Vec<Lease> = twin
+            .claim(next(100))
+            .await
+            .unwrap()
+            .iter()
+            .map(|c| c.lease)
+            .collect();
+        assert_eq!(held.len(), 100);
+        let settlement = outbox_core::store::Settlement {
+            complete: &held,
+            ..outbox_core::store::Settlement::default()
+        };
+        let out = twin.settle_and_claim(settlement, next(100)).await.unwrap();
+        assert_eq!(
+            (out.completed.applied, out.claimed.unwrap().len()),
+            (100, 100)
+        );
+        close(&twin).await;
     }
-}
 
-/// Generic plans made while the table was empty stay on their indexes once it has
-/// grown, without statistics, to 100,000 undelivered rows: every statement the relay
-/// sends is prepared on the relay's connection while the table holds a dozen rows
-/// (with generic plans forced, the worst case of PostgreSQL's plan cache), the table
-/// is bulk-loaded, and each cached plan is explained as it would run. (On ordinary
-/// sessions the settle's cached generic plan was a sequential scan joined to the ids:
-/// 2.7 s per 100-row settle once the table had grown.)
-#[tokio::test]
-async fn plans_cached_on_an_empty_table_stay_on_their_indexes_after_it_grows() {
-    let Some(url) = common::url("cached plans after growth") else {
-        return;
-    };
-    let pool = common::pool(&url, 2).await;
-    let outbox = crate::outbox(&pool, PgOutboxConfig::default()).await;
-    no_autovacuum(&outbox).await;
-    let twin = twin(&outbox).await;
-    let relay = twin.relay_pool();
-    sqlx::raw_sql("SET plan_cache_mode = force_generic_plan")
-        .execute(relay)
-        .await
-        .unwrap();
-    relay_statements_on_a_dozen_rows(&outbox, &twin).await;
-    let next = |n| ClaimRequest::new(n, LONG).unwrap();
-
-    load_without_statistics(&outbox, 100_000).await;
-    let ids = random_ids(&outbox, 100).await;
-    let name = outbox.config().table();
-    let (pkey, due) = (format!("{name}_pkey"), format!("{name}_due"));
-    let mut conn = relay.acquire().await.unwrap();
-    let cached = cached_on(&mut conn, name).await;
-    let mut seen = std::collections::BTreeSet::new();
-    for (statement, text, types) in &cached {
-        let args = settle_args(types, &ids);
-        let plan: Vec<String> = sqlx::query_scalar(&format!(
-            "EXPLAIN (COSTS OFF) EXECUTE {statement}({})",
-            args.join(", ")
+    /// The per-key claim, on a table bulk-loaded without statistics with keyed rows, reads
+    /// the due index and finds each key's head through the key index: never a sequential
+    /// scan, in its custom and its generic plan.
+    async fn the_per_key_claim_uses_its_indexes_without_statistics(
+        pool = common::connect("per-key claim plan without statistics", 2)
+    ) {
+        let config = PgOutboxConfig::default().with_ordering(outbox_core::KeyOrder::PerKey);
+        let outbox = crate::outbox(&pool, config).await;
+        let claim = claim_statement(&outbox).await;
+        no_autovacuum(&outbox).await;
+        sqlx::query(&format!(
+            "INSERT INTO {} (id, destination, partition_key, payload, available_at) \
+             SELECT gen_random_uuid(), 'pg.tests', 'k' || (i % 1000), '\\x00', \
+                 now() - interval '1 minute' \
+             FROM generate_series(1, 100000) AS i",
+            table(&outbox)
         ))
-        .fetch_all(&mut *conn)
+        .execute(&pool)
         .await
         .unwrap();
-        let plan = plan.join("\n");
-        let claims_due = text.contains("SKIP LOCKED") && !text.contains("= ANY($4");
-        let settles = text.contains("unnest(") || text.contains("= ANY($4");
-        assert!(!plan.contains("Seq Scan"), "{text}\n{plan}");
-        assert!(!plan.contains("Bitmap"), "{text}\n{plan}");
-        if text.contains("SKIP LOCKED") {
-            // One TID probe per locked row, not the claimed rows rescanned per row.
-            let probes = [
-                "TID Cond: (ctid = due.ctid)",
-                "TID Cond: (ctid = ready.ctid)",
-            ];
+        let name = outbox.config().table();
+        for plan in [Plan::Custom, Plan::Generic] {
+            let args = |types: &[String]| settle_args(types, &[]);
+            let text = explain(outbox.relay_pool(), &claim, args, plan).await;
             assert!(
-                probes.iter().any(|p| plan.contains(p)) && !plan.contains("Join Filter"),
-                "a claim must update its rows by ctid, one probe each:\n{text}\n{plan}"
+                text.contains(&format!("{name}_due")) && text.contains(&format!("{name}_key")),
+                "the per-key claim ({plan:?}) must read the due and key indexes:\n{text}"
             );
-        }
-        if text.contains("NOT IN (SELECT x FROM unnest($6") {
-            // The settled ids are looked up in a hash, not compared one by one.
             assert!(
-                plan.contains("hashed SubPlan"),
-                "the exclusion must be hashed:\n{text}\n{plan}"
+                !text.contains("Seq Scan"),
+                "the per-key claim ({plan:?}):\n{text}"
             );
-            seen.insert("exclusion");
-        }
-        if claims_due {
-            assert!(
-                plan.contains(&due),
-                "a claim must read {due}:\n{text}\n{plan}"
-            );
-            seen.insert("claim");
-        }
-        if settles {
-            assert!(
-                plan.contains(&pkey),
-                "must find ids by {pkey}:\n{text}\n{plan}"
-            );
-            seen.insert("by id");
         }
     }
-    assert_eq!(
-        seen.into_iter().collect::<Vec<_>>(),
-        ["by id", "claim", "exclusion"],
-        "every kind of relay statement was cached: {cached:?}"
-    );
-    assert!(
-        cached.len() >= 7,
-        "claim, claim ids, complete and claim, complete, fail, release, renew: {cached:?}"
-    );
-    drop(conn);
 
-    // And they run as planned: a whole batch settled and the next claimed.
-    let held: Vec<Lease> = twin
-        .claim(next(100))
-        .await
-        .unwrap()
-        .iter()
-        .map(|c| c.lease)
-        .collect();
-    assert_eq!(held.len(), 100);
-    let settlement = outbox_core::store::Settlement {
-        complete: &held,
-        ..outbox_core::store::Settlement::default()
-    };
-    let out = twin.settle_and_claim(settlement, next(100)).await.unwrap();
-    assert_eq!(
-        (out.completed.applied, out.claimed.unwrap().len()),
-        (100, 100)
-    );
-    close(&twin).await;
-}
-
-/// The per-key claim, on a table bulk-loaded without statistics with keyed rows, reads
-/// the due index and finds each key's head through the key index: never a sequential
-/// scan, in its custom and its generic plan.
-#[tokio::test]
-async fn the_per_key_claim_uses_its_indexes_without_statistics() {
-    let Some(url) = common::url("per-key claim plan without statistics") else {
-        return;
-    };
-    let pool = common::pool(&url, 2).await;
-    let config = PgOutboxConfig::default().with_ordering(outbox_core::KeyOrder::PerKey);
-    let outbox = crate::outbox(&pool, config).await;
-    let claim = claim_statement(&outbox).await;
-    no_autovacuum(&outbox).await;
-    sqlx::query(&format!(
-        "INSERT INTO {} (id, destination, partition_key, payload, available_at) \
-         SELECT gen_random_uuid(), 'pg.tests', 'k' || (i % 1000), '\\x00', \
-             now() - interval '1 minute' \
-         FROM generate_series(1, 100000) AS i",
-        table(&outbox)
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    let name = outbox.config().table();
-    for plan in [Plan::Custom, Plan::Generic] {
-        let args = |types: &[String]| settle_args(types, &[]);
-        let text = explain(outbox.relay_pool(), &claim, args, plan).await;
+    /// Complete-and-claim is prepared once per relay connection and reused.
+    async fn complete_and_claim_is_prepared_once_per_connection(
+        (_, outbox) = crate::pg_outbox("prepared complete and claim", 2, PgOutboxConfig::default())
+    ) {
+        let twin = twin(&outbox).await;
+        crate::enqueue(&outbox, &(0..3).map(crate::msg).collect::<Vec<_>>()).await;
+        let next = || ClaimRequest::new(1, LONG).unwrap();
+        let mut held: Vec<Lease> = twin
+            .claim(next())
+            .await
+            .unwrap()
+            .iter()
+            .map(|c| c.lease)
+            .collect();
+        let statement = prepared_one(&twin, "a complete and claim", || async {
+            let settlement = outbox_core::store::Settlement {
+                complete: &held,
+                ..outbox_core::store::Settlement::default()
+            };
+            let out = twin.settle_and_claim(settlement, next()).await.unwrap();
+            assert_eq!(out.completed.applied, 1);
+            held = out.claimed.unwrap().iter().map(|c| c.lease).collect();
+        })
+        .await;
+        assert!(statement.text.contains("m.lease_token = l.token"));
+        assert!(statement
+            .text
+            .contains("c.id NOT IN (SELECT x FROM unnest($6::uuid[]) AS x)"));
+        let on_relay = prepared(twin.relay_pool()).await;
         assert!(
-            text.contains(&format!("{name}_due")) && text.contains(&format!("{name}_key")),
-            "the per-key claim ({plan:?}) must read the due and key indexes:\n{text}"
+            on_relay.iter().any(|(_, s)| s.text == statement.text),
+            "prepared on the relay's connection"
         );
-        assert!(
-            !text.contains("Seq Scan"),
-            "the per-key claim ({plan:?}):\n{text}"
-        );
+        let again = prepared_by(&twin, || async {
+            let settlement = outbox_core::store::Settlement {
+                complete: &held,
+                ..outbox_core::store::Settlement::default()
+            };
+            let out = twin.settle_and_claim(settlement, next()).await.unwrap();
+            assert_eq!(out.completed.applied, 1);
+            assert_eq!(out.claimed.unwrap().len(), 1);
+        })
+        .await;
+        assert!(again.is_empty(), "reused, not prepared again: {again:?}");
+        close(&twin).await;
     }
-}
-
-/// Complete-and-claim is prepared once per relay connection and reused.
-#[tokio::test]
-async fn complete_and_claim_is_prepared_once_per_connection() {
-    let Some(url) = common::url("prepared complete and claim") else {
-        return;
-    };
-    let pool = common::pool(&url, 2).await;
-    let outbox = crate::outbox(&pool, PgOutboxConfig::default()).await;
-    let twin = twin(&outbox).await;
-    crate::enqueue(&outbox, &(0..3).map(crate::msg).collect::<Vec<_>>()).await;
-    let next = || ClaimRequest::new(1, LONG).unwrap();
-    let mut held: Vec<Lease> = twin
-        .claim(next())
-        .await
-        .unwrap()
-        .iter()
-        .map(|c| c.lease)
-        .collect();
-    let statement = prepared_one(&twin, "a complete and claim", || async {
-        let settlement = outbox_core::store::Settlement {
-            complete: &held,
-            ..outbox_core::store::Settlement::default()
-        };
-        let out = twin.settle_and_claim(settlement, next()).await.unwrap();
-        assert_eq!(out.completed.applied, 1);
-        held = out.claimed.unwrap().iter().map(|c| c.lease).collect();
-    })
-    .await;
-    assert!(statement.text.contains("m.lease_token = l.token"));
-    assert!(statement
-        .text
-        .contains("c.id NOT IN (SELECT x FROM unnest($6::uuid[]) AS x)"));
-    let on_relay = prepared(twin.relay_pool()).await;
-    assert!(
-        on_relay.iter().any(|(_, s)| s.text == statement.text),
-        "prepared on the relay's connection"
-    );
-    let again = prepared_by(&twin, || async {
-        let settlement = outbox_core::store::Settlement {
-            complete: &held,
-            ..outbox_core::store::Settlement::default()
-        };
-        let out = twin.settle_and_claim(settlement, next()).await.unwrap();
-        assert_eq!(out.completed.applied, 1);
-        assert_eq!(out.claimed.unwrap().len(), 1);
-    })
-    .await;
-    assert!(again.is_empty(), "reused, not prepared again: {again:?}");
-    close(&twin).await;
 }
 
 /// Enqueue a dozen messages into `outbox` and send every relay statement through
@@ -787,77 +775,81 @@ fn scans_table(plan: &str, name: &str) -> bool {
     })
 }
 
-/// As [`plans_cached_on_an_empty_table_stay_on_their_indexes_after_it_grows`], with
-/// held-lock claims: every statement prepared on the held connection while the table
-/// held a dozen rows (generic plans forced) still reads the outbox through its indexes
-/// once the table has grown, without statistics, to 100,000 rows. (The registry,
-/// one row per open batch, may be read whole.)
-#[tokio::test]
-async fn held_lock_plans_cached_on_an_empty_table_stay_on_their_indexes_after_it_grows() {
+#[test]
+fn scans_table_names_the_table_not_one_it_prefixes() {
     assert!(scans_table("  ->  Seq Scan on t m", "t"));
     assert!(scans_table("Bitmap Heap Scan on t", "t"));
     assert!(!scans_table("  ->  Seq Scan on t_held h", "t"));
-    let Some(url) = common::url("held-lock cached plans after growth") else {
-        return;
-    };
-    let pool = common::pool(&url, 2).await;
-    let config = PgOutboxConfig::default()
-        .with_claim_mode(outbox_core::ClaimMode::HeldLock)
-        .with_sweep_interval(Duration::ZERO);
-    let outbox = crate::outbox(&pool, config).await;
-    no_autovacuum(&outbox).await;
-    let store = PgOutbox::new(
-        common::pool(&url, 1).await,
-        outbox
-            .config()
-            .clone()
-            .with_relay_connections(1)
-            .with_held_connections(1),
-    )
-    .unwrap();
-    let held_pool = store.held_pool().expect("held-lock mode").0.clone();
-    sqlx::raw_sql("SET plan_cache_mode = force_generic_plan")
-        .execute(&held_pool)
-        .await
-        .unwrap();
-    relay_statements_on_a_dozen_rows(&outbox, &store).await;
-    // Dropping the store gives the held connection back to the pool kept here, its
-    // prepared statements intact (its open transaction is rolled back on next use).
-    drop(store);
+}
 
-    load_without_statistics(&outbox, 100_000).await;
-    let ids = random_ids(&outbox, 100).await;
-    let name = outbox.config().table();
-    let due = format!("{name}_due");
-    let mut conn = held_pool.acquire().await.unwrap();
-    let cached = cached_on(&mut conn, name).await;
-    let mut claims = 0;
-    for (statement, text, types) in &cached {
-        let args = settle_args(types, &ids);
-        let args = if args.is_empty() {
-            String::new()
-        } else {
-            format!("({})", args.join(", "))
-        };
-        let plan: Vec<String> =
-            sqlx::query_scalar(&format!("EXPLAIN (COSTS OFF) EXECUTE {statement}{args}"))
-                .fetch_all(&mut *conn)
-                .await
-                .unwrap();
-        let plan = plan.join("\n");
-        assert!(!scans_table(&plan, name), "{text}\n{plan}");
-        if text.contains("SKIP LOCKED") && plan.contains(&due) {
-            claims += 1;
+pg_test! {
+    /// As [`plans_cached_on_an_empty_table_stay_on_their_indexes_after_it_grows`], with
+    /// held-lock claims: every statement prepared on the held connection while the table
+    /// held a dozen rows (generic plans forced) still reads the outbox through its indexes
+    /// once the table has grown, without statistics, to 100,000 rows. (The registry,
+    /// one row per open batch, may be read whole.)
+    async fn held_lock_plans_cached_on_an_empty_table_stay_on_their_indexes_after_it_grows(
+        url = common::service_url("held-lock cached plans after growth")
+    ) {
+        let pool = common::pool(&url, 2).await;
+        let config = PgOutboxConfig::default()
+            .with_claim_mode(outbox_core::ClaimMode::HeldLock)
+            .with_sweep_interval(Duration::ZERO);
+        let outbox = crate::outbox(&pool, config).await;
+        no_autovacuum(&outbox).await;
+        let store = PgOutbox::new(
+            common::pool(&url, 1).await,
+            outbox
+                .config()
+                .clone()
+                .with_relay_connections(1)
+                .with_held_connections(1),
+        )
+        .unwrap();
+        let held_pool = store.held_pool().expect("held-lock mode").0.clone();
+        sqlx::raw_sql("SET plan_cache_mode = force_generic_plan")
+            .execute(&held_pool)
+            .await
+            .unwrap();
+        relay_statements_on_a_dozen_rows(&outbox, &store).await;
+        // Dropping the store gives the held connection back to the pool kept here, its
+        // prepared statements intact (its open transaction is rolled back on next use).
+        drop(store);
+
+        load_without_statistics(&outbox, 100_000).await;
+        let ids = random_ids(&outbox, 100).await;
+        let name = outbox.config().table();
+        let due = format!("{name}_due");
+        let mut conn = held_pool.acquire().await.unwrap();
+        let cached = cached_on(&mut conn, name).await;
+        let mut claims = 0;
+        for (statement, text, types) in &cached {
+            let args = settle_args(types, &ids);
+            let args = if args.is_empty() {
+                String::new()
+            } else {
+                format!("({})", args.join(", "))
+            };
+            let plan: Vec<String> =
+                sqlx::query_scalar(&format!("EXPLAIN (COSTS OFF) EXECUTE {statement}{args}"))
+                    .fetch_all(&mut *conn)
+                    .await
+                    .unwrap();
+            let plan = plan.join("\n");
+            assert!(!scans_table(&plan, name), "{text}\n{plan}");
+            if text.contains("SKIP LOCKED") && plan.contains(&due) {
+                claims += 1;
+            }
         }
+        assert!(
+            claims >= 2,
+            "the claims were cached and read {due}: {cached:?}"
+        );
+        assert!(
+            cached.len() >= 5,
+            "claim, claim ids, claim excluding, settles: {cached:?}"
+        );
+        drop(conn);
+        held_pool.close().await;
     }
-    assert!(
-        claims >= 2,
-        "the claims were cached and read {due}: {cached:?}"
-    );
-    assert!(
-        cached.len() >= 5,
-        "claim, claim ids, claim excluding, settles: {cached:?}"
-    );
-    drop(conn);
-    held_pool.close().await;
 }

@@ -12,7 +12,7 @@ use outbox_core::{
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 use uuid::Uuid;
 
-use crate::{common, enqueue, msg, outbox, table};
+use crate::{common, enqueue, msg, outbox, pg_outbox, table};
 
 const LONG: Duration = Duration::from_secs(300);
 
@@ -99,159 +99,146 @@ async fn check(outbox: &PgOutbox, poisons: &[Poison]) {
     }
 }
 
-/// Timestamps PostgreSQL accepts but chrono cannot hold used to panic the
-/// relay while it decoded the claim.
-#[tokio::test]
-async fn out_of_range_timestamps_are_dead_lettered() {
-    let Some(url) = common::url("out-of-range timestamps") else {
-        return;
-    };
-    let pool = common::pool(&url, 2).await;
-    let outbox = outbox(&pool, PgOutboxConfig::default()).await;
-    check(
-        &outbox,
-        &[
-            poison(
-                "created_at infinity",
-                "created_at = 'infinity'",
-                "created_at infinity is outside",
-            ),
-            poison(
-                "created_at -infinity",
-                "created_at = '-infinity'",
-                "created_at -infinity is outside",
-            ),
-            poison(
-                "created_at in year 294000",
-                "created_at = '294000-01-01 00:00:00+00'",
-                "created_at 294000-01-01",
-            ),
-            poison(
-                "available_at -infinity",
-                "available_at = '-infinity'",
-                "available_at -infinity is outside",
-            ),
-            // Never due: claimed only because it lies past the decodable range.
-            poison(
-                "available_at infinity",
-                "available_at = 'infinity'",
-                "available_at infinity is outside",
-            ),
-            poison(
-                "available_at in year 294000",
-                "available_at = '294000-01-01 00:00:00+00'",
-                "available_at 294000-01-01",
-            ),
-        ],
-    )
-    .await;
-}
+pg_test! {
+    /// Timestamps PostgreSQL accepts but chrono cannot hold used to panic the
+    /// relay while it decoded the claim.
+    async fn out_of_range_timestamps_are_dead_lettered(
+        (_, outbox) = pg_outbox("out-of-range timestamps", 2, PgOutboxConfig::default())
+    ) {
+        check(
+            &outbox,
+            &[
+                poison(
+                    "created_at infinity",
+                    "created_at = 'infinity'",
+                    "created_at infinity is outside",
+                ),
+                poison(
+                    "created_at -infinity",
+                    "created_at = '-infinity'",
+                    "created_at -infinity is outside",
+                ),
+                poison(
+                    "created_at in year 294000",
+                    "created_at = '294000-01-01 00:00:00+00'",
+                    "created_at 294000-01-01",
+                ),
+                poison(
+                    "available_at -infinity",
+                    "available_at = '-infinity'",
+                    "available_at -infinity is outside",
+                ),
+                // Never due: claimed only because it lies past the decodable range.
+                poison(
+                    "available_at infinity",
+                    "available_at = 'infinity'",
+                    "available_at infinity is outside",
+                ),
+                poison(
+                    "available_at in year 294000",
+                    "available_at = '294000-01-01 00:00:00+00'",
+                    "available_at 294000-01-01",
+                ),
+            ],
+        )
+        .await;
+    }
 
-/// A claim incrementing `attempts` past `i32::MAX` failed with a numeric
-/// overflow, for every claim that met the row.
-#[tokio::test]
-async fn attempts_at_the_limit_are_dead_lettered() {
-    let Some(url) = common::url("attempts at the limit") else {
-        return;
-    };
-    let pool = common::pool(&url, 2).await;
-    let outbox = outbox(&pool, PgOutboxConfig::default()).await;
-    let max = i64::from(MAX_ATTEMPTS);
-    check(
-        &outbox,
-        &[
-            poison(
-                "attempts at the limit",
-                format!("attempts = {max}"),
-                "reached the limit",
-            ),
-            poison(
-                "attempts one below the limit",
-                format!("attempts = {}", max - 1),
-                "reached the limit",
-            ),
-            poison("negative attempts", "attempts = -5", "attempts is -4"),
-        ],
-    )
-    .await;
-}
+    /// A claim incrementing `attempts` past `i32::MAX` failed with a numeric
+    /// overflow, for every claim that met the row.
+    async fn attempts_at_the_limit_are_dead_lettered(
+        (_, outbox) = pg_outbox("attempts at the limit", 2, PgOutboxConfig::default())
+    ) {
+        let max = i64::from(MAX_ATTEMPTS);
+        check(
+            &outbox,
+            &[
+                poison(
+                    "attempts at the limit",
+                    format!("attempts = {max}"),
+                    "reached the limit",
+                ),
+                poison(
+                    "attempts one below the limit",
+                    format!("attempts = {}", max - 1),
+                    "reached the limit",
+                ),
+                poison("negative attempts", "attempts = -5", "attempts is -4"),
+            ],
+        )
+        .await;
+    }
 
-/// Rows that `enqueue` would refuse.
-#[tokio::test]
-async fn rows_enqueue_would_refuse_are_dead_lettered() {
-    let Some(url) = common::url("rows enqueue would refuse") else {
-        return;
-    };
-    let pool = common::pool(&url, 2).await;
-    let outbox = outbox(&pool, PgOutboxConfig::default()).await;
-    check(
-        &outbox,
-        &[
-            poison(
-                "empty destination",
-                "destination = ''",
-                "destination is empty",
-            ),
-            poison(
-                "destination with a newline",
-                "destination = E'a\\nb'",
-                "control character",
-            ),
-            poison(
-                "10 KB content type",
-                "content_type = repeat('c', 10000)",
-                "content type of 10000 bytes",
-            ),
-            poison(
-                "10 KB partition key",
-                "partition_key = repeat('k', 10000)",
-                "partition key of 10000 bytes",
-            ),
-            poison(
-                "header name with CR/LF",
-                r#"headers = '{"x-bad\r\nname": "v"}'::jsonb"#,
-                "header name",
-            ),
-            poison(
-                "headers not an object",
-                "headers = '[1, 2]'",
-                "headers are not a JSON object",
-            ),
-            poison(
-                "header value not a string",
-                r#"headers = '{"n": 1}'"#,
-                "is not a string",
-            ),
-        ],
-    )
-    .await;
-}
+    /// Rows that `enqueue` would refuse.
+    async fn rows_enqueue_would_refuse_are_dead_lettered(
+        (_, outbox) = pg_outbox("rows enqueue would refuse", 2, PgOutboxConfig::default())
+    ) {
+        check(
+            &outbox,
+            &[
+                poison(
+                    "empty destination",
+                    "destination = ''",
+                    "destination is empty",
+                ),
+                poison(
+                    "destination with a newline",
+                    "destination = E'a\\nb'",
+                    "control character",
+                ),
+                poison(
+                    "10 KB content type",
+                    "content_type = repeat('c', 10000)",
+                    "content type of 10000 bytes",
+                ),
+                poison(
+                    "10 KB partition key",
+                    "partition_key = repeat('k', 10000)",
+                    "partition key of 10000 bytes",
+                ),
+                poison(
+                    "header name with CR/LF",
+                    r#"headers = '{"x-bad\r\nname": "v"}'::jsonb"#,
+                    "header name",
+                ),
+                poison(
+                    "headers not an object",
+                    "headers = '[1, 2]'",
+                    "headers are not a JSON object",
+                ),
+                poison(
+                    "header value not a string",
+                    r#"headers = '{"n": 1}'"#,
+                    "is not a string",
+                ),
+            ],
+        )
+        .await;
+    }
 
-/// The rules are the store's configured limits, the ones `enqueue` applies.
-#[tokio::test]
-async fn claims_apply_the_configured_limits() {
-    let Some(url) = common::url("claims apply the configured limits") else {
-        return;
-    };
-    let pool = common::pool(&url, 2).await;
-    let limits = outbox_core::MessageLimits::default().with_max_payload_bytes(64);
-    let outbox = outbox(&pool, PgOutboxConfig::default().with_limits(limits)).await;
-    check(
-        &outbox,
-        &[poison(
-            "payload over this outbox's limit",
-            "payload = decode(repeat('ab', 65), 'hex')",
-            "payload of 65 bytes exceeds the limit of 64",
-        )],
-    )
-    .await;
-    // The planted rows are listed with what decodes: here nothing is out of range.
-    let stored: Vec<Uuid> = sqlx::query_scalar(&format!(
-        "SELECT id FROM {} WHERE dead_at IS NOT NULL",
-        table(&outbox)
-    ))
-    .fetch_all(&pool)
-    .await
-    .unwrap();
-    assert_eq!(stored.len(), 1);
+    /// The rules are the store's configured limits, the ones `enqueue` applies.
+    async fn claims_apply_the_configured_limits(
+        pool = common::connect("claims apply the configured limits", 2)
+    ) {
+        let limits = outbox_core::MessageLimits::default().with_max_payload_bytes(64);
+        let outbox = outbox(&pool, PgOutboxConfig::default().with_limits(limits)).await;
+        check(
+            &outbox,
+            &[poison(
+                "payload over this outbox's limit",
+                "payload = decode(repeat('ab', 65), 'hex')",
+                "payload of 65 bytes exceeds the limit of 64",
+            )],
+        )
+        .await;
+        // The planted rows are listed with what decodes: here nothing is out of range.
+        let stored: Vec<Uuid> = sqlx::query_scalar(&format!(
+            "SELECT id FROM {} WHERE dead_at IS NOT NULL",
+            table(&outbox)
+        ))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert_eq!(stored.len(), 1);
+    }
 }

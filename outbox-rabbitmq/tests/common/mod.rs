@@ -26,6 +26,33 @@ pub fn amqp_url() -> Option<String> {
     outbox_testkit::service_url("OUTBOX_AMQP_URL", "RabbitMQ publisher tests")
 }
 
+/// `service_test!` for the tests that need the broker, on a runtime of two workers:
+/// ignored, with this reason, when `OUTBOX_AMQP_URL` was not set at build time. Each
+/// test awaits its fixture first (a future of `Option`: `None` skips it), for example
+/// [`broker`].
+#[allow(unused_macros)]
+macro_rules! rabbit_test {
+    ($($tests:tt)*) => {
+        outbox_testkit::service_test! {
+            ignore = "OUTBOX_AMQP_URL was not set at build time (see the build warning)";
+            flavor = multi_thread(2);
+            $($tests)*
+        }
+    };
+}
+
+/// [`amqp_url`], as a `rabbit_test!` fixture.
+pub async fn service_url() -> Option<String> {
+    amqp_url()
+}
+
+/// A `rabbit_test!` fixture: the broker's URL and a [`Broker`] connected to it.
+pub async fn broker() -> Option<(String, Broker)> {
+    let url = amqp_url()?;
+    let broker = Broker::connect(&url).await;
+    Some((url, broker))
+}
+
 /// A name no other test or run uses.
 pub fn unique(prefix: &str) -> String {
     format!("outbox-test-{prefix}-{}", uuid::Uuid::now_v7().simple())

@@ -36,6 +36,20 @@ pub fn url(what: &str) -> Option<String> {
     outbox_testkit::service_url(URL_VAR, what)
 }
 
+/// `service_test!` for the tests that need the endpoint, on a runtime of two workers:
+/// ignored, with this reason, when `OUTBOX_SQS_URL` was not set at build time. Each
+/// test awaits its fixture first (a future of `Option`: `None` skips it).
+#[allow(unused_macros)]
+macro_rules! sqs_test {
+    ($($tests:tt)*) => {
+        outbox_testkit::service_test! {
+            ignore = "OUTBOX_SQS_URL is not set";
+            flavor = multi_thread(2);
+            $($tests)*
+        }
+    };
+}
+
 fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
