@@ -1,9 +1,9 @@
 //! What a store declares it does: [`StoreCapabilities`], with [`KeyOrder`],
 //! [`Retention`] and [`ClaimMode`].
 
-use std::time::Duration;
 #[cfg(doc)]
 use super::OutboxStore;
+use std::time::Duration;
 
 /// Whether claims keep per-key order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

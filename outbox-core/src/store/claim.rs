@@ -3,11 +3,11 @@
 use std::time::Duration;
 
 use super::Lease;
+#[cfg(doc)]
+use super::{OutboxStore, MAX_LEASE, MIN_LEASE};
 use crate::bounds::{in_id_order, validate_lease, MAX_CLAIM_BATCH};
 use crate::error::{Error, Result};
 use crate::message::{Message, MessageId};
-#[cfg(doc)]
-use super::{OutboxStore, MAX_LEASE, MIN_LEASE};
 
 /// A message returned by a claim, with the lease that holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]

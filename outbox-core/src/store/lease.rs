@@ -5,9 +5,9 @@ use std::time::SystemTime;
 
 use uuid::Uuid;
 
-use crate::message::MessageId;
 #[cfg(doc)]
 use super::OutboxStore;
+use crate::message::MessageId;
 
 /// An opaque fencing token, fresh for every claim.
 ///

@@ -3,14 +3,14 @@
 
 use std::time::Duration;
 
-use super::{Claimed, Lease};
-use crate::bounds::bounded_error;
-use crate::error::{Error, Result};
-use crate::message::MessageId;
 #[cfg(doc)]
 use super::OutboxStore;
 #[cfg(doc)]
 use super::MAX_ERROR_LEN;
+use super::{Claimed, Lease};
+use crate::bounds::bounded_error;
+use crate::error::{Error, Result};
+use crate::message::MessageId;
 
 /// What a failed attempt leads to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
