@@ -25,12 +25,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodb::Client;
 use outbox_core::consumer::EntityStore;
 use outbox_core::lock::LockGuard;
 use outbox_core::store::StoreCapabilities;
-use outbox_core::{DedupStore, DistributedLock, Error, ErrorKind, LockName, Result};
+use outbox_core::{DedupStore, DistributedLock, Result};
 use outbox_dynamodb::{DynamoDistributedLock, DynamoLockConfig};
 use outbox_testkit::{ConsumerHarness, DedupHarness, Fixture, Harness, LockHarness};
 use tokio::sync::OnceCell;
@@ -136,24 +135,8 @@ impl LockHarness for DynamoSuites {
 
     async fn sever(&self, guard: &dyn LockGuard) -> Result<()> {
         let table = self.locks().await?.table().to_owned();
-        lapse(&self.admin, &table, guard.name()).await
+        common::lapse_lock(&self.admin, &table, guard.name()).await
     }
-}
-
-/// Backdate the lease of `name` (the documented item: key `pk` = the name, lease end in
-/// `expires_us`), keeping its owner and fence: the holder's next renewal is refused.
-async fn lapse(admin: &Client, table: &str, name: &LockName) -> Result<()> {
-    admin
-        .update_item()
-        .table_name(table)
-        .key("pk", AttributeValue::S(name.as_str().to_owned()))
-        .update_expression("SET expires_us = :past")
-        .condition_expression("attribute_exists(pk)")
-        .expression_attribute_values(":past", AttributeValue::N("1".into()))
-        .send()
-        .await
-        .map(|_| ())
-        .map_err(|e| Error::new(ErrorKind::Storage, format!("lapse {name:?}: {e:?}")))
 }
 
 async fn harness() -> Option<DynamoSuites> {

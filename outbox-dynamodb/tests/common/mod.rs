@@ -376,3 +376,30 @@ impl Fixture for DynamoFixture {
 fn storage(e: impl std::error::Error + Send + Sync + 'static) -> outbox_core::Error {
     isolation::plumbing_error(e)
 }
+
+/// Backdate the lease of `name` (the documented item: key `pk` = the name, lease end in
+/// `expires_us`), keeping its owner and fence: the holder's next renewal is refused.
+pub async fn lapse_lock(admin: &Client, table: &str, name: &outbox_core::LockName) -> Result<()> {
+    admin
+        .update_item()
+        .table_name(table)
+        .key(
+            "pk",
+            aws_sdk_dynamodb::types::AttributeValue::S(name.as_str().to_owned()),
+        )
+        .update_expression("SET expires_us = :past")
+        .condition_expression("attribute_exists(pk)")
+        .expression_attribute_values(
+            ":past",
+            aws_sdk_dynamodb::types::AttributeValue::N("1".into()),
+        )
+        .send()
+        .await
+        .map(|_| ())
+        .map_err(|e| {
+            outbox_core::Error::new(
+                outbox_core::ErrorKind::Storage,
+                format!("lapse {name:?}: {e:?}"),
+            )
+        })
+}

@@ -4,10 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodb::Client;
 use outbox_core::lock::LockGuard as _;
-use outbox_core::{Error, ErrorKind, LockName, Result};
+use outbox_core::{ErrorKind, LockName, Result};
 use outbox_dynamodb::{DynamoDistributedLock, DynamoLockConfig, DynamoLockGuard};
 use outbox_testkit::wait_until;
 
@@ -15,22 +14,6 @@ use crate::common;
 
 fn handle(url: &str, config: &DynamoLockConfig) -> Result<DynamoDistributedLock> {
     DynamoDistributedLock::new(common::client_for(url), config.clone())
-}
-
-/// Backdate the lease of `name` (the documented item: key `pk` = the name, lease end in
-/// `expires_us`), keeping its owner and fence: the holder's next renewal is refused.
-async fn lapse(admin: &Client, table: &str, name: &LockName) -> Result<()> {
-    admin
-        .update_item()
-        .table_name(table)
-        .key("pk", AttributeValue::S(name.as_str().to_owned()))
-        .update_expression("SET expires_us = :past")
-        .condition_expression("attribute_exists(pk)")
-        .expression_attribute_values(":past", AttributeValue::N("1".into()))
-        .send()
-        .await
-        .map(|_| ())
-        .map_err(|e| Error::new(ErrorKind::Storage, format!("lapse {name:?}: {e:?}")))
 }
 
 async fn installed(config: DynamoLockConfig) -> Option<(String, Client, DynamoLockConfig)> {
@@ -87,7 +70,7 @@ dynamo_test! {
         assert!(two > one, "token {two} after unlock is not above {one}");
         // A lapsed lease taken over also gets a larger token, and the old holder's unlock
         // is refused with a conflict instead of releasing the new holder.
-        lapse(&admin, config.table(), &name).await.unwrap();
+        common::lapse_lock(&admin, config.table(), &name).await.unwrap();
         let third = take(&ours, &name).await;
         assert!(third.fencing_token() > two);
         let err = Box::new(second).unlock().await.unwrap_err();
@@ -126,7 +109,7 @@ dynamo_test! {
         let ours = handle(&url, &config).unwrap();
         let name = name("lapsed");
         let guard = Arc::new(take(&ours, &name).await);
-        lapse(&admin, config.table(), &name).await.unwrap();
+        common::lapse_lock(&admin, config.table(), &name).await.unwrap();
         let watched = guard.clone();
         wait_until("the guard to notice its lease lapsed", || {
             let g = watched.clone();
