@@ -16,6 +16,7 @@ use outbox_core::lock::LockGuard;
 use outbox_core::store::StoreCapabilities;
 use outbox_core::{ClaimMode, DedupStore, DistributedLock, Error, ErrorKind, Result};
 use outbox_postgres::{PgDistributedLock, PgEntityConfig, PgEntityStore, PgOutbox, PgOutboxConfig};
+use outbox_testkit::postgres::locks;
 use outbox_testkit::{ConsumerHarness, DedupHarness, Fixture, Harness, LockHarness};
 use sqlx::PgPool;
 
@@ -74,19 +75,6 @@ impl ConsumerHarness for PgHarness {
 /// kills sessions of this test binary.
 const LOCK_APP: &str = "outbox-lock-conformance";
 
-/// The pid of the session of this test binary holding the advisory lock of `$1`, looked
-/// up by the key `PgDistributedLock` documents (`hashtextextended(name, 0)`); `pg_locks`
-/// shows a bigint key's high half as `classid` and its low half as `objid`.
-const HOLDER: &str = "\
-    SELECT l.pid FROM pg_locks l \
-    JOIN pg_stat_activity a ON a.pid = l.pid \
-    CROSS JOIN (SELECT hashtextextended($1, 0) AS k) key \
-    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
-    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-    AND l.classid = ((key.k >> 32) & 4294967295)::oid \
-    AND l.objid = (key.k & 4294967295)::oid \
-    AND a.application_name = $2";
-
 /// Every lock handle is a pool of its own (another process, as far as the server can
 /// tell); `sever` terminates the backend holding the guard's advisory lock.
 #[async_trait]
@@ -97,7 +85,7 @@ impl LockHarness for PgHarness {
     }
 
     async fn sever(&self, guard: &dyn LockGuard) -> Result<()> {
-        let pids: Vec<i32> = sqlx::query_scalar(HOLDER)
+        let pids: Vec<i32> = sqlx::query_scalar(locks::ADVISORY_LOCK_HOLDERS)
             .bind(guard.name().as_str())
             .bind(LOCK_APP)
             .fetch_all(&self.pool)
@@ -112,7 +100,7 @@ impl LockHarness for PgHarness {
                 ),
             ));
         };
-        let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        let killed: bool = sqlx::query_scalar(locks::TERMINATE_SESSION)
             .bind(pid)
             .fetch_one(&self.pool)
             .await

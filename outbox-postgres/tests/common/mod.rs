@@ -9,6 +9,7 @@ pub use fixture::PgFixture;
 
 use outbox_core::Error;
 use outbox_testkit::isolation;
+use outbox_testkit::postgres::schemas;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::OnceCell;
@@ -74,17 +75,12 @@ pub fn schema_name() -> String {
 async fn drop_stale_schemas(pool: &PgPool) {
     static ONCE: OnceCell<()> = OnceCell::const_new();
     ONCE.get_or_init(|| async {
-        let names: Vec<String> = sqlx::query_scalar(
-            "SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'obx\\_%'",
-        )
-        .fetch_all(pool)
-        .await
-        .unwrap_or_default();
-        for schema in names.into_iter().filter(|n| isolation::is_stale(n)) {
-            // Names matched the pattern above, so they are plain identifiers.
-            let _ = sqlx::raw_sql(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
-                .execute(pool)
-                .await;
+        let names: Vec<String> = sqlx::query_scalar(schemas::FIXTURE_SCHEMAS)
+            .fetch_all(pool)
+            .await
+            .unwrap_or_default();
+        for drop in schemas::drop_stale(names) {
+            let _ = sqlx::raw_sql(&drop).execute(pool).await;
         }
     })
     .await;

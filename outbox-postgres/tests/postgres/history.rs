@@ -11,11 +11,8 @@ use crate::{enqueue, msg, pg_outbox, table};
 
 /// Bulk-load `n` dispatched rows, as months of kept history would look.
 async fn load_history(outbox: &PgOutbox, n: i64) {
-    sqlx::query(&format!(
-        "INSERT INTO {} (id, destination, payload, available_at, dispatched_at) \
-         SELECT gen_random_uuid(), 'history', '\\x00', now(), now() - interval '1 day' \
-         FROM generate_series(1, $1)",
-        table(outbox)
+    sqlx::query(&outbox_testkit::postgres::history::insert_dispatched(
+        &table(outbox),
     ))
     .bind(n)
     .execute(outbox.pool())

@@ -14,10 +14,10 @@ use outbox_core::{
     OutboxStore, Result,
 };
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
-use outbox_testkit::{
-    Access, Fixture, History, PlanFixture, PlanHarness, PlannedStatement, RelayOp,
-};
+use outbox_testkit::{Fixture, History, PlanFixture, PlanHarness, PlannedStatement, RelayOp};
 use sqlx::PgPool;
+
+use outbox_testkit::postgres::{history, plans as postgres_plans};
 
 use crate::plans::{self, Plan, Statement};
 use crate::{common, table};
@@ -111,46 +111,6 @@ impl PlanHarness for PgPlanHarness {
     }
 }
 
-/// How a line of `EXPLAIN (COSTS OFF)` reaches `name` (the unqualified table), if it
-/// does.
-fn access(line: &str, name: &str) -> Option<Access> {
-    let line = line.trim_start_matches([' ', '-', '>']);
-    let index = |rest: &str| {
-        let index = rest
-            .split_whitespace()
-            .next()
-            .unwrap_or_default()
-            .to_owned();
-        if index == format!("{name}_pkey") {
-            Access::ByKey
-        } else {
-            Access::Index(index)
-        }
-    };
-    let on_table = |rest: &str| rest.split_whitespace().next() == Some(name);
-    if let Some(rest) = line.strip_prefix("Seq Scan on ") {
-        return on_table(rest).then(|| Access::Scan(line.to_owned()));
-    }
-    if let Some(rest) = line.strip_prefix("Tid Range Scan on ") {
-        return on_table(rest).then(|| Access::Scan(line.to_owned()));
-    }
-    if let Some(rest) = line.strip_prefix("Tid Scan on ") {
-        return on_table(rest).then_some(Access::ByKey);
-    }
-    for prefix in [
-        "Index Scan using ",
-        "Index Scan Backward using ",
-        "Index Only Scan using ",
-        "Index Only Scan Backward using ",
-        "Bitmap Index Scan on ",
-    ] {
-        if let Some(rest) = line.strip_prefix(prefix) {
-            return rest.starts_with(name).then(|| index(rest));
-        }
-    }
-    None
-}
-
 #[async_trait]
 impl PlanFixture for PgPlanFixture {
     fn fixture(&self) -> &dyn Fixture {
@@ -158,28 +118,13 @@ impl PlanFixture for PgPlanFixture {
     }
 
     async fn add_history(&self, history: History) -> Result<()> {
-        let t = table(&self.fixture.outbox);
-        let count = |n: usize| i64::try_from(n).expect("a small history");
-        let (settled, dead) = (count(history.dispatched), count(history.dead));
-        let due_end = settled + dead + count(history.due);
-        let rows = due_end + count(history.waiting);
-        // Rows over eight keys; the first ones settled or dead, the last ones due in
-        // an hour. One statement: `seq` follows the series.
-        let sql = format!(
-            "INSERT INTO {t} (id, destination, partition_key, payload, available_at, \
-                 dispatched_at, dead_at) \
-             SELECT gen_random_uuid(), 'plans', 'k' || (i % 8), '\\x00', \
-                 CASE WHEN i > $2 THEN now() + interval '1 hour' \
-                     ELSE now() - interval '1 minute' END, \
-                 CASE WHEN i <= $3 THEN now() END, \
-                 CASE WHEN i > $3 AND i <= $4 THEN now() END \
-             FROM generate_series(1, $1) AS i ORDER BY i"
-        );
+        let sql = history::insert_history(&table(&self.fixture.outbox));
+        let [rows, due_end, settled, settled_or_dead] = history::history_params(&history);
         sqlx::query(&sql)
             .bind(rows)
             .bind(due_end)
             .bind(settled)
-            .bind(settled + dead)
+            .bind(settled_or_dead)
             .execute(self.fixture.outbox.pool())
             .await
             .map(drop)
@@ -229,7 +174,7 @@ async fn explain_all(
             out.push(PlannedStatement {
                 text: statement.text.clone(),
                 variant: variant.to_owned(),
-                accesses: text.lines().filter_map(|l| access(l, name)).collect(),
+                accesses: postgres_plans::accesses(&text, name),
                 plan: text,
             });
         }

@@ -12,6 +12,8 @@ use outbox_core::{
     DeadLetterFilter, DeadLetterSelection, MessageId, OutboxAdmin, OutboxStore, Retention,
 };
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
+use outbox_testkit::postgres::history;
+use outbox_testkit::postgres::plans::scans_table;
 use sqlx::PgPool;
 
 use crate::{common, table};
@@ -388,36 +390,26 @@ async fn matching_statements(outbox: &PgOutbox) -> Vec<Statement> {
 /// Turn autovacuum (and so auto-analyze) off for `outbox`'s table, in case the server
 /// runs it. (DDL: it also drops the plans cached for the table.)
 pub(crate) async fn no_autovacuum(outbox: &PgOutbox) {
-    sqlx::query(&format!(
-        "ALTER TABLE {} SET (autovacuum_enabled = false)",
-        table(outbox)
-    ))
-    .execute(outbox.pool())
-    .await
-    .unwrap();
+    sqlx::query(&history::disable_autovacuum(&table(outbox)))
+        .execute(outbox.pool())
+        .await
+        .unwrap();
 }
 
 /// Load `n` due rows with one `INSERT ... SELECT` into a table without statistics
 /// (after [`no_autovacuum`]).
 async fn load_without_statistics(outbox: &PgOutbox, n: i64) {
     let t = table(outbox);
-    sqlx::query(&format!(
-        "INSERT INTO {t} (id, destination, payload, available_at) \
-         SELECT gen_random_uuid(), 'pg.tests', '\\x00', now() - interval '1 minute' \
-         FROM generate_series(1, $1)"
-    ))
-    .bind(n)
-    .execute(outbox.pool())
-    .await
-    .unwrap();
-    let analyzed: bool = sqlx::query_scalar(
-        "SELECT last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL \
-         FROM pg_stat_user_tables WHERE relid = $1::regclass",
-    )
-    .bind(&t)
-    .fetch_one(outbox.pool())
-    .await
-    .unwrap();
+    sqlx::query(&history::insert_due(&t))
+        .bind(n)
+        .execute(outbox.pool())
+        .await
+        .unwrap();
+    let analyzed: bool = sqlx::query_scalar(history::IS_ANALYZED)
+        .bind(&t)
+        .fetch_one(outbox.pool())
+        .await
+        .unwrap();
     assert!(!analyzed, "the test needs a table without statistics");
 }
 
@@ -761,25 +753,6 @@ async fn cached_on(
     .fetch_all(conn)
     .await
     .unwrap()
-}
-
-/// Whether a plan line scans `name` itself (not `<name>_held` or another table that
-/// starts with it) sequentially or by bitmap.
-fn scans_table(plan: &str, name: &str) -> bool {
-    plan.lines().any(|line| {
-        ["Seq Scan on ", "Bitmap Heap Scan on "].iter().any(|scan| {
-            line.split(scan)
-                .nth(1)
-                .is_some_and(|rest| rest.split_whitespace().next() == Some(name))
-        })
-    })
-}
-
-#[test]
-fn scans_table_names_the_table_not_one_it_prefixes() {
-    assert!(scans_table("  ->  Seq Scan on t m", "t"));
-    assert!(scans_table("Bitmap Heap Scan on t", "t"));
-    assert!(!scans_table("  ->  Seq Scan on t_held h", "t"));
 }
 
 pg_test! {

@@ -1,7 +1,7 @@
 //! What operators read before they act: dead letters in either order, dead letters by
 //! id, and exact counts of what a requeue, discard or purge would touch.
 
-use crate::declared::SEALED;
+use crate::harness::declared::SEALED;
 use std::time::Duration;
 
 use outbox_core::{

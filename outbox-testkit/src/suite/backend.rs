@@ -1,7 +1,7 @@
 //! Cases that need the backend's own transactions: atomic enqueue, row locks, bad
 //! input. Guarantees 1, 2, 11 and 12.
 
-use crate::declared::SEALED;
+use crate::harness::declared::SEALED;
 use std::time::Duration;
 
 use outbox_core::store::StoreCapabilities;

@@ -2,7 +2,7 @@
 //! backend's [`EntityStore`] and [`DedupStore`], raced, crashed at each step, and held
 //! in the window of the race its ordering closes.
 
-use crate::declared::SEALED;
+use crate::harness::declared::SEALED;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,9 +14,9 @@ use outbox_core::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::consumer_faults::{Crash, EventuallyConsistent, PauseAfterFirstCall, Step};
-use crate::consumer_harness::ConsumerHarness;
-use crate::publishers::RecordingPublisher;
+use crate::doubles::publishers::RecordingPublisher;
+use crate::faults::consumer::{Crash, EventuallyConsistent, PauseAfterFirstCall, Step};
+use crate::harness::consumer::ConsumerHarness;
 use crate::wait::{wait_until, within};
 
 /// Retention for cases that never wait for expiry.
@@ -385,7 +385,7 @@ pub async fn consumer_crash_before_cleanup_ends_with_the_state_removed<H: Consum
 pub async fn consumer_duplicates_are_detected_until_the_record_expires<H: ConsumerHarness>(
     harness: &H,
 ) {
-    crate::groups::require(harness.features(SEALED).short_retention, "short_retention");
+    crate::macros::groups::require(harness.features(SEALED).short_retention, "short_retention");
     let parts = Parts::new(harness, SHORT).await;
     let consumer = parts.consumer();
     let (entity, id) = (entity_key(), MessageId::new());

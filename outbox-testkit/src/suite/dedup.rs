@@ -1,7 +1,7 @@
 //! [`DedupStore`] cases: atomic recording, read-your-writes, consumer scoping, expiry,
 //! bounded purges and the dedup [`Purger`].
 
-use crate::declared::SEALED;
+use crate::harness::declared::SEALED;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,8 +11,8 @@ use outbox_core::{
 };
 use tokio::sync::Barrier;
 
-use crate::dedup_harness::DedupHarness;
-use crate::groups::require;
+use crate::harness::dedup::DedupHarness;
+use crate::macros::groups::require;
 use crate::wait::wait_until;
 
 /// A retention no case outlives.

@@ -1,7 +1,7 @@
 //! [`DistributedLock`] cases: exclusion without waiting, independent names, release by
 //! unlock, by dropping the guard and by the holder's session ending.
 
-use crate::declared::SEALED;
+use crate::harness::declared::SEALED;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,8 +9,8 @@ use outbox_core::names::MAX_NAME_LEN;
 use outbox_core::{lock::LockGuard, DistributedLock, ErrorKind, LockName};
 use tokio::sync::Barrier;
 
-use crate::dedup_harness::LockHarness;
-use crate::groups::require;
+use crate::harness::dedup::LockHarness;
+use crate::macros::groups::require;
 use crate::wait::poll_for;
 
 /// Longer than any `try_lock` may take: it never waits for a holder.

@@ -47,8 +47,8 @@ use outbox_core::{
     Relay, RelayConfig, Retention, RetryPolicy,
 };
 
-pub(crate) use crate::groups::require;
 use crate::harness::{Fixture, Harness};
+pub(crate) use crate::macros::groups::require;
 
 pub(crate) use crate::wait::{poll_for, wait_until, within, DEADLINE};
 /// A lease long enough never to lapse during a case.

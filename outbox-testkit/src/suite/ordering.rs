@@ -1,14 +1,14 @@
 //! Per-key order. Guarantee 6.
 
-use crate::declared::SEALED;
+use crate::harness::declared::SEALED;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use outbox_core::{store::Disposition, store::OutboxStoreExt, KeyOrder, MessageId, Retention};
 
 use super::*;
+use crate::doubles::publishers::RecordingPublisher;
 use crate::harness::Harness;
-use crate::publishers::RecordingPublisher;
 
 fn ordered() -> StoreCapabilities {
     StoreCapabilities::new(KeyOrder::PerKey, Retention::Delete)

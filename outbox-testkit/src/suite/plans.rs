@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use outbox_core::{store::StoreCapabilities, KeyOrder, Retention};
 
-use crate::plan_harness::{Access, History, PlanHarness, RelayOp};
+use crate::harness::plan::{Access, History, PlanHarness, RelayOp};
 
 /// 100,000 rows: mostly history, a backlog, dead letters, retries waiting.
 const HISTORY: History = History {

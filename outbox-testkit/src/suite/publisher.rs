@@ -1,7 +1,7 @@
 //! [`Publisher`] cases against a live broker: outcomes, what arrives, the dedup id and
 //! window, unroutable destinations, concurrency and large batches.
 
-use crate::declared::SEALED;
+use crate::harness::declared::SEALED;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -11,8 +11,8 @@ use outbox_core::backend::MessageParts;
 use outbox_core::{Headers, Message, MessageId, PublishOutcome, Publisher};
 use tokio::sync::Barrier;
 
-use crate::groups::require;
-use crate::publisher_harness::{PublisherHarness, PublisherNamespace, Received};
+use crate::harness::publisher::{PublisherHarness, PublisherNamespace, Received};
+use crate::macros::groups::require;
 use crate::wait::{wait_until, within};
 
 /// How many tasks publish at once in the concurrency case, and how many publishers

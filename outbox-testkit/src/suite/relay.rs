@@ -8,8 +8,8 @@ use std::time::Duration;
 use outbox_core::MessageId;
 
 use super::*;
+use crate::doubles::publishers::RecordingPublisher;
 use crate::harness::Harness;
-use crate::publishers::RecordingPublisher;
 
 /// Graceful shutdown gives back leases it will not finish: publishes that never started
 /// are released without using up an attempt; a publish abandoned after the grace period

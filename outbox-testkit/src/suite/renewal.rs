@@ -9,8 +9,8 @@ use std::time::Duration;
 use outbox_core::{store::OutboxStoreExt, ErrorKind, MessageId};
 
 use super::*;
+use crate::doubles::publishers::RecordingPublisher;
 use crate::harness::{Fixture, Harness};
-use crate::publishers::RecordingPublisher;
 
 /// A plain fixture of a store that declares renewal; the case fails if it does not
 /// (the suite macro runs these cases only without `lacks(lease_renewal)`).

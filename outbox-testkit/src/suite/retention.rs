@@ -1,6 +1,6 @@
 //! History and monitoring: purges and stats. Guarantee 8.
 
-use crate::declared::SEALED;
+use crate::harness::declared::SEALED;
 use std::time::Duration;
 
 use outbox_core::{store::Disposition, store::OutboxStoreExt, Retention};

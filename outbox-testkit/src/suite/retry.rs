@@ -6,8 +6,8 @@ use std::time::Duration;
 use outbox_core::{store::Disposition, store::OutboxStoreExt, DeadLetterSelection, RetryPolicy};
 
 use super::*;
+use crate::doubles::publishers::RecordingPublisher;
 use crate::harness::Harness;
-use crate::publishers::RecordingPublisher;
 
 /// `fail` with a retry records the error and hides the message until the delay passes.
 pub async fn fail_schedules_the_retry(h: &dyn Harness) {

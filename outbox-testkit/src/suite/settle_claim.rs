@@ -1,7 +1,7 @@
 //! Settling one batch and claiming the next in one call:
 //! [`OutboxStore::settle_and_claim`](outbox_core::OutboxStore::settle_and_claim).
 
-use crate::declared::SEALED;
+use crate::harness::declared::SEALED;
 use std::collections::HashSet;
 
 use outbox_core::{

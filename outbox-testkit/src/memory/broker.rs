@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use outbox_core::{Message, MessageId, PublishOutcome, Publisher, Result};
 
-use crate::publisher_harness::Received;
+use crate::harness::publisher::Received;
 
 /// JetStream's default duplicate window.
 const DEFAULT_DEDUP_WINDOW: Duration = Duration::from_secs(120);

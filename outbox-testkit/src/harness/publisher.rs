@@ -10,8 +10,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use outbox_core::{Error, ErrorKind, Headers, Publisher, Result};
 
-use crate::broker::MemoryBroker;
-use crate::declared::Sealed;
+use crate::harness::declared::Sealed;
+use crate::memory::broker::MemoryBroker;
 
 /// What a broker under test supports, as its suite macro declares it: every capability
 /// but those named in

@@ -9,7 +9,7 @@ use outbox_core::{
     Result,
 };
 
-use crate::declared::Sealed;
+use crate::harness::declared::Sealed;
 
 /// What a backend under test supports beyond the [`OutboxStore`] contract, as its
 /// suite macro declares it: every capability but those named in

@@ -8,7 +8,7 @@ use outbox_core::{
 };
 
 use crate::harness::{Fixture, Harness, RowLock};
-use crate::memory::MemoryStore;
+use crate::memory::store::MemoryStore;
 
 /// Runs the suite against [`MemoryStore`]; every feature is supported, and the stores
 /// declare lease renewal.

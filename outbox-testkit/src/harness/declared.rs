@@ -19,13 +19,13 @@ use outbox_core::lock::LockGuard;
 use outbox_core::store::StoreCapabilities;
 use outbox_core::{DedupStore, DistributedLock, Result};
 
-use crate::consumer_harness::ConsumerHarness;
-use crate::dedup_harness::{DedupFeatures, DedupHarness, LockFeatures, LockHarness};
-use crate::harness::{Features, Fixture, Harness};
-use crate::plan_harness::{PlanFixture, PlanHarness};
-use crate::publisher_harness::{
+use crate::harness::consumer::ConsumerHarness;
+use crate::harness::dedup::{DedupFeatures, DedupHarness, LockFeatures, LockHarness};
+use crate::harness::plan::{PlanFixture, PlanHarness};
+use crate::harness::publisher::{
     PublisherFeatures, PublisherHarness, PublisherNamespace, RestartableNamespace,
 };
+use crate::harness::{Features, Fixture, Harness};
 
 mod sealed {
     /// The argument of the harness traits' `features`: public, so the traits can name

@@ -11,8 +11,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use outbox_core::{lock::LockGuard, DedupStore, DistributedLock, Error, ErrorKind, Result};
 
-use crate::declared::Sealed;
-use crate::dedup::{MemoryDedupStore, MemoryLock};
+use crate::harness::declared::Sealed;
+use crate::memory::dedup::{MemoryDedupStore, MemoryLock};
 
 /// What a [`DedupStore`] under test supports, as its suite macro declares it: every
 /// capability but those named in `dedup_suite!(make; lacks(short_retention))` (or

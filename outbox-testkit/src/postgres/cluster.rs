@@ -333,30 +333,11 @@ fn reap_orphans(bindir: &Path, as_postgres: bool) {
     }
 }
 
-/// The directory holding `initdb` and `pg_ctl`: `pg_config --bindir`, else the newest
-/// `/usr/lib/postgresql/<version>/bin`.
+/// The directory holding `initdb` and `pg_ctl`, found as the build scripts of the
+/// crates that start clusters find it ([`outbox_build::postgres_bindir`]), so a test
+/// built to run finds the same server.
 fn server_bindir() -> Option<PathBuf> {
-    let has_server = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
-    let from_pg_config = Command::new("pg_config")
-        .arg("--bindir")
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
-    if let Some(dir) = from_pg_config.filter(|d| has_server(d)) {
-        return Some(dir);
-    }
-    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let version = e.file_name().to_str()?.parse().ok()?;
-            Some((version, e.path().join("bin")))
-        })
-        .filter(|(_, bin)| has_server(bin))
-        .collect();
-    versions.sort();
-    versions.pop().map(|(_, bin)| bin)
+    outbox_build::postgres_bindir()
 }
 
 fn is_root() -> bool {

@@ -11,10 +11,10 @@ use async_trait::async_trait;
 use outbox_core::consumer::EntityStore;
 use outbox_core::{DedupStore, Result};
 
-use crate::declared::Sealed;
-use crate::dedup::MemoryDedupStore;
-use crate::dedup_harness::DedupFeatures;
-use crate::entity::MemoryEntityStore;
+use crate::harness::declared::Sealed;
+use crate::harness::dedup::DedupFeatures;
+use crate::memory::dedup::MemoryDedupStore;
+use crate::memory::entity::MemoryEntityStore;
 
 /// Hands out the stores of the decoupled algorithm, isolated per case.
 #[async_trait]
