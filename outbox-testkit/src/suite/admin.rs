@@ -31,11 +31,14 @@ async fn kill_all(f: &dyn Fixture, batch: Vec<NewMessage>) -> Vec<MessageId> {
     ids
 }
 
-/// Every page of `page`'s listing, followed by its cursor, as ids.
-async fn all_pages(admin: &dyn OutboxAdmin, page: DeadLetterPage) -> Vec<MessageId> {
+/// Every page of `page`'s listing, followed by its cursor, as ids. Bounded: a store
+/// that ignored the cursor would hand out the same page for ever, so past one page per
+/// dead letter there is (`dead`, plus the empty page that ends the listing) the case
+/// fails instead of looping.
+async fn all_pages(admin: &dyn OutboxAdmin, page: DeadLetterPage, dead: usize) -> Vec<MessageId> {
     let mut ids = Vec::new();
     let mut next = page.clone();
-    loop {
+    for _ in 0..=dead {
         let got = admin.dead_letters(&next).await.unwrap();
         assert!(got.len() <= page.limit(), "pages keep their limit");
         let Some(last) = got.last() else {
@@ -44,6 +47,10 @@ async fn all_pages(admin: &dyn OutboxAdmin, page: DeadLetterPage) -> Vec<Message
         next = page.clone().after(last.message.id);
         ids.extend(got.iter().map(|d| d.message.id));
     }
+    panic!(
+        "{} pages of {dead} dead letters did not end the listing: is the cursor ignored?",
+        dead + 1
+    )
 }
 
 /// Descending pages list dead letters highest id first, page by page past the cursor,
@@ -64,14 +71,14 @@ pub async fn dead_letters_are_listed_newest_first(h: &dyn Harness) {
     let up = DeadLetterPage::new(all.clone(), 2).unwrap();
     let down = up.clone().with_order(DeadLetterOrder::Descending);
     assert_eq!(
-        all_pages(&*admin, up).await,
+        all_pages(&*admin, up, ids.len()).await,
         ids,
         "ascending: lowest id first"
     );
     let mut reversed = ids.clone();
     reversed.reverse();
     assert_eq!(
-        all_pages(&*admin, down.clone()).await,
+        all_pages(&*admin, down.clone(), ids.len()).await,
         reversed,
         "descending: highest id first, across pages"
     );
@@ -92,7 +99,7 @@ pub async fn dead_letters_are_listed_newest_first(h: &dyn Harness) {
         .map(|d| d.message.destination)
         .collect();
     assert_eq!(a, ["a", "a", "a"]);
-    let a_ids = all_pages(&*admin, a_down.clone()).await;
+    let a_ids = all_pages(&*admin, a_down.clone(), ids.len()).await;
     assert!(
         a_ids.windows(2).all(|w| w[0] > w[1]),
         "descending: {a_ids:?}"
@@ -253,12 +260,17 @@ pub async fn dispatched_counts_match_what_purges_delete(h: &dyn Harness) {
     let before = stats(&*admin).await;
     assert_eq!(before.dispatched, 6, "counting deletes nothing");
     let mut purged = 0;
-    loop {
+    // Bounded: every purge but the last deletes at least one of the counted rows.
+    for _ in 0..=counted {
         let n = admin.purge_dispatched(Duration::ZERO, 4).await.unwrap();
         if n == 0 {
             break;
         }
         purged += n;
+        assert!(
+            purged <= counted,
+            "purges deleted {purged} of {counted} dispatched rows"
+        );
     }
     assert_eq!(purged, counted, "the count is what the purges deleted");
     assert_eq!(admin.count_dispatched(Duration::ZERO).await.unwrap(), 0);

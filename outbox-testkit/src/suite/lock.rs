@@ -211,6 +211,7 @@ pub async fn lock_names_follow_the_one_rule(h: &dyn LockHarness) {
     let base = unique("names");
     let pad = |fill: &str| {
         let mut name = base.as_str().to_owned();
+        // Bounded: each turn adds to the name, up to MAX_NAME_LEN.
         while name.len() + fill.len() <= MAX_NAME_LEN {
             name.push_str(fill);
         }

@@ -412,6 +412,8 @@ pub async fn publisher_broker_restart_is_retryable_and_the_publisher_recovers(
         );
         async move {
             let mut sent = Vec::new();
+            // Bounded by the `within` that awaits this task below: the broker's stop
+            // must end it with a call that is not all published.
             loop {
                 let batch = numbered(&destination, RESTART_BATCH);
                 let outcomes = publisher.publish(&batch).await;
@@ -483,6 +485,7 @@ pub async fn publisher_broker_restart_is_retryable_and_the_publisher_recovers(
                 Duration::from_millis(10),
                 Duration::from_millis(500),
             );
+            // Bounded by the enclosing `within`.
             while !pending.is_empty() {
                 let outcomes = publish(&*publisher, &pending).await;
                 let mut still = Vec::new();
