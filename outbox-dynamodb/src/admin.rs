@@ -13,13 +13,14 @@ use outbox_core::{
     OutboxAdmin, OutboxStats, Result, Retention,
 };
 
+use crate::concurrency::bounded;
 use crate::error::{from_sdk, is_condition_failed};
 use crate::item::{
     self, body_key, decode_lossy, get_n, id_text, message_partition, n, now_us, s, Item, CREATED,
     DEAD_AT, DEAD_ID, DEAD_INDEX, DONE_AT, DONE_INDEX, DUE, DUE_INDEX, DUE_SCALE, PARTS, SHARD,
     TOKEN,
 };
-use crate::store::{bounded, DynamoOutbox};
+use crate::store::DynamoOutbox;
 
 /// One query of one shard's global index, every page.
 #[derive(Debug, Clone)]

@@ -5,11 +5,13 @@
 //! capacity counters and are not scanned.
 
 /// The outbox store's files, by name.
-const OUTBOX_FILES: [(&str, &str); 10] = [
+const OUTBOX_FILES: [(&str, &str); 12] = [
     ("admin.rs", include_str!("admin.rs")),
     ("dead_letter.rs", include_str!("dead_letter.rs")),
     ("body.rs", include_str!("body.rs")),
     ("claim.rs", include_str!("claim.rs")),
+    ("complete.rs", include_str!("complete.rs")),
+    ("enqueue.rs", include_str!("enqueue.rs")),
     ("markers.rs", include_str!("markers.rs")),
     ("meta.rs", include_str!("meta.rs")),
     ("settle.rs", include_str!("settle.rs")),

@@ -17,13 +17,14 @@ use outbox_core::{
     store::LeaseToken, Error, MessageId, Result,
 };
 
+use crate::concurrency::{bounded, bounded_all};
 use crate::error::{from_sdk, is_condition_failed};
 use crate::item::{
     self, candidate, decode_message, get_s, marker_partition, marker_prefix, message_partition, n,
     now_us, s, shard_of, Candidate, Item, AVAILABLE, DUE, DUE_INDEX, DUE_SCALE, MARKED_ID, PK,
     SHARD, SK,
 };
-use crate::store::{bounded, bounded_all, DynamoOutbox};
+use crate::store::DynamoOutbox;
 
 /// Most stale order markers one head check removes before giving up on the key for
 /// this claim.

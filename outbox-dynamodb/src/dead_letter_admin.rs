@@ -118,7 +118,7 @@ impl DynamoOutbox {
         let key_shards = self.table_shards().await?.key_shards;
         let marker = Put::builder()
             .table_name(self.table())
-            .set_item(Some(crate::store::marker_item(key_shards, key, seq, id)))
+            .set_item(Some(crate::markers::marker_item(key_shards, key, seq, id)))
             .build()
             .map_err(|e| build_error("requeue dead letter", e))?;
         Ok(Some(TransactWriteItem::builder().put(marker).build()))

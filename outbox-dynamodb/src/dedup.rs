@@ -240,7 +240,7 @@ impl DedupStore for DynamoDedupStore {
                         .collect()
                 })
                 .collect();
-            let done: Vec<bool> = crate::store::bounded(
+            let done: Vec<bool> = crate::concurrency::bounded(
                 keys.into_iter()
                     .map(|key| async move {
                         let sent = self

@@ -5,10 +5,13 @@ mod body;
 #[cfg(test)]
 mod capacity_tests;
 mod claim;
+mod complete;
+mod concurrency;
 mod config;
 mod dead_letter;
 mod dead_letter_admin;
 mod dedup;
+mod enqueue;
 mod entity;
 mod error;
 #[cfg(feature = "fault-injection")]
@@ -35,11 +38,12 @@ pub use config::{
     DEFAULT_RENEWAL_BUDGET, DEFAULT_SHARDS, DEFAULT_SHARD_LEASE, MAX_SHARDS,
 };
 pub use dedup::DynamoDedupStore;
+pub use enqueue::check_transaction;
 pub use entity::DynamoEntityStore;
 pub use item::{MAX_ITEM_BYTES, MAX_TRANSACTION_ACTIONS, MAX_TRANSACTION_BYTES};
 pub use lock::{DynamoDistributedLock, DynamoLockGuard};
 pub use metrics::OutboxMetrics;
-pub use store::{check_transaction, DynamoOutbox};
+pub use store::DynamoOutbox;
 pub use throttles::Throttled;
 
 /// The AWS SDK this crate was built with: build your `Client` and transaction items

@@ -1,8 +1,9 @@
 //! Order markers that cannot be lost: every write that could race a requeue is a
 //! transaction whose condition looks at the message item.
 //!
-//! A marker says "message `mid` holds this place in its key's order". Three writes
-//! touch markers after enqueue:
+//! A marker says "message `mid` holds this place in its key's order": one small item
+//! ([`marker_item`]), written by the enqueue transaction. Three writes touch markers
+//! after enqueue:
 //!
 //! 1. **Requeue** of a dead letter sets the message undelivered and puts its marker back
 //!    in one `TransactWriteItems` (update conditional on `attribute_exists(dead_id)`,
@@ -15,6 +16,7 @@
 //! 3. Removal after **complete** stays a plain delete: a completed message is deleted
 //!    or kept as done, and neither can be requeued, so nothing can revive its marker.
 
+use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
@@ -22,9 +24,25 @@ use aws_sdk_dynamodb::types::{ConditionCheck, Delete, ReturnConsumedCapacity, Tr
 use outbox_core::{MessageId, Result};
 
 use crate::error::{build_error, cancelled, from_sdk, reason_codes};
-use crate::item::{self, Item, DUE};
+use crate::item::{
+    self, id_text, marker_partition, marker_prefix, s, shard_of, Item, DUE, MARKED_ID, PK, SK,
+};
 use crate::metrics::Metrics;
 use crate::store::DynamoOutbox;
+
+/// The order marker of message `id` (enqueue sequence `seq`) of `key`, in the marker
+/// partition the key falls in among `key_shards`.
+pub(crate) fn marker_item(key_shards: u16, key: &str, seq: u64, id: MessageId) -> Item {
+    let shard = shard_of(&[key.as_bytes()], key_shards);
+    HashMap::from([
+        (PK.to_owned(), s(marker_partition(shard))),
+        (
+            SK.to_owned(),
+            s(format!("{}{seq:016}#{}", marker_prefix(key), id_text(id))),
+        ),
+        (MARKED_ID.to_owned(), s(id_text(id))),
+    ])
+}
 
 /// How a transaction of [`DynamoOutbox::transact`] ended.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,8 +14,10 @@ use outbox_core::backend::{in_id_order, validate_lease};
 use outbox_core::{store::Lease, store::Renewed, MessageId, Result};
 use std::time::Duration;
 
+use crate::concurrency::bounded_all;
 use crate::item::{self, n, now_us, AVAILABLE, DUE, DUE_SCALE, SEQ};
-use crate::store::{all_settled, bounded_all, DynamoOutbox};
+use crate::settle::all_settled;
+use crate::store::DynamoOutbox;
 
 impl DynamoOutbox {
     /// Extend `leases` to `lease` from now (see the module docs); the ones whose token

@@ -1,22 +1,25 @@
-//! Settles of [`DynamoOutbox`]: complete, fail, release and dead-lettering, each a
-//! conditional write fenced on `token = :token AND attribute_exists(due)`.
+//! Settles of [`DynamoOutbox`]: fail (a retry, or dead-lettering by `dead_letter.rs`)
+//! and release, each a conditional write fenced on `token = :token AND
+//! attribute_exists(due)`, and what every settle shares: the fenced update, running a
+//! batch of settles ([`all_settled`]), body time-to-live writes and the removal of a
+//! settled message's order marker. Completes are in `complete.rs`.
 
 use std::sync::atomic::Ordering;
 
-use aws_sdk_dynamodb::types::{
-    BatchStatementErrorCodeEnum, BatchStatementRequest, ReturnConsumedCapacity, ReturnValue,
-};
+use aws_sdk_dynamodb::types::{ReturnConsumedCapacity, ReturnValue};
 use outbox_core::backend::in_id_order;
 use outbox_core::{
-    store::Disposition, store::Failure, store::Lease, store::Settled, MessageId, Result, Retention,
+    store::Disposition, store::Failure, store::Lease, store::Settled, MessageId, Result,
 };
 
-use crate::error::{build_error, from_sdk, is_condition_failed};
+use crate::concurrency::{bounded, bounded_all};
+use crate::error::{from_sdk, is_condition_failed};
 use crate::item::{
-    self, body_key, get_n, get_s, n, now_us, s, Item, ATTEMPTS, AVAILABLE, DONE_AT, DUE, DUE_SCALE,
-    LAST_ERROR, PARTITION_KEY, PK, SEQ, SK, TOKEN, TTL,
+    self, body_key, get_n, get_s, n, now_us, s, Item, ATTEMPTS, AVAILABLE, DUE_SCALE, LAST_ERROR,
+    PARTITION_KEY, PK, SEQ, SK, TTL,
 };
-use crate::store::{all_settled, bounded, bounded_all, DynamoOutbox};
+use crate::metrics::Metrics;
+use crate::store::DynamoOutbox;
 
 /// What [`DynamoOutbox::set_body_ttl`] writes on each body item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,8 +47,18 @@ pub(crate) enum BodyTtl {
     },
 }
 
-/// Most statements in one `BatchExecuteStatement` (DynamoDB's limit).
-pub(crate) const MAX_BATCH_STATEMENTS: usize = 25;
+/// The settles' `results` when every one succeeded; otherwise, after counting the
+/// failures in `settle_errors`, the first failure (every settle was attempted: a retry
+/// of the call finds the ones applied reported lost, as after any ambiguous settle).
+pub(crate) fn all_settled<T>(metrics: &Metrics, results: Vec<Result<T>>) -> Result<Vec<T>> {
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    if failed > 0 {
+        metrics
+            .settle_errors
+            .fetch_add(u64::try_from(failed).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+    results.into_iter().collect()
+}
 
 impl DynamoOutbox {
     /// Remove the order marker of a message that left the undelivered state (delivered
@@ -71,7 +84,7 @@ impl DynamoOutbox {
                 return;
             }
         };
-        let marker = crate::store::marker_item(key_shards, key, seq, id);
+        let marker = crate::markers::marker_item(key_shards, key, seq, id);
         let key: Item = marker
             .into_iter()
             .filter(|(k, _)| k == PK || k == SK)
@@ -168,7 +181,7 @@ impl DynamoOutbox {
     }
 
     /// Run `settle` for every lease in id order, at most
-    /// [`CONCURRENCY`](crate::store::CONCURRENCY) at once, and reconcile the ids it
+    /// [`CONCURRENCY`](crate::concurrency::CONCURRENCY) at once, and reconcile the ids it
     /// applied. One failed settle stops none of the others; the call then returns the
     /// first failure (see [`all_settled`]).
     pub(crate) async fn settle_all<'a, T, F, Fut>(
@@ -234,154 +247,6 @@ impl DynamoOutbox {
                 Ok(None)
             }
             Err(e) => Err(from_sdk(what, e)),
-        }
-    }
-
-    /// Complete up to [`MAX_BATCH_STATEMENTS`] leases under `Retention::Delete` with one
-    /// `BatchExecuteStatement`: each statement is its own conditional delete (the same
-    /// fence as [`complete_one`](Self::complete_one), one write unit each, not a
-    /// transaction), so a lost lease fails alone. Statements failing for another reason
-    /// (throttling) are retried one by one, all of them even when one of those fails.
-    /// Returns the ids applied, or the first failure.
-    ///
-    /// A PartiQL `DELETE` whose key matches no item succeeds with nothing deleted; only
-    /// an item that exists and fails the `WHERE` gives `ConditionalCheckFailed`. So each
-    /// statement returns the item it deleted (`RETURNING ALL OLD *`, which costs no
-    /// extra capacity), and a statement that succeeded without one found its message
-    /// gone: another claimer took the lapsed lease over and completed it. That lease is
-    /// lost, as the fence says, not applied.
-    pub(crate) async fn delete_batch(&self, leases: &[Lease]) -> Result<Vec<MessageId>> {
-        let statement = format!(
-            "DELETE FROM \"{}\" WHERE \"{PK}\" = ? AND \"{SK}\" = ? AND \"{TOKEN}\" = ? \
-             AND \"{DUE}\" IS NOT MISSING RETURNING ALL OLD *",
-            self.table()
-        );
-        let mut requests = Vec::with_capacity(leases.len());
-        for lease in leases {
-            let key = self.key_of(lease.id);
-            requests.push(
-                BatchStatementRequest::builder()
-                    .statement(&statement)
-                    .parameters(key[PK].clone())
-                    .parameters(key[SK].clone())
-                    .parameters(s(lease.token.as_uuid().to_string()))
-                    .build()
-                    .map_err(|e| build_error("complete", e))?,
-            );
-        }
-        let out = self
-            .inner
-            .client
-            .batch_execute_statement()
-            .set_statements(Some(requests))
-            .return_consumed_capacity(ReturnConsumedCapacity::Total)
-            .send()
-            .await
-            .map_err(|e| {
-                let count = u64::try_from(leases.len()).unwrap_or(u64::MAX);
-                self.inner
-                    .metrics
-                    .settle_errors
-                    .fetch_add(count, Ordering::Relaxed);
-                from_sdk("complete", e)
-            })?;
-        let reported = !out.consumed_capacity().is_empty();
-        for c in out.consumed_capacity() {
-            self.record_capacity(&self.inner.metrics.settle_units, Some(c));
-        }
-        let mut applied = Vec::with_capacity(leases.len());
-        let mut retried = Vec::new();
-        for (lease, response) in leases.iter().zip(out.responses()) {
-            match response.error().and_then(|e| e.code()) {
-                None if response.item().is_none() => {
-                    // Nothing was deleted: the message is gone, settled under another
-                    // lease. In effect a refused write, and counted as one.
-                    self.inner.metrics.refused.fetch_add(1, Ordering::Relaxed);
-                }
-                None => {
-                    if !reported {
-                        // DynamoDB Local returns no consumed capacity for PartiQL
-                        // batches: count what DynamoDB bills, one unit for the state
-                        // item (under 1 KB) and one for its `due` index entry.
-                        self.inner
-                            .metrics
-                            .settle_units
-                            .fetch_add(2 * crate::metrics::UNIT, Ordering::Relaxed);
-                    }
-                    applied.push(lease.id);
-                }
-                Some(BatchStatementErrorCodeEnum::ConditionalCheckFailed) => {
-                    self.inner.metrics.refused.fetch_add(1, Ordering::Relaxed);
-                }
-                Some(_) => retried.push(lease),
-            }
-        }
-        let results = bounded_all(retried.iter().map(|l| self.complete_one(l)).collect()).await;
-        for (lease, done) in retried
-            .iter()
-            .zip(all_settled(&self.inner.metrics, results)?)
-        {
-            if done {
-                applied.push(lease.id);
-            }
-        }
-        Ok(applied)
-    }
-
-    pub(crate) async fn complete_one(&self, lease: &Lease) -> Result<bool> {
-        match self.inner.config.capabilities().retention {
-            Retention::Keep { .. } => {
-                let done = self
-                    .fenced_update(
-                        "complete",
-                        lease,
-                        format!("SET #{DONE_AT} = :now REMOVE #due, #token"),
-                        vec![(":now", n(now_us()))],
-                        "",
-                        self.settle_return(),
-                    )
-                    .await?;
-                if let Some(item) = &done {
-                    self.forget_marker(item, false).await;
-                }
-                Ok(done.is_some())
-            }
-            Retention::Delete => {
-                let sent = self
-                    .inner
-                    .client
-                    .delete_item()
-                    .table_name(self.table())
-                    .set_key(Some(self.key_of(lease.id)))
-                    .condition_expression("#token = :token AND attribute_exists(#due)")
-                    .expression_attribute_names("#token", TOKEN)
-                    .expression_attribute_names("#due", DUE)
-                    .expression_attribute_values(":token", s(lease.token.as_uuid().to_string()))
-                    .return_values(if self.per_key() {
-                        ReturnValue::AllOld
-                    } else {
-                        ReturnValue::None
-                    })
-                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
-                    .send()
-                    .await;
-                match sent {
-                    Ok(out) => {
-                        self.record_capacity(
-                            &self.inner.metrics.settle_units,
-                            out.consumed_capacity(),
-                        );
-                        self.forget_marker(&out.attributes.unwrap_or_default(), false)
-                            .await;
-                        Ok(true)
-                    }
-                    Err(e) if is_condition_failed(&e) => {
-                        self.inner.metrics.refused.fetch_add(1, Ordering::Relaxed);
-                        Ok(false)
-                    }
-                    Err(e) => Err(from_sdk("complete", e)),
-                }
-            }
         }
     }
 

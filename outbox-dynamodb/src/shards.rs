@@ -39,9 +39,10 @@ use std::time::Duration;
 use aws_sdk_dynamodb::types::{ConsumedCapacity, ReturnConsumedCapacity, ReturnValue};
 use outbox_core::Result;
 
+use crate::concurrency::bounded_all;
 use crate::error::{from_sdk, is_condition_failed};
 use crate::item::{self, get_n, get_s, n, now_us, s, Item, PK, SK, TTL};
-use crate::store::{bounded_all, DynamoOutbox};
+use crate::store::DynamoOutbox;
 
 const WORKERS_PK: &str = "w";
 const LEASES_PK: &str = "l";

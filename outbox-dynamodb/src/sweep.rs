@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use outbox_core::{Error, MessageId, Result};
 
+use crate::concurrency::bounded;
 use crate::error::from_sdk;
 use crate::item::{self, candidate_id, get_n, now_us, Item, AVAILABLE};
-use crate::store::{bounded, DynamoOutbox};
+use crate::store::DynamoOutbox;
 
 /// Most long-waiting messages one sweep step looks at; the rest wait for the next
 /// step, so one step stays short.

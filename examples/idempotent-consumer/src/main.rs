@@ -17,12 +17,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::consumer::{DecoupledConsumer, EntityStore, Handled};
-use outbox_core::{
+use outbox::consumer::{DecoupledConsumer, EntityStore, Handled};
+use outbox::postgres::{sqlx, PgDedupConfig, PgDedupStore, PgEntityConfig, PgEntityStore};
+use outbox::{
     ConsumerName, EntityKey, Error, ErrorKind, Message, MessageId, NewMessage, PublishOutcome,
     Publisher, Result,
 };
-use outbox_postgres::{PgDedupConfig, PgDedupStore, PgEntityConfig, PgEntityStore};
 use serde::{Deserialize, Serialize};
 
 /// The consumer's state per account.

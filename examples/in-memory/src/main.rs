@@ -13,11 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::{
+use outbox::testkit::MemoryStore;
+use outbox::{
     DeadLetterFilter, DeadLetterPage, Message, NewMessage, OutboxAdmin, PublishOutcome, Publisher,
     Relay, RelayConfig, Result, RetryPolicy,
 };
-use outbox_testkit::MemoryStore;
 
 /// Prints what it publishes; every third call fails (retryable), and messages to
 /// `audit.bogus` are refused for good.

@@ -15,12 +15,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::{
+use outbox::postgres::sqlx::{self, PgPool};
+use outbox::postgres::{PgDedupConfig, PgDedupStore, PgOutbox, PgOutboxConfig};
+use outbox::{
     ConsumerName, Dedup, Message, NewMessage, OutboxAdmin, PublishOutcome, Publisher, Relay,
     RelayConfig, Result,
 };
-use outbox_postgres::{PgDedupConfig, PgDedupStore, PgOutbox, PgOutboxConfig};
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 /// Stands in for a broker client: keeps what it was given so the consumer below can
@@ -47,8 +47,8 @@ impl Publisher for InProcessBroker {
     }
 }
 
-fn db_error(e: sqlx::Error) -> outbox_core::Error {
-    outbox_core::Error::new(outbox_core::ErrorKind::Storage, "example SQL failed").with_source(e)
+fn db_error(e: sqlx::Error) -> outbox::Error {
+    outbox::Error::new(outbox::ErrorKind::Storage, "example SQL failed").with_source(e)
 }
 
 /// What a request handler holds: the pool, the outbox and the relay to wake.

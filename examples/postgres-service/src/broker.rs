@@ -3,7 +3,7 @@
 use std::sync::{Mutex, PoisonError};
 
 use async_trait::async_trait;
-use outbox_core::{Message, PublishOutcome, Publisher, Result};
+use outbox::{Message, PublishOutcome, Publisher, Result};
 
 /// Stands in for a broker client: accepts every message, logs it and keeps it, so a
 /// test (or a curious reader) can see what was published and how often.

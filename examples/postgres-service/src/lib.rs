@@ -14,8 +14,8 @@
 //!   the relay, which releases the leases it holds.
 //!
 //! The "broker" is [`InProcessBroker`], which logs and keeps what it was given; any
-//! [`outbox_core::Publisher`] fits in its place, such as `outbox_nats::NatsPublisher`
-//! or `outbox_rabbitmq::RabbitPublisher`.
+//! [`outbox::Publisher`] fits in its place, such as `outbox::nats::NatsPublisher`
+//! or `outbox::rabbitmq::RabbitPublisher` (features `nats`, `rabbitmq`).
 //!
 //! The binary (`src/main.rs`) is a thin wrapper: it connects to `OUTBOX_PG_URL`, calls
 //! [`install`], [`metrics_recorder`] and [`build`], and serves until Ctrl-C. Run it from
@@ -39,11 +39,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use outbox_core::{
+use outbox::postgres::sqlx::{self, PgPool};
+use outbox::postgres::{PgOutbox, PgOutboxConfig, QualifiedName};
+use outbox::{
     DispatchReport, Error, ErrorKind, Relay, RelayConfig, RelayHandle, Result, StatsReporter,
 };
-use outbox_postgres::{PgOutbox, PgOutboxConfig, QualifiedName};
-use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -130,7 +130,7 @@ pub async fn install(pool: &PgPool, config: &ServiceConfig) -> Result<()> {
 }
 
 /// The process's Prometheus recorder: installed as the global `metrics` recorder on
-/// the first call (with [`describe_metrics`](outbox_core::monitor::describe_metrics)'
+/// the first call (with [`describe_metrics`](outbox::monitor::describe_metrics)'
 /// help texts), the same handle on later calls.
 ///
 /// Call it **before** [`build`]: a relay takes its metric handles when it is created,
@@ -145,7 +145,7 @@ pub fn metrics_recorder() -> Result<PrometheusHandle> {
             let handle = PrometheusBuilder::new()
                 .install_recorder()
                 .map_err(|e| e.to_string())?;
-            outbox_core::monitor::describe_metrics();
+            outbox::monitor::describe_metrics();
             Ok(handle)
         })
         .clone()
@@ -239,7 +239,7 @@ impl App {
         &self.broker
     }
 
-    /// The outbox, for [`OutboxAdmin`](outbox_core::OutboxAdmin) calls.
+    /// The outbox, for [`OutboxAdmin`](outbox::OutboxAdmin) calls.
     pub fn outbox(&self) -> &PgOutbox {
         &self.outbox
     }

@@ -3,8 +3,8 @@
 //! commit, a background relay sweeps the rest, `GET /metrics` shows the relay's and the
 //! outbox's metrics as Prometheus text, and Ctrl-C (or SIGTERM) drains HTTP, then stops
 //! the relay. The broker is an in-process stand-in that logs what it is given; the
-//! publishers of `outbox-nats` and `outbox-rabbitmq` fit in its place. The library
-//! (`src/lib.rs`) documents the pieces.
+//! facade's `outbox::nats` and `outbox::rabbitmq` publishers (features `nats`,
+//! `rabbitmq`) fit in its place. The library (`src/lib.rs`) documents the pieces.
 //!
 //! Run it from the repository root against any PostgreSQL you may create schemas in
 //! (`OUTBOX_PG_URL` is required; `LISTEN_ADDR` defaults to `127.0.0.1:3000`, `RUST_LOG`
@@ -19,7 +19,7 @@
 //! ```
 
 use example_postgres_service::{build, install, metrics_recorder, ServiceConfig};
-use sqlx::PgPool;
+use outbox::postgres::sqlx::PgPool;
 use tracing_subscriber::EnvFilter;
 
 const DEFAULT_LISTEN_ADDR: &str = "127.0.0.1:3000";

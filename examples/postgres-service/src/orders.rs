@@ -7,10 +7,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
-use outbox_core::{NewMessage, Relay};
-use outbox_postgres::{PgOutbox, QualifiedName};
+use outbox::postgres::sqlx::{self, PgPool};
+use outbox::postgres::{PgOutbox, QualifiedName};
+use outbox::{NewMessage, Relay};
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
 
 /// The destination of the event every new order enqueues.
 pub const ORDER_CREATED: &str = "orders.created";
@@ -97,7 +97,7 @@ impl From<JsonRejection> for Failure {
 }
 
 /// A storage error: logged with its causes, answered without them.
-fn storage_failure(what: &str, err: &outbox_core::Error) -> Failure {
+fn storage_failure(what: &str, err: &outbox::Error) -> Failure {
     tracing::error!(error = %err.report(), "{what} failed");
     let status = if err.is_retryable() {
         StatusCode::SERVICE_UNAVAILABLE
@@ -107,8 +107,8 @@ fn storage_failure(what: &str, err: &outbox_core::Error) -> Failure {
     Failure(status, format!("{what} failed; try again later"))
 }
 
-fn db_error(e: sqlx::Error) -> outbox_core::Error {
-    outbox_core::Error::new(outbox_core::ErrorKind::Storage, "order SQL failed").with_source(e)
+fn db_error(e: sqlx::Error) -> outbox::Error {
+    outbox::Error::new(outbox::ErrorKind::Storage, "order SQL failed").with_source(e)
 }
 
 /// What every handler shares.
@@ -172,10 +172,10 @@ async fn create_order(
 }
 
 /// The order row and its event, in one transaction.
-async fn store_order(state: &AppState, order: &NewOrder) -> outbox_core::Result<(i64, NewMessage)> {
+async fn store_order(state: &AppState, order: &NewOrder) -> outbox::Result<(i64, NewMessage)> {
     let mut tx = state.pool.begin().await.map_err(db_error)?;
     // The event's id is chosen before the insert, so the row can name its event.
-    let event_id = outbox_core::MessageId::new();
+    let event_id = outbox::MessageId::new();
     let order_id: i64 = sqlx::query_scalar(&format!(
         "INSERT INTO {} (customer, amount_cents, message_id) VALUES ($1, $2, $3) RETURNING id",
         state.orders

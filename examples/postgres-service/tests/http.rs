@@ -17,12 +17,12 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use outbox_core::{DispatchReport, NewMessage, OutboxAdmin, Relay, RelayConfig};
-use outbox_postgres::PgOutbox;
-use outbox_testkit::wait::DEADLINE;
-use outbox_testkit::{poll_for, wait_until, within};
-use sqlx::postgres::PgPoolOptions;
-use sqlx::PgPool;
+use outbox::postgres::sqlx::postgres::PgPoolOptions;
+use outbox::postgres::sqlx::{self, PgPool};
+use outbox::postgres::{PgOutbox, PgOutboxConfig};
+use outbox::testkit::wait::DEADLINE;
+use outbox::testkit::{poll_for, wait_until, within};
+use outbox::{DispatchReport, NewMessage, OutboxAdmin, Relay, RelayConfig};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -48,7 +48,7 @@ struct Service {
     outbox: PgOutbox,
     shutdown: CancellationToken,
     /// The serving task, until [`stop`](Self::stop) has awaited it.
-    served: Option<JoinHandle<outbox_core::Result<DispatchReport>>>,
+    served: Option<JoinHandle<outbox::Result<DispatchReport>>>,
     /// The relay's totals, once stopped.
     totals: Option<DispatchReport>,
     http: Client<HttpConnector, Full<Bytes>>,
@@ -85,7 +85,7 @@ impl Service {
         F: FnOnce(PgOutbox) -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
-        let url = outbox_testkit::service_url("OUTBOX_PG_URL", what)?;
+        let url = outbox::testkit::service_url("OUTBOX_PG_URL", what)?;
         // Pools are per test: each #[tokio::test] has its own runtime.
         let pool = PgPoolOptions::new()
             .max_connections(5)
@@ -104,7 +104,7 @@ impl Service {
         let metrics = metrics_recorder().expect("recorder");
         let probe = PgOutbox::new(
             pool.clone(),
-            outbox_postgres::PgOutboxConfig::default().with_schema(schema.clone()),
+            PgOutboxConfig::default().with_schema(schema.clone()),
         )
         .expect("outbox");
         before(probe).await;
@@ -461,7 +461,7 @@ async fn shutdown_stops_the_server_and_the_relay() {
     assert!(svc.relay.is_stopping());
     assert_eq!(
         svc.relay
-            .dispatch_ids(&[outbox_core::MessageId::new()])
+            .dispatch_ids(&[outbox::MessageId::new()])
             .await
             .expect("no-op"),
         DispatchReport::default(),
