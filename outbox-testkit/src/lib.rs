@@ -9,7 +9,6 @@ pub mod postgres;
 pub mod suite;
 mod support;
 
-pub use postgres::cluster as pg_cluster;
 pub use support::{cpu, dynamodb_local, env, isolation, wait};
 
 // `__suite_cases!`: the suites' case lists, generated from `src/suite/` by build.rs.

@@ -2,7 +2,7 @@
 //! delivery check read from `<schema>.published`.
 
 /// The private cluster the restart test runs on, shared with `pg_bench`'s soak.
-pub(crate) use outbox_testkit::pg_cluster as cluster;
+pub(crate) use outbox_testkit::postgres::cluster;
 pub(crate) mod dynamodb;
 pub(crate) mod mariadb;
 pub(crate) mod poison;

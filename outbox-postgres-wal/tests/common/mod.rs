@@ -12,7 +12,7 @@ use outbox_postgres_wal::{
     ReplicationTarget, WalOutbox, WalOutboxConfig, WalRelay, WalRelayConfig, WalRelayReport,
 };
 use outbox_testkit::isolation;
-use outbox_testkit::pg_cluster::Cluster;
+use outbox_testkit::postgres::cluster::Cluster;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use tokio::task::JoinHandle;

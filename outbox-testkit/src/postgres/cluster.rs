@@ -10,7 +10,7 @@
 //! uuid: no database driver.
 //!
 //! ```no_run
-//! use outbox_testkit::pg_cluster::Cluster;
+//! use outbox_testkit::postgres::cluster::Cluster;
 //!
 //! match Cluster::start_with(&[("autovacuum", "on"), ("log_autovacuum_min_duration", "0")]) {
 //!     Ok(cluster) => println!("connect to {}", cluster.url()),
@@ -264,7 +264,7 @@ impl Cluster {
     fn append_settings(&self, settings: &[(&str, &str)]) {
         let path = self.data.join("postgresql.conf");
         let mut conf = std::fs::read_to_string(&path).expect("read postgresql.conf");
-        conf.push_str("\n# outbox_testkit::pg_cluster\n");
+        conf.push_str("\n# outbox_testkit::postgres::cluster\n");
         for (name, value) in BASE_SETTINGS.iter().chain(settings) {
             let value = value.replace('\\', "\\\\").replace('\'', "''");
             conf.push_str(&format!("{name} = '{value}'\n"));

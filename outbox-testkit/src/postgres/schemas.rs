@@ -1,7 +1,6 @@
 //! Dropping the test schemas an earlier run left behind: the schemas named by
-//! [`isolation::unique_name`](crate::isolation::unique_name) that
-//! [`isolation::is_stale`](crate::isolation::is_stale) says are old. Run once per test
-//! binary, with the backend's own driver.
+//! [`isolation::unique_name`] that [`isolation::is_stale`] says are old. Run once per
+//! test binary, with the backend's own driver.
 
 use crate::isolation;
 
