@@ -84,6 +84,7 @@ const MEMBERS: &[(&str, Role)] = &[
     ("outbox-rabbitmq", Role::Other),
     ("outbox-sqs", Role::Other),
     ("outbox-e2e", Role::Other),
+    ("outbox-bench", Role::Other),
 ];
 
 /// The lists each file must hold, by kind (see the module docs).

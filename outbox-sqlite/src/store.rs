@@ -294,7 +294,7 @@ impl SqliteOutbox {
 
     /// The text of the statements a claim and a complete run (the due select, the
     /// lease update, the complete), for benchmarks that run the library's own SQL
-    /// through sqlx directly (`benches/sqlite_bench.rs`). Not a stable API.
+    /// through sqlx directly (`outbox-bench/benches/sqlite_bench.rs`). Not a stable API.
     #[doc(hidden)]
     pub fn claim_complete_sql(&self) -> [&str; 3] {
         let sql = &self.inner.sql;

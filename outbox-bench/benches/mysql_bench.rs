@@ -3,7 +3,7 @@
 //!
 //! 1. **Drain**: relays (batch {10, 100, 1000} x relays {1, 2, 4}, a no-op publisher)
 //!    empty a pre-loaded outbox, against the library's own claim + complete statements
-//!    (`MySqlOutbox::relay_sql`) driven by a minimal loop on the same connections (the
+//!    (`MySqlOutbox::relay_sql`, a hidden accessor) driven by a minimal loop on the same connections (the
 //!    outbox's relay pool), by as many workers: the ceiling without the relay,
 //!    decoding and bookkeeping.
 //! 2. **Enqueue**: transactions of one business insert plus one enqueued message,
@@ -13,37 +13,29 @@
 //! (`mariadbd` / `mysqld` on this machine, read from `/proc`).
 //!
 //! ```text
-//! cargo bench -p outbox-mysql --bench mysql_bench               # median of 3
-//! cargo bench -p outbox-mysql --bench mysql_bench -- --quick    # one run each, fewer messages
+//! cargo bench -p outbox-bench --bench mysql_bench               # median of 3
+//! cargo bench -p outbox-bench --bench mysql_bench -- --quick    # one run each, fewer messages
 //! ```
 //!
 //! Environment: `OUTBOX_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/outbox_test`).
 //! Every run gets its own `obx_bench_*` database, dropped afterwards.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use async_trait::async_trait;
 use chrono::NaiveDateTime;
-use outbox_core::{
-    relay::DEFAULT_PIPELINE_DEPTH, ClaimMode, Message, NewMessage, PublishOutcome, Publisher,
-    Relay, RelayConfig, Result,
-};
+use outbox_bench::{drain_library, median_by, run_workers, storage, Figure};
+use outbox_core::{relay::DEFAULT_PIPELINE_DEPTH, ClaimMode, NewMessage, Result};
 use outbox_mysql::{MySqlClaimConfig, MySqlOutbox, MySqlOutboxConfig};
-use outbox_testkit::cpu::{self, Server};
+use outbox_testkit::cpu::Server;
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{MySqlPool, Row};
-use tokio::sync::watch;
 use uuid::Uuid;
 
 const BATCHES: [usize; 3] = [10, 100, 1000];
 const RELAYS: [usize; 3] = [1, 2, 4];
-const LEASE: Duration = Duration::from_secs(60);
 const WRITERS: usize = 4;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let quick = outbox_bench::quick();
     let repeats = if quick { 1 } else { 3 };
     let url = std::env::var("OUTBOX_MYSQL_URL")
         .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/outbox_test".to_owned());
@@ -95,9 +87,9 @@ async fn main() -> Result<()> {
                 raw.rate,
                 library.rate / raw.rate,
                 held.rate / raw.rate,
-                library.cpu(),
-                held.cpu(),
-                raw.cpu()
+                cpu(&library),
+                cpu(&held),
+                cpu(&raw)
             );
         }
     }
@@ -119,46 +111,29 @@ async fn main() -> Result<()> {
         with.rate,
         alone.rate,
         with.rate / alone.rate,
-        with.cpu(),
-        alone.cpu()
+        cpu(&with),
+        cpu(&alone)
     );
     Ok(())
 }
 
-/// A rate and the CPU spent per unit.
-#[derive(Debug, Clone, Copy)]
-struct Figure {
-    rate: f64,
-    client_us: f64,
-    server_us: f64,
+/// A figure's CPU per unit, client / server.
+fn cpu(figure: &Figure) -> String {
+    format!("{:.0} / {:.0}", figure.client_us, figure.server_us)
 }
 
-impl Figure {
-    fn cpu(&self) -> String {
-        format!("{:.0} / {:.0}", self.client_us, self.server_us)
-    }
+/// The run of median rate.
+fn median(sample: Vec<Figure>) -> Figure {
+    median_by(&sample, |f| f.rate).expect("at least one run")
 }
 
-fn median(mut sample: Vec<Figure>) -> Figure {
-    sample.sort_by(|a, b| a.rate.total_cmp(&b.rate));
-    sample[sample.len() / 2]
-}
-
-/// Time `work`, which handles `units` things; its rate and CPU per unit.
-async fn measure<F: std::future::Future<Output = Result<()>>>(
+/// Time `work`, which handles `units` things; its rate and CPU per unit (this process
+/// and the server).
+async fn measure(
     units: u64,
-    work: F,
+    work: impl std::future::Future<Output = Result<()>>,
 ) -> Result<Figure> {
-    let before = cpu::sample(Server::MySql);
-    let started = Instant::now();
-    work.await?;
-    let elapsed = started.elapsed().as_secs_f64();
-    let (client_us, server_us) = cpu::since(before).per(units);
-    Ok(Figure {
-        rate: units as f64 / elapsed,
-        client_us,
-        server_us,
-    })
+    Figure::measure(units, Server::MySql, work).await
 }
 
 /// An installed outbox in a fresh database.
@@ -239,65 +214,14 @@ async fn drain(
     Ok(figure)
 }
 
-/// Publishes nothing, counts what it was given.
-#[derive(Debug)]
-struct Counting(watch::Sender<u64>);
-
-#[async_trait]
-impl Publisher for Counting {
-    async fn publish(&self, batch: &[Message]) -> Result<Vec<PublishOutcome>> {
-        self.0.send_modify(|n| *n += batch.len() as u64);
-        Ok(vec![PublishOutcome::Published; batch.len()])
-    }
-}
-
-async fn drain_library(
-    outbox: &MySqlOutbox,
-    batch: usize,
-    relays: usize,
-    messages: u64,
-) -> Result<()> {
-    let (count, mut counted) = watch::channel(0);
-    let publisher = Arc::new(Counting(count));
-    let config = RelayConfig::default()
-        .with_batch_size(batch)
-        .with_lease(LEASE)
-        .with_publish_batch_size(batch)
-        .with_publish_concurrency(1)
-        .with_poll_interval(Duration::from_millis(1))
-        .with_max_poll_interval(Duration::from_millis(10));
-    let handles: Vec<_> = (0..relays)
-        .map(|i| {
-            Relay::new(
-                Arc::new(outbox.clone()),
-                publisher.clone(),
-                config.clone().with_name(format!("bench-{i}")),
-            )
-            .map(|relay| relay.spawn())
-        })
-        .collect::<Result<_>>()?;
-    let _ = counted.wait_for(|n| *n >= messages).await;
-    for handle in handles {
-        handle.shutdown().await?;
-    }
-    Ok(())
-}
-
 /// The library's statements in the order a claim and a complete run them, on the
 /// outbox's relay connections, by `workers` tasks until nothing is due.
 async fn drain_raw(outbox: &MySqlOutbox, batch: usize, workers: usize) -> Result<()> {
-    let tasks: Vec<_> = (0..workers)
-        .map(|_| {
-            let outbox = outbox.clone();
-            tokio::spawn(async move { raw_worker(&outbox, batch).await })
-        })
-        .collect();
-    for task in tasks {
-        task.await.map_err(|e| {
-            outbox_core::Error::new(outbox_core::ErrorKind::Panicked, e.to_string())
-        })??;
-    }
-    Ok(())
+    run_workers(workers, |_| {
+        let outbox = outbox.clone();
+        async move { raw_worker(&outbox, batch).await }
+    })
+    .await
 }
 
 async fn raw_worker(outbox: &MySqlOutbox, batch: usize) -> Result<()> {
@@ -374,43 +298,32 @@ async fn enqueue(pool: &MySqlPool, txns: u64, with_outbox: bool) -> Result<Figur
     .map_err(storage)?;
     let insert = format!("INSERT INTO {orders} (item, amount) VALUES (?, ?)");
     let per_writer = txns / WRITERS as u64;
-    let figure = measure(per_writer * WRITERS as u64, async {
-        let tasks: Vec<_> = (0..WRITERS)
-            .map(|_| {
-                let (pool, outbox, insert) = (pool.clone(), outbox.clone(), insert.clone());
-                tokio::spawn(async move {
-                    for n in 0..per_writer {
-                        let mut tx = pool.begin().await.map_err(storage)?;
-                        sqlx::query(&insert)
-                            .bind("book")
-                            .bind(i64::try_from(n).unwrap_or(0))
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(storage)?;
-                        if with_outbox {
-                            let message = NewMessage::builder("orders.created")
-                                .payload(b"{\"item\":\"book\"}".to_vec())
-                                .build()?;
-                            outbox.enqueue(&mut tx, &[message]).await?;
-                        }
-                        tx.commit().await.map_err(storage)?;
+    let figure = measure(
+        per_writer * WRITERS as u64,
+        run_workers(WRITERS, |_| {
+            let (pool, outbox, insert) = (pool.clone(), outbox.clone(), insert.clone());
+            async move {
+                for n in 0..per_writer {
+                    let mut tx = pool.begin().await.map_err(storage)?;
+                    sqlx::query(&insert)
+                        .bind("book")
+                        .bind(i64::try_from(n).unwrap_or(0))
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(storage)?;
+                    if with_outbox {
+                        let message = NewMessage::builder("orders.created")
+                            .payload(b"{\"item\":\"book\"}".to_vec())
+                            .build()?;
+                        outbox.enqueue(&mut tx, &[message]).await?;
                     }
-                    Ok::<(), outbox_core::Error>(())
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await.map_err(|e| {
-                outbox_core::Error::new(outbox_core::ErrorKind::Panicked, e.to_string())
-            })??;
-        }
-        Ok(())
-    })
+                    tx.commit().await.map_err(storage)?;
+                }
+                Ok(())
+            }
+        }),
+    )
     .await?;
     drop_database(&outbox).await?;
     Ok(figure)
-}
-
-fn storage(e: sqlx::Error) -> outbox_core::Error {
-    outbox_core::Error::new(outbox_core::ErrorKind::Storage, "bench plumbing").with_source(e)
 }

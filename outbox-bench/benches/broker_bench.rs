@@ -2,9 +2,9 @@
 //!
 //! ```text
 //! eval "$(scripts/services.sh)"
-//! cargo bench -p outbox-e2e --bench broker_bench              # about nine minutes
-//! cargo bench -p outbox-e2e --bench broker_bench -- --quick   # about a minute
-//! OUTBOX_BENCH_ONLY=wal cargo bench -p outbox-e2e --bench broker_bench   # one to two minutes
+//! cargo bench -p outbox-bench --bench broker_bench              # about nine minutes
+//! cargo bench -p outbox-bench --bench broker_bench -- --quick   # about a minute (or OUTBOX_BENCH_QUICK=1)
+//! OUTBOX_BENCH_ONLY=wal cargo bench -p outbox-bench --bench broker_bench   # one to two minutes
 //! ```
 //!
 //! For NATS JetStream (a file-stored stream) and RabbitMQ (a durable queue, persistent
@@ -55,7 +55,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use futures::{stream, StreamExt};
-use outbox_core::backend::MessageParts;
+use outbox_bench::{
+    median, ms, noop_publisher, order_message, percentile, stored, Res, ORDER_DESTINATION,
+};
 use outbox_core::{
     relay::DEFAULT_PIPELINE_DEPTH, ClaimMode, Message, MessageId, NewMessage, OutboxStore,
     PublishOutcome, Publisher, Relay, RelayConfig,
@@ -79,11 +81,9 @@ use outbox_rabbitmq::lapin::{
 };
 use outbox_rabbitmq::{RabbitPublisher, RabbitPublisherConfig, Routing};
 use outbox_testkit::cpu::{self, Server};
-use outbox_testkit::pg_cluster::Cluster;
+use outbox_testkit::postgres::cluster::Cluster;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
-
-type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// Pipeline depths one relay is measured at (1 = pipelining off).
 const DEPTHS: [usize; 3] = [1, 2, 4];
@@ -99,7 +99,7 @@ const PRODUCERS: u32 = 16;
 /// Latency samples from the first this-long are not counted.
 const WARM_UP: Duration = Duration::from_millis(500);
 /// The destination every message goes to.
-const DESTINATION: &str = "orders.created";
+const DESTINATION: &str = ORDER_DESTINATION;
 /// How long a drain or the latency tail may take before the bench gives up.
 const GIVE_UP: Duration = Duration::from_secs(120);
 
@@ -134,19 +134,11 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}_{secs}_{:08x}", fastrand::u32(..))
 }
 
-/// An order event of about 120 bytes, as the PostgreSQL bench sends.
-fn order(i: u64) -> Res<NewMessage> {
-    let payload = serde_json::to_vec(&serde_json::json!({
-        "order_id": i,
-        "customer": format!("customer-{:06}", i % 100_000),
-        "amount_cents": 1_000 + i % 9_000,
-        "currency": "EUR",
-        "note": "benchmark payload, roughly the size of a small domain event",
-    }))?;
-    Ok(NewMessage::builder(DESTINATION)
-        .content_type("application/json")
-        .payload(payload)
-        .build()?)
+/// `n` order events of about 120 bytes, as the PostgreSQL bench sends.
+fn orders(n: u64) -> Res<Vec<NewMessage>> {
+    Ok((0..n)
+        .map(order_message)
+        .collect::<outbox_core::Result<_>>()?)
 }
 
 /// One broker under test: its publisher for relays and its raw client loop.
@@ -169,17 +161,6 @@ trait Broker: Send + Sync {
 /// The control: relays publishing to nothing, what PostgreSQL alone allows.
 struct NoBroker;
 
-/// Accepts every message at once.
-#[derive(Debug)]
-struct Noop;
-
-#[async_trait]
-impl Publisher for Noop {
-    async fn publish(&self, batch: &[Message]) -> outbox_core::Result<Vec<PublishOutcome>> {
-        Ok(vec![PublishOutcome::Published; batch.len()])
-    }
-}
-
 #[async_trait]
 impl Broker for NoBroker {
     fn name(&self) -> &'static str {
@@ -191,7 +172,7 @@ impl Broker for NoBroker {
     }
 
     async fn publisher(&self) -> Res<Arc<dyn Publisher>> {
-        Ok(Arc::new(Noop))
+        Ok(noop_publisher())
     }
 
     async fn raw(&self, _: &[NewMessage], _: usize) -> Res<Option<Duration>> {
@@ -497,22 +478,7 @@ async fn publisher_alone(
     messages: &[NewMessage],
 ) -> Res<(Duration, Cpu)> {
     let publisher = broker.publisher().await?;
-    let claimed: Vec<Message> = messages
-        .iter()
-        .map(|m| {
-            Message::from(MessageParts {
-                id: m.id(),
-                destination: m.destination().to_owned(),
-                partition_key: m.partition_key().map(str::to_owned),
-                payload: m.payload().to_vec(),
-                content_type: m.content_type().map(str::to_owned),
-                headers: m.headers().clone(),
-                created_at: SystemTime::now(),
-                attempts: 1,
-                last_error: None,
-            })
-        })
-        .collect();
+    let claimed: Vec<Message> = messages.iter().map(stored).collect();
     let meter = Meter::start(broker);
     let start = Instant::now();
     for chunk in claimed.chunks(batch) {
@@ -737,15 +703,6 @@ async fn wal_drain(
     Ok((took, spent, startup))
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
-}
-
 fn rate(n: usize, took: Duration) -> f64 {
     n as f64 / took.as_secs_f64()
 }
@@ -796,13 +753,13 @@ impl Runs {
 
     /// msgs/s and each CPU figure, each the median of the runs.
     fn medians(self) -> (f64, Cpu) {
-        let of = |f: fn(&Cpu) -> f64| median(self.cpu.iter().map(f).collect());
+        let of = |f: fn(&Cpu) -> f64| median(&self.cpu.iter().map(f).collect::<Vec<_>>());
         let cpu = Cpu {
             client: of(|c| c.client),
             pg: of(|c| c.pg),
             broker: of(|c| c.broker),
         };
-        (median(self.rates), cpu)
+        (median(&self.rates), cpu)
     }
 }
 
@@ -866,7 +823,7 @@ async fn throughput(
         println!();
     }
     let outbox = pg.outbox("drain", Notify::Off).await?;
-    let messages = || (0..n).map(order).collect::<Res<Vec<_>>>();
+    let messages = || orders(n);
     // The CPU table and the log-tailing table, printed after the polling relays' table.
     let (mut cpu_rows, mut wal_rows) = (Vec::new(), Vec::new());
     for broker in brokers {
@@ -951,7 +908,7 @@ async fn throughput(
                 cell(tailed, 0),
                 cell(tailed / alone, 2),
                 cell(tailed / raw, 2),
-                cell(median(startups), 1),
+                cell(median(&startups), 1),
                 cell(alone_cpu.client, 2),
                 cell(tailed_cpu.client, 2),
                 cell(tailed_cpu.pg, 2),
@@ -1069,15 +1026,6 @@ impl Acked {
     }
 }
 
-/// Nearest-rank percentile of a sorted sample.
-fn percentile(sorted: &[Duration], percent: usize) -> Duration {
-    sorted[(sorted.len() * percent).div_ceil(100).max(1) - 1]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1_000.0
-}
-
 async fn latency(mode: Mode, pg: &Pg, brokers: &[Box<dyn Broker>]) -> Res<()> {
     let length = mode.pick(Duration::from_secs(10), Duration::from_secs(3));
     println!(
@@ -1147,8 +1095,8 @@ async fn latency(mode: Mode, pg: &Pg, brokers: &[Box<dyn Broker>]) -> Res<()> {
             "| {:<15} | {:>11.0} | {samples:>7} | {:>7.2} | {:>7.2} | {:>7.2} |",
             broker.name(),
             rate(commits.len(), last - first),
-            ms(percentile(&lags, 50)),
-            ms(percentile(&lags, 99)),
+            ms(percentile(&lags, 500)),
+            ms(percentile(&lags, 990)),
             ms(last_lag),
         );
     }
@@ -1170,7 +1118,7 @@ async fn produce(outbox: &PgOutbox, length: Duration) -> Res<Vec<(MessageId, Ins
         tokio::time::sleep_until((start + interval * u32::try_from(i)?).into()).await;
         let outbox = outbox.clone();
         tasks.push(tokio::spawn(async move {
-            let message = order(i)?;
+            let message = order_message(i)?;
             let id = message.id();
             let mut tx = outbox.pool().begin().await?;
             outbox.enqueue(&mut tx, &[message]).await?;
@@ -1245,7 +1193,7 @@ async fn profile(spec: &str) -> Res<()> {
         "rabbitmq" => Box::new(Rabbit::setup(&var("OUTBOX_AMQP_URL")?).await?),
         other => return Err(format!("unknown broker {other}: nats or rabbitmq").into()),
     };
-    let messages = (0..n).map(order).collect::<Res<Vec<_>>>()?;
+    let messages = orders(n)?;
     let before = cpu::sample(Server::None);
     let start = Instant::now();
     let result = match who {
@@ -1282,7 +1230,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let quick = std::env::args().any(|a| a == "--quick");
+    let quick = outbox_bench::quick();
     let only_wal = match std::env::var("OUTBOX_BENCH_ONLY") {
         Ok(only) if only.trim() == "wal" => true,
         Ok(only) if only.trim().is_empty() => false,

@@ -1,10 +1,10 @@
 //! Benchmarks of the PostgreSQL outbox against a real server.
 //!
 //! ```text
-//! cargo bench -p outbox-postgres --bench pg_bench              # full: a few minutes + ~20 (soak)
-//! cargo bench -p outbox-postgres --bench pg_bench -- --quick   # about a minute + ~80 s (soak)
-//! OUTBOX_BENCH_QUICK=1 cargo bench -p outbox-postgres --bench pg_bench
-//! OUTBOX_BENCH_ONLY=enqueue,cold_drain cargo bench -p outbox-postgres --bench pg_bench
+//! cargo bench -p outbox-bench --bench pg_bench              # full: a few minutes + ~20 (soak)
+//! cargo bench -p outbox-bench --bench pg_bench -- --quick   # about a minute + ~80 s (soak)
+//! OUTBOX_BENCH_QUICK=1 cargo bench -p outbox-bench --bench pg_bench
+//! OUTBOX_BENCH_ONLY=enqueue,cold_drain cargo bench -p outbox-bench --bench pg_bench
 //! ```
 //!
 //! Scenarios, each printed as a table with what it compares, the machine and the mode:
@@ -22,7 +22,7 @@
 //! 6. **Enqueue cost**: the library's enqueue against `pgbench` sending the same
 //!    statement, and the cost of each index of the table.
 //! 7. **Soak under churn**: on a private cluster with autovacuum on at its defaults
-//!    (`outbox_testkit::pg_cluster`), steady enqueue (2,000 msg/s) and relay-like drain
+//!    (`outbox_testkit::postgres::cluster`), steady enqueue (2,000 msg/s) and relay-like drain
 //!    for 4 minutes per setup (40 s in quick mode), claim latency, due index size, dead
 //!    tuples and autovacuums sampled every 5 s: table defaults against the recommended
 //!    storage parameters (full mode adds 2 drain loops and `autovacuum_naptime = 10s`).
@@ -34,8 +34,8 @@
 //!    delete commits).
 //!
 //! `OUTBOX_BENCH_ONLY` runs the scenarios named (`enqueue`, `drain`, `latency`,
-//! `history`, `cold_drain`, `enqueue_cost`, `soak`), comma-separated; the others are
-//! `null` in the results.
+//! `history`, `cold_drain`, `enqueue_cost`, `soak`, `shapes`), comma-separated; the
+//! others are `null` in the results.
 //!
 //! The bench reports figures and ratios; it asserts none. Results also go to
 //! `target/outbox-bench/results.json` (under `CARGO_TARGET_DIR` when set), next to
@@ -80,15 +80,12 @@ use harness::{drop_bench_schemas, Env, Mode, Res};
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/outbox_bench";
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let quick = args.iter().any(|a| a == "--quick")
-        || std::env::var("OUTBOX_BENCH_QUICK").is_ok_and(|v| v.trim() == "1");
-    // `cargo bench` passes `--bench`; `cargo test --benches` does not, and should not
-    // spend minutes here.
-    if !quick && !args.iter().any(|a| a == "--bench") {
+    let quick = outbox_bench::quick();
+    // `cargo test --benches` should not spend minutes here.
+    if !quick && !outbox_bench::started_by_cargo_bench() {
         println!(
             "pg_bench: not started by `cargo bench`; skipping. Run \
-             `cargo bench -p outbox-postgres --bench pg_bench [-- --quick]`."
+             `cargo bench -p outbox-bench --bench pg_bench [-- --quick]`."
         );
         return ExitCode::SUCCESS;
     }
@@ -172,8 +169,7 @@ async fn run(mode: Mode) -> Res<()> {
 }
 
 async fn scenarios(env: &Env) -> Res<[serde_json::Value; 8]> {
-    let only = std::env::var("OUTBOX_BENCH_ONLY").unwrap_or_default();
-    let wanted = |name: &str| only.trim().is_empty() || only.split(',').any(|n| n.trim() == name);
+    let wanted = outbox_bench::selected;
     let skip = || serde_json::Value::Null;
     Ok([
         if wanted("enqueue") {

@@ -15,19 +15,20 @@
 //!    docs, ending with the line
 //!    `write units per claim+complete (100 KB payload): <y>`.
 //!
-//! Run: `eval "$(scripts/services.sh)" && cargo bench -p outbox-dynamodb --bench dynamodb_bench`
-//! (`--quick` runs a tenth of the operations and a backlog of 2,000; `--capacity` only
-//! the capacity table, also as `cargo test -p outbox-dynamodb --bench dynamodb_bench --
-//! --capacity`; `--relays` only the relay table). Figures from DynamoDB Local measure the
+//! Run: `eval "$(scripts/services.sh)" && cargo bench -p outbox-bench --bench dynamodb_bench`
+//! (`--quick` or `OUTBOX_BENCH_QUICK=1` runs a tenth of the operations and a backlog of
+//! 2,000; `--capacity` only the capacity table, also as `cargo test -p outbox-bench
+//! --bench dynamodb_bench -- --capacity`; `--relays` only the relay table). Figures from DynamoDB Local measure the
 //! library's overhead, request counts and capacity as DynamoDB Local reports it, not
 //! DynamoDB's latency.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
 use aws_sdk_dynamodb::Client;
+use outbox_bench::dynamodb::{client, table_name as table};
+use outbox_bench::ops_per_sec as rate;
 use outbox_core::{
     store::ClaimRequest, store::Disposition, store::Failure, store::OutboxStoreExt, ConsumerName,
     Dedup, DedupStore, MessageId, NewMessage, OutboxAdmin, OutboxStore, Relay, RelayConfig,
@@ -35,25 +36,6 @@ use outbox_core::{
 use outbox_dynamodb::{DynamoDedupConfig, DynamoDedupStore, DynamoOutbox, DynamoOutboxConfig};
 use outbox_testkit::cpu::{self, Server};
 use outbox_testkit::RecordingPublisher;
-
-fn client(url: &str) -> Client {
-    let config = aws_sdk_dynamodb::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .endpoint_url(url)
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("outbox", "outbox", None, None, "bench"))
-        .build();
-    Client::from_conf(config)
-}
-
-fn table(what: &str) -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let rand = uuid::Uuid::new_v4().simple().to_string();
-    format!("obx_{secs}_{}_{what}", &rand[..12])
-}
 
 /// The raw SDK call the dedup store makes for a record: the same key layout, item and
 /// condition, without the library around it.
@@ -93,32 +75,6 @@ async fn raw_record(client: &Client, table: &str, consumer: &str, id: MessageId)
         }
         Err(e) => panic!("raw put failed: {e:?}"),
     }
-}
-
-/// Ops per second of `ops` calls of `op(i)` spread over `concurrency` tasks.
-async fn rate<F, Fut>(ops: usize, concurrency: usize, op: F) -> f64
-where
-    F: Fn(usize) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = ()> + Send,
-{
-    let op = Arc::new(op);
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|w| {
-            let op = Arc::clone(&op);
-            tokio::spawn(async move {
-                let mut i = w;
-                while i < ops {
-                    op(i).await;
-                    i += concurrency;
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
-    ops as f64 / start.elapsed().as_secs_f64()
 }
 
 async fn dedup_bench(client: &Client, scale: usize) {
@@ -689,7 +645,7 @@ async fn main() {
         );
         return;
     };
-    let quick = std::env::args().any(|a| a == "--quick");
+    let quick = outbox_bench::quick();
     let scale = if quick { 1 } else { 10 };
     let client = client(&url);
     println!(

@@ -1,22 +1,20 @@
-//! Plumbing shared by the scenarios: settings, connections, schemas, the message every
-//! scenario sends, percentiles and plain-text tables.
+//! Plumbing shared by the scenarios: settings, connections, schemas, loading,
+//! percentiles and plain-text tables. The message every scenario sends, the no-op
+//! publisher, the median and the error type are the bench crate's
+//! (`outbox_bench`), shared with the other benches.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use outbox_core::{Message, NewMessage, PublishOutcome, Publisher};
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
-/// Errors from any layer; the bench reports them and exits non-zero.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
-/// The bench's result type.
-pub(crate) type Res<T> = Result<T, BoxError>;
+pub(crate) use outbox_bench::{
+    median, ms, noop_publisher, order_json, order_message, percentile, Res,
+};
 
 /// Every schema the bench creates starts with this, so leftovers can be found.
 pub(crate) const SCHEMA_PREFIX: &str = "obx_bench_";
@@ -195,54 +193,20 @@ pub(crate) async fn vacuum(pool: &PgPool, table: &str) -> Res<()> {
     Ok(())
 }
 
-/// The JSON body every scenario sends: an order event of about 120 bytes.
-pub(crate) fn order_json(i: u64) -> serde_json::Value {
-    serde_json::json!({
-        "order_id": i,
-        "customer": format!("customer-{:06}", i % 100_000),
-        "amount_cents": 1_000 + i % 9_000,
-        "currency": "EUR",
-        "note": "benchmark payload, roughly the size of a small domain event",
-    })
-}
-
-/// The outbox message every scenario enqueues.
-pub(crate) fn order_message(i: u64) -> Res<NewMessage> {
-    let payload = serde_json::to_vec(&order_json(i))?;
-    Ok(NewMessage::builder("orders.created")
-        .content_type("application/json")
-        .payload(payload)
-        .build()?)
-}
-
 /// Enqueue `n` messages through the library, 1,000 per transaction.
 pub(crate) async fn preload(outbox: &PgOutbox, n: u64) -> Res<()> {
     let mut next = 0;
     while next < n {
         let end = (next + 1_000).min(n);
-        let batch = (next..end).map(order_message).collect::<Res<Vec<_>>>()?;
+        let batch = (next..end)
+            .map(order_message)
+            .collect::<outbox_core::Result<Vec<_>>>()?;
         let mut tx = outbox.pool().begin().await?;
         outbox.enqueue(&mut tx, &batch).await?;
         tx.commit().await?;
         next = end;
     }
     Ok(())
-}
-
-/// A publisher that accepts everything at once: the relay's cost without a broker.
-#[derive(Debug, Default)]
-pub(crate) struct NoopPublisher;
-
-#[async_trait]
-impl Publisher for NoopPublisher {
-    async fn publish(&self, batch: &[Message]) -> outbox_core::Result<Vec<PublishOutcome>> {
-        Ok(vec![PublishOutcome::Published; batch.len()])
-    }
-}
-
-/// A no-op publisher behind the trait object relays take.
-pub(crate) fn noop_publisher() -> Arc<dyn Publisher> {
-    Arc::new(NoopPublisher)
 }
 
 /// Nearest-rank percentiles of a sample.
@@ -261,11 +225,10 @@ impl Percentiles {
             return None;
         }
         sample.sort_unstable();
-        let rank = |percent: usize| sample[(sample.len() * percent).div_ceil(100).max(1) - 1];
         Some(Percentiles {
             count: sample.len(),
-            p50: rank(50),
-            p99: rank(99),
+            p50: percentile(&sample, 500),
+            p99: percentile(&sample, 990),
             max: *sample.last()?,
         })
     }
@@ -278,22 +241,6 @@ impl Percentiles {
             "max_ms": ms(self.max),
         })
     }
-}
-
-/// The median, or NaN for no values.
-pub(crate) fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    match sorted.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => sorted[n / 2],
-        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
-    }
-}
-
-/// A duration in milliseconds.
-pub(crate) fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1_000.0
 }
 
 /// `part / whole`, or NaN when `whole` is zero (printed as `-`).

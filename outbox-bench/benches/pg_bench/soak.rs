@@ -2,7 +2,7 @@
 //!
 //! The shared server runs with `autovacuum = off` (and a per-table
 //! `autovacuum_enabled` cannot turn it on), so this scenario starts a private cluster
-//! ([`outbox_testkit::pg_cluster`]) with the server's autovacuum defaults, plus
+//! ([`outbox_testkit::postgres::cluster`]) with the server's autovacuum defaults, plus
 //! `log_autovacuum_min_duration = 0` so every autovacuum is logged. Without the server
 //! binaries it prints a skip line and returns `null`.
 //!
@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use outbox_core::{store::ClaimRequest, store::Lease, store::Settlement, OutboxStore};
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
-use outbox_testkit::pg_cluster::{Cluster, Unavailable};
+use outbox_testkit::postgres::cluster::{Cluster, Unavailable};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
 use tokio::sync::Notify;
@@ -486,7 +486,7 @@ async fn produce(outbox: PgOutbox, shared: Arc<Shared>, wakeups: Vec<Arc<Notify>
         tick.tick().await;
         let batch = (next..next + PER_TX)
             .map(order_message)
-            .collect::<Res<Vec<_>>>()?;
+            .collect::<outbox_core::Result<Vec<_>>>()?;
         next += PER_TX;
         let mut tx = outbox.pool().begin().await?;
         outbox.enqueue(&mut tx, &batch).await?;

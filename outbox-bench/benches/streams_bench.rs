@@ -16,21 +16,22 @@
 //!    running: commit-to-publish latency p50 and p99, both kinds in turn; ends with
 //!    `streams p99 at 200 msgs/s: <ms> ms`.
 //!
-//! Run: `scripts/services.sh && cargo bench -p outbox-dynamodb-streams --bench
-//! streams_bench` (`--quick`: a backlog of 2,000, one round, 3 s of latency). Every run
+//! Run: `scripts/services.sh && cargo bench -p outbox-bench --bench streams_bench`
+//! (`--quick` or `OUTBOX_BENCH_QUICK=1`: a backlog of 2,000, one round, 3 s of
+//! latency). Every run
 //! starts a DynamoDB Local of its own (the jar `scripts/services.sh` installs): the
 //! stream records a run leaves behind slow the next run's writes on a shared one.
 //! DynamoDB Local has one stream shard whatever the load, so extra streams relays stand
 //! by; figures measure the library's overhead and DynamoDB Local's, not DynamoDB's
 //! latency. Server CPU counts every DynamoDB Local on the machine: run nothing else.
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use outbox_core::{Message, NewMessage, PublishOutcome, Publisher, Relay, RelayConfig, Result};
+use outbox_bench::dynamodb::{client as dynamodb, table_name as table};
+use outbox_bench::{median, percentile, Counting};
+use outbox_core::{NewMessage, Publisher, Relay, RelayConfig, Result};
 use outbox_dynamodb::{DynamoOutbox, DynamoOutboxConfig};
-use outbox_dynamodb_streams::aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
 use outbox_dynamodb_streams::{
     aws_sdk_dynamodb, aws_sdk_dynamodbstreams, StreamOutbox, StreamOutboxConfig, StreamRelay,
     StreamRelayConfig,
@@ -39,17 +40,6 @@ use outbox_testkit::cpu::{self, Server};
 use outbox_testkit::dynamodb_local::PrivateDynamoDbLocal;
 use outbox_testkit::RecordingPublisher;
 use tokio_util::sync::CancellationToken;
-
-fn dynamodb(url: &str) -> aws_sdk_dynamodb::Client {
-    aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            .endpoint_url(url)
-            .region(Region::new("us-east-1"))
-            .credentials_provider(Credentials::new("outbox", "outbox", None, None, "bench"))
-            .build(),
-    )
-}
 
 fn streams(url: &str) -> aws_sdk_dynamodbstreams::Client {
     use aws_sdk_dynamodbstreams::config;
@@ -63,15 +53,6 @@ fn streams(url: &str) -> aws_sdk_dynamodbstreams::Client {
             ))
             .build(),
     )
-}
-
-fn table(what: &str) -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let rand = uuid::Uuid::new_v4().simple().to_string();
-    format!("obx_{secs}_{}_{what}", &rand[..12])
 }
 
 fn messages(n: usize, payload: usize) -> Vec<NewMessage> {
@@ -264,11 +245,6 @@ async fn drain(kind: Kind, relays: usize, backlog: usize) -> (f64, f64, f64) {
     (rate, bench_cpu, server_cpu)
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
-
 async fn drain_bench(backlog: usize, rounds: usize) -> f64 {
     println!("\n## 1. Drain of {backlog} messages of 1 KB\n");
     println!(
@@ -302,7 +278,7 @@ async fn drain_bench(backlog: usize, rounds: usize) -> f64 {
                 );
             }
         }
-        let [s, p] = by_kind.map(|(r, b, c)| (median(r), median(b), median(c)));
+        let [s, p] = by_kind.map(|(r, b, c)| (median(&r), median(&b), median(&c)));
         if relays == 1 {
             ratio_one = s.0 / p.0;
         }
@@ -466,32 +442,11 @@ async fn capacity_bench(n: usize) -> [f64; 2] {
     ratios
 }
 
-/// A publisher that keeps each message's commit-to-publish latency.
-#[derive(Debug, Default)]
-struct Timing(Mutex<Vec<Duration>>);
-
-#[async_trait]
-impl Publisher for Timing {
-    async fn publish(&self, batch: &[Message]) -> Result<Vec<PublishOutcome>> {
-        let now = SystemTime::now();
-        let mut seen = self.0.lock().unwrap();
-        for m in batch {
-            seen.push(now.duration_since(m.created_at).unwrap_or_default());
-        }
-        Ok(vec![PublishOutcome::Published; batch.len()])
-    }
-}
-
-/// The `p`-th quantile (nearest rank) of `sorted`, `per_mille` in thousandths.
-fn percentile(sorted: &[Duration], per_mille: usize) -> Duration {
-    sorted[(sorted.len() - 1) * per_mille / 1000]
-}
-
 async fn latency(kind: Kind, seconds: u64) -> (Duration, Duration, usize) {
     let local = private_local();
     let url = &local.url();
     let outbox = Outbox::new(url, kind, "bench_latency").await;
-    let timing = Arc::new(Timing::default());
+    let timing = Arc::new(Counting::with_latencies());
     let running = Running::start(url, &outbox, 1, timing.clone());
     // Let the relay take its lease and reach the end of the (empty) stream.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -501,14 +456,13 @@ async fn latency(kind: Kind, seconds: u64) -> (Duration, Duration, usize) {
         tokio::time::sleep_until(start + Duration::from_millis(5 * i as u64)).await;
         outbox.enqueue(std::slice::from_ref(&m)).await;
     }
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while timing.0.lock().unwrap().len() < n {
-        assert!(Instant::now() < deadline, "{n} messages not published");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    timing
+        .wait_for(n as u64, Duration::from_secs(120))
+        .await
+        .unwrap();
     running.stop().await;
     outbox.drop().await;
-    let mut seen = timing.0.lock().unwrap().clone();
+    let mut seen = timing.latencies();
     seen.sort();
     (percentile(&seen, 500), percentile(&seen, 990), seen.len())
 }
@@ -551,7 +505,7 @@ fn private_local() -> PrivateDynamoDbLocal {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let quick = outbox_bench::quick();
     let (backlog, rounds, capacity_n, seconds) = if quick {
         (2_000, 1, 20, 3)
     } else {

@@ -5,8 +5,8 @@
 //!
 //! ```text
 //! eval "$(scripts/services.sh)"
-//! cargo bench -p outbox-postgres --bench consumer_bench              # 4,000 messages per run
-//! cargo bench -p outbox-postgres --bench consumer_bench -- --quick   # 1,000
+//! cargo bench -p outbox-bench --bench consumer_bench              # 4,000 messages per run
+//! cargo bench -p outbox-bench --bench consumer_bench -- --quick   # 1,000 (or OUTBOX_BENCH_QUICK=1)
 //! ```
 //!
 //! Both do the same business work per message: add one to a counter of one of 1,000
@@ -17,17 +17,17 @@
 //! its own); the inbox runs BEGIN, the inbox insert, the handler's UPDATE and COMMIT,
 //! one transaction. The bench asserts nothing.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use async_trait::async_trait;
+use outbox_bench::{ops_per_sec, NoopPublisher};
 use outbox_core::consumer::{
     DecoupledConsumer, EntityRecord, EntityStore, Handled, Loaded, Persisted, Processed, Version,
 };
 use outbox_core::{
-    Consistency, ConsumerName, Dedup, DedupStore, EntityKey, Error, ErrorKind, Message, MessageId,
-    NewMessage, PublishOutcome, Publisher, Result,
+    Consistency, ConsumerName, Dedup, DedupStore, EntityKey, Error, ErrorKind, MessageId,
+    NewMessage, Result,
 };
 use outbox_postgres::{PgDedupConfig, PgDedupStore, PgEntityConfig, PgEntityStore};
 use sqlx::PgPool;
@@ -82,16 +82,6 @@ impl<T: DedupStore> DedupStore for Counted<T> {
     }
 }
 
-#[derive(Debug)]
-struct NoopPublisher;
-
-#[async_trait]
-impl Publisher for NoopPublisher {
-    async fn publish(&self, batch: &[Message]) -> Result<Vec<PublishOutcome>> {
-        Ok(vec![PublishOutcome::Published; batch.len()])
-    }
-}
-
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 struct Counter {
     n: u64,
@@ -100,36 +90,6 @@ struct Counter {
 struct Run {
     per_sec: f64,
     statements: f64,
-}
-
-/// Run `messages` through `handle` on `concurrency` tasks; messages go to entity
-/// `i % ENTITIES` in turn, so concurrent tasks rarely share an entity.
-async fn drive<F, Fut>(messages: usize, concurrency: usize, handle: F) -> f64
-where
-    F: Fn(usize) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = ()> + Send,
-{
-    let next = Arc::new(AtomicUsize::new(0));
-    let handle = Arc::new(handle);
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|_| {
-            let (next, handle) = (Arc::clone(&next), Arc::clone(&handle));
-            tokio::spawn(async move {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= messages {
-                        break;
-                    }
-                    handle(i).await;
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.expect("task");
-    }
-    messages as f64 / started.elapsed().as_secs_f64()
 }
 
 async fn decoupled(pool: &PgPool, schema: &str, messages: usize, concurrency: usize) -> Run {
@@ -163,7 +123,8 @@ async fn decoupled(pool: &PgPool, schema: &str, messages: usize, concurrency: us
             .map(|i| EntityKey::new(format!("e{i}")).unwrap())
             .collect(),
     );
-    let per_sec = drive(messages, concurrency, move |i| {
+    // Message `i` goes to entity `i % ENTITIES`, so concurrent tasks rarely share one.
+    let per_sec = ops_per_sec(messages, concurrency, move |i| {
         let (consumer, keys) = (consumer.clone(), Arc::clone(&keys));
         async move {
             let key = &keys[i % ENTITIES];
@@ -210,7 +171,8 @@ async fn inbox(pool: &PgPool, schema: &str, messages: usize, concurrency: usize)
     .expect("accounts");
     let bump = Arc::new(format!("UPDATE {accounts} SET n = n + 1 WHERE id = $1"));
     let consumer = ConsumerName::new("bench").unwrap();
-    let per_sec = drive(messages, concurrency, move |i| {
+    // Message `i` goes to entity `i % ENTITIES`, so concurrent tasks rarely share one.
+    let per_sec = ops_per_sec(messages, concurrency, move |i| {
         let (dedup, consumer, bump) = (dedup.clone(), consumer.clone(), Arc::clone(&bump));
         async move {
             let id = i32::try_from(i % ENTITIES).unwrap();
@@ -240,9 +202,8 @@ async fn inbox(pool: &PgPool, schema: &str, messages: usize, concurrency: usize)
 
 #[tokio::main]
 async fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let quick = args.iter().any(|a| a == "--quick");
-    if !quick && !args.iter().any(|a| a == "--bench") {
+    let quick = outbox_bench::quick();
+    if !quick && !outbox_bench::started_by_cargo_bench() {
         println!("consumer_bench: not started by `cargo bench`; skipping");
         return;
     }

@@ -3,8 +3,9 @@
 //! directly through sqlx (the ceiling: the same SQL without the relay, decoding and
 //! bookkeeping), in the same run on the same kind of database file.
 //!
-//! Run: `cargo bench -p outbox-sqlite --bench sqlite_bench` (add `-- --quick` for a
-//! smaller, single-repeat run, `-- --batch 100` for one batch size).
+//! Run: `cargo bench -p outbox-bench --bench sqlite_bench` (add `-- --quick`, or set
+//! `OUTBOX_BENCH_QUICK=1`, for a smaller, single-repeat run; `-- --batch 100` for one
+//! batch size).
 //!
 //! Each figure is the median of the repeats; the two drains take turns, each on a
 //! fresh database file in the system's temporary directory, opened with
@@ -12,23 +13,20 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use async_trait::async_trait;
-use outbox_core::{Message, NewMessage, PublishOutcome, Publisher, Relay, RelayConfig, Result};
+use outbox_bench::{drain_library, median, run_workers, storage, DRAIN_TIMEOUT};
+use outbox_core::{NewMessage, Result};
 use outbox_sqlite::{SqliteOutbox, SqliteOutboxConfig};
 use serde_json::json;
 use sqlx::SqlitePool;
-use tokio::sync::watch;
 
 const BATCHES: [usize; 3] = [1, 10, 100];
 const RELAYS: [usize; 2] = [1, 2];
-const LEASE: Duration = Duration::from_secs(60);
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let quick = outbox_bench::quick();
     let repeats = if quick { 1 } else { 3 };
     let args: Vec<String> = std::env::args().collect();
     let only: Option<usize> = args
@@ -57,10 +55,15 @@ async fn main() -> Result<()> {
             let mut library = Vec::new();
             let mut raw = Vec::new();
             for _ in 0..repeats {
-                library.push(run(messages, |db| drain_library(db, batch, relays, messages)).await?);
+                library.push(
+                    run(messages, |db| async move {
+                        drain_library(&db.outbox, batch, relays, messages).await
+                    })
+                    .await?,
+                );
                 raw.push(run(messages, |db| drain_raw(db, batch, relays)).await?);
             }
-            let (library, raw) = (median(library), median(raw));
+            let (library, raw) = (median(&library), median(&raw));
             println!(
                 "| {batch} | {relays} | {messages} | {library:.0} | {raw:.0} | {:.2} |",
                 library / raw
@@ -144,62 +147,17 @@ impl Db {
     }
 }
 
-/// Publishes nothing, counts what it was given.
-#[derive(Debug)]
-struct Counting(watch::Sender<u64>);
-
-#[async_trait]
-impl Publisher for Counting {
-    async fn publish(&self, batch: &[Message]) -> Result<Vec<PublishOutcome>> {
-        self.0.send_modify(|n| *n += batch.len() as u64);
-        Ok(vec![PublishOutcome::Published; batch.len()])
-    }
-}
-
-async fn drain_library(db: Db, batch: usize, relays: usize, messages: u64) -> Result<()> {
-    let (count, mut counted) = watch::channel(0);
-    let publisher = Arc::new(Counting(count));
-    let config = RelayConfig::default()
-        .with_batch_size(batch)
-        .with_lease(LEASE)
-        .with_publish_batch_size(batch)
-        .with_publish_concurrency(1)
-        .with_poll_interval(Duration::from_millis(1))
-        .with_max_poll_interval(Duration::from_millis(10));
-    let handles: Vec<_> = (0..relays)
-        .map(|i| {
-            Relay::new(
-                Arc::new(db.outbox.clone()),
-                publisher.clone(),
-                config.clone().with_name(format!("bench-{i}")),
-            )
-            .map(|relay| relay.spawn())
-        })
-        .collect::<Result<_>>()?;
-    let _ = counted.wait_for(|n| *n >= messages).await;
-    for handle in handles {
-        handle.shutdown().await?;
-    }
-    Ok(())
-}
-
-/// The library's own statements, in the order a claim and a complete run them, by
-/// `workers` tasks until nothing is due.
+/// The library's own statements (`SqliteOutbox::claim_complete_sql`, a hidden
+/// accessor), in the order a claim and a complete run them, by `workers` tasks until
+/// nothing is due.
 async fn drain_raw(db: Db, batch: usize, workers: usize) -> Result<()> {
     let [select, update, complete] = db.outbox.claim_complete_sql().map(str::to_owned);
     let sql = Arc::new((select, update, complete));
-    let tasks: Vec<_> = (0..workers)
-        .map(|_| {
-            let (pool, sql) = (db.pool.clone(), sql.clone());
-            tokio::spawn(async move { raw_worker(pool, &sql, batch).await })
-        })
-        .collect();
-    for task in tasks {
-        task.await.map_err(|e| {
-            outbox_core::Error::new(outbox_core::ErrorKind::Panicked, e.to_string())
-        })??;
-    }
-    Ok(())
+    run_workers(workers, |_| {
+        let (pool, sql) = (db.pool.clone(), sql.clone());
+        async move { raw_worker(pool, &sql, batch).await }
+    })
+    .await
 }
 
 fn now_us() -> i64 {
@@ -261,13 +219,4 @@ async fn raw_worker(pool: SqlitePool, sql: &(String, String, String), batch: usi
             .await
             .map_err(storage)?;
     }
-}
-
-fn median(mut sample: Vec<f64>) -> f64 {
-    sample.sort_by(f64::total_cmp);
-    sample[sample.len() / 2]
-}
-
-fn storage(e: sqlx::Error) -> outbox_core::Error {
-    outbox_core::Error::new(outbox_core::ErrorKind::Storage, "bench plumbing").with_source(e)
 }

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use outbox_bench::Figure;
 use outbox_core::{
     relay::DEFAULT_PIPELINE_DEPTH, store::ClaimIds, store::ClaimRequest, store::Failure,
     store::Lease, store::Renewed, store::Settled, store::StoreCapabilities, ClaimMode, OutboxStore,
@@ -135,9 +136,9 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
                 let (took, spent) = peer.drain(env, batch, relays, n).await?;
                 runs.pgmq.push(Run::of(n, took, spent));
             }
-            let library = Run::median_rate(&runs.library);
-            let pgbench = Run::median_rate(&runs.pgbench);
-            let pgmq = Run::median_rate(&runs.pgmq);
+            let library = median_rate(&runs.library);
+            let pgbench = median_rate(&runs.pgbench);
+            let pgmq = median_rate(&runs.pgmq);
             // Each round's ratio, so the spread shows how much the machine moved.
             let vs_pgmq: Vec<f64> = runs
                 .library
@@ -167,19 +168,19 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
                 relays.to_string(),
                 n.to_string(),
                 format!("{library:.0}"),
-                Run::cpu(&runs.library),
-                format!("{:.0}", Run::median_rate(&runs.held)),
-                Run::cpu(&runs.held),
-                format!("{:.0}", Run::median_rate(&runs.unpiped)),
-                format!("{:.0}", Run::median_rate(&runs.old_path)),
+                cpu_cell(&runs.library),
+                format!("{:.0}", median_rate(&runs.held)),
+                cpu_cell(&runs.held),
+                format!("{:.0}", median_rate(&runs.unpiped)),
+                format!("{:.0}", median_rate(&runs.old_path)),
                 if pgbench.is_finite() {
                     format!("{pgbench:.0}")
                 } else {
                     "-".to_owned()
                 },
-                Run::cpu(&runs.pgbench),
+                cpu_cell(&runs.pgbench),
                 format!("{pgmq:.0}"),
-                Run::cpu(&runs.pgmq),
+                cpu_cell(&runs.pgmq),
                 if vs_pgbench.is_empty() {
                     "-".to_owned()
                 } else {
@@ -193,21 +194,21 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
                 "relays": relays,
                 "messages": n,
                 "library_msgs_per_s": json_num(library),
-                "library_held_lock_msgs_per_s": json_num(Run::median_rate(&runs.held)),
+                "library_held_lock_msgs_per_s": json_num(median_rate(&runs.held)),
                 "held_lock_vs_pgmq": held_vs_pgmq,
-                "library_unpipelined_msgs_per_s": json_num(Run::median_rate(&runs.unpiped)),
-                "library_old_path_msgs_per_s": json_num(Run::median_rate(&runs.old_path)),
+                "library_unpipelined_msgs_per_s": json_num(median_rate(&runs.unpiped)),
+                "library_old_path_msgs_per_s": json_num(median_rate(&runs.old_path)),
                 "pgbench_msgs_per_s": json_num(pgbench),
                 "pgmq_msgs_per_s": json_num(pgmq),
                 "library_vs_pgbench": vs_pgbench,
                 "library_vs_pgmq": vs_pgmq,
                 "runs": {
-                    "library": Run::json(&runs.library),
-                    "library_held_lock": Run::json(&runs.held),
-                    "library_unpipelined": Run::json(&runs.unpiped),
-                    "library_old_path": Run::json(&runs.old_path),
-                    "pgbench": Run::json(&runs.pgbench),
-                    "pgmq": Run::json(&runs.pgmq),
+                    "library": runs_json(&runs.library),
+                    "library_held_lock": runs_json(&runs.held),
+                    "library_unpipelined": runs_json(&runs.unpiped),
+                    "library_old_path": runs_json(&runs.old_path),
+                    "pgbench": runs_json(&runs.pgbench),
+                    "pgmq": runs_json(&runs.pgmq),
                 },
             }));
         }
@@ -233,48 +234,33 @@ pub(crate) async fn run(env: &Env) -> Res<serde_json::Value> {
 }
 
 /// One drain: msgs/s and CPU per message.
-#[derive(Debug, Clone, Copy)]
-struct Run {
-    rate: f64,
-    client_us: f64,
-    server_us: f64,
+type Run = Figure;
+
+/// The median msgs/s of some drains.
+fn median_rate(runs: &[Run]) -> f64 {
+    median(&runs.iter().map(|r| r.rate).collect::<Vec<_>>())
 }
 
-impl Run {
-    fn of(n: u64, took: Duration, spent: cpu::Spent) -> Run {
-        let (client_us, server_us) = spent.per(n);
-        Run {
-            rate: rate(n, took),
-            client_us,
-            server_us,
-        }
+/// `client + server` µs per message, medians.
+fn cpu_cell(runs: &[Run]) -> String {
+    if runs.is_empty() {
+        return "-".to_owned();
     }
+    let client = median(&runs.iter().map(|r| r.client_us).collect::<Vec<_>>());
+    let server = median(&runs.iter().map(|r| r.server_us).collect::<Vec<_>>());
+    format!("{client:.1}+{server:.1}")
+}
 
-    fn median_rate(runs: &[Run]) -> f64 {
-        median(&runs.iter().map(|r| r.rate).collect::<Vec<_>>())
-    }
-
-    /// `client + server` µs per message, medians.
-    fn cpu(runs: &[Run]) -> String {
-        if runs.is_empty() {
-            return "-".to_owned();
-        }
-        let client = median(&runs.iter().map(|r| r.client_us).collect::<Vec<_>>());
-        let server = median(&runs.iter().map(|r| r.server_us).collect::<Vec<_>>());
-        format!("{client:.1}+{server:.1}")
-    }
-
-    fn json(runs: &[Run]) -> serde_json::Value {
-        runs.iter()
-            .map(|r| {
-                serde_json::json!({
-                    "msgs_per_s": json_num(r.rate),
-                    "client_cpu_us_per_msg": json_num(r.client_us),
-                    "server_cpu_us_per_msg": json_num(r.server_us),
-                })
+fn runs_json(runs: &[Run]) -> serde_json::Value {
+    runs.iter()
+        .map(|r| {
+            serde_json::json!({
+                "msgs_per_s": json_num(r.rate),
+                "client_cpu_us_per_msg": json_num(r.client_us),
+                "server_cpu_us_per_msg": json_num(r.server_us),
             })
-            .collect()
-    }
+        })
+        .collect()
 }
 
 /// Every repetition, per system.
@@ -308,10 +294,6 @@ async fn pgbench_drain(
         client_us,
         server_us,
     })
-}
-
-fn rate(n: u64, took: Duration) -> f64 {
-    n as f64 / took.as_secs_f64()
 }
 
 /// Empty the table, enqueue `n` messages through the library, vacuum.

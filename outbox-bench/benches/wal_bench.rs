@@ -20,34 +20,30 @@
 //! CPU per message: this process and every `postgres` process, from `/proc`.
 //!
 //! ```sh
-//! cargo bench -p outbox-postgres-wal --bench wal_bench        # about two minutes
-//! OUTBOX_BENCH_QUICK=1 cargo bench -p outbox-postgres-wal --bench wal_bench
-//! OUTBOX_BENCH_ONLY=enqueue,latency cargo bench -p outbox-postgres-wal --bench wal_bench
+//! cargo bench -p outbox-bench --bench wal_bench        # about two minutes
+//! OUTBOX_BENCH_QUICK=1 cargo bench -p outbox-bench --bench wal_bench   # or -- --quick
+//! OUTBOX_BENCH_ONLY=enqueue,latency cargo bench -p outbox-bench --bench wal_bench
 //! ```
 //!
 //! `OUTBOX_BENCH_ONLY` runs the scenarios named (`drain`, `enqueue`, `latency`).
 //!
 //! The log-tailing relay into real brokers (NATS JetStream, RabbitMQ), against the
-//! library's publisher alone and the raw clients, is measured by `outbox-e2e`'s
-//! `broker_bench`.
+//! library's publisher alone and the raw clients, is measured by `broker_bench`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use outbox_core::{Message, NewMessage, PublishOutcome, Publisher, Relay, RelayConfig};
+use outbox_bench::{median_by, ms, percentile, Counting, Figure, Res};
+use outbox_core::{NewMessage, Relay, RelayConfig};
 use outbox_postgres::{PgOutbox, PgOutboxConfig};
 use outbox_postgres_wal::{
     ReplicationTarget, WalOutbox, WalOutboxConfig, WalRelay, WalRelayConfig,
 };
 use outbox_testkit::cpu::{self, Server};
-use outbox_testkit::pg_cluster::Cluster;
+use outbox_testkit::postgres::cluster::Cluster;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
-
-type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 const BATCH: usize = 100;
 
@@ -62,7 +58,7 @@ struct Plan {
 }
 
 fn main() -> Res<()> {
-    let quick = std::env::var("OUTBOX_BENCH_QUICK").is_ok_and(|v| v == "1");
+    let quick = outbox_bench::quick();
     let plan = if quick {
         Plan {
             backlog: 20_000,
@@ -115,87 +111,20 @@ async fn run(cluster: &Cluster, plan: Plan) -> Res<()> {
         plan.backlog,
         plan.rounds
     );
-    let only = std::env::var("OUTBOX_BENCH_ONLY").unwrap_or_default();
-    let runs = |name: &str| only.trim().is_empty() || only.split(',').any(|n| n.trim() == name);
-    if runs("drain") {
+    if outbox_bench::selected("drain") {
         drain(cluster, &pool, plan).await?;
     }
-    if runs("enqueue") {
+    if outbox_bench::selected("enqueue") {
         enqueue(cluster, &pool, plan).await?;
     }
-    if runs("latency") {
+    if outbox_bench::selected("latency") {
         latency(cluster, &pool, plan).await?;
     }
     Ok(())
 }
 
 // ---------------------------------------------------------------------------------
-// Publisher
-
-/// Counts what it is handed, optionally recording commit-to-publish latency.
-#[derive(Debug, Default)]
-struct Counting {
-    count: AtomicU64,
-    latencies_us: Option<Mutex<Vec<u64>>>,
-}
-
-#[async_trait]
-impl Publisher for Counting {
-    async fn publish(&self, batch: &[Message]) -> outbox_core::Result<Vec<PublishOutcome>> {
-        if let Some(lat) = &self.latencies_us {
-            let now = SystemTime::now();
-            let mut lat = lat.lock().unwrap();
-            for m in batch {
-                let us = now
-                    .duration_since(m.created_at)
-                    .unwrap_or_default()
-                    .as_micros();
-                lat.push(u64::try_from(us).unwrap_or(u64::MAX));
-            }
-        }
-        self.count.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        Ok(vec![PublishOutcome::Published; batch.len()])
-    }
-}
-
-impl Counting {
-    async fn wait_for(&self, n: u64, timeout: Duration) -> Res<()> {
-        let start = Instant::now();
-        while self.count.load(Ordering::Relaxed) < n {
-            if start.elapsed() > timeout {
-                return Err(format!(
-                    "published {} of {n} within {timeout:?}",
-                    self.count.load(Ordering::Relaxed)
-                )
-                .into());
-            }
-            tokio::time::sleep(Duration::from_micros(500)).await;
-        }
-        Ok(())
-    }
-}
-
-// ---------------------------------------------------------------------------------
 // Drain
-
-#[derive(Debug, Clone, Copy)]
-struct Run {
-    rate: f64,
-    client_us: f64,
-    server_us: f64,
-}
-
-impl Run {
-    /// `n` messages (or transactions) in `elapsed`, having spent `spent`.
-    fn of(spent: cpu::Spent, n: u64, elapsed: Duration) -> Run {
-        let (client_us, server_us) = spent.per(n);
-        Run {
-            rate: n as f64 / elapsed.as_secs_f64(),
-            client_us,
-            server_us,
-        }
-    }
-}
 
 fn message(n: u64) -> NewMessage {
     NewMessage::builder("bench.events")
@@ -213,7 +142,7 @@ async fn drain(cluster: &Cluster, pool: &PgPool, plan: Plan) -> Res<()> {
         "pgbench claim+delete x1",
         "pgbench claim+delete x2",
     ];
-    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); systems.len()];
+    let mut runs: Vec<Vec<Figure>> = vec![Vec::new(); systems.len()];
     let pgbench_ok = std::process::Command::new("pgbench")
         .arg("--version")
         .output()
@@ -239,15 +168,7 @@ async fn drain(cluster: &Cluster, pool: &PgPool, plan: Plan) -> Res<()> {
             runs[i].push(run);
         }
     }
-    let med = |v: &[Run]| -> Option<Run> {
-        if v.is_empty() {
-            return None;
-        }
-        let mut v = v.to_vec();
-        v.sort_by(|a, b| a.rate.total_cmp(&b.rate));
-        Some(v[v.len() / 2])
-    };
-    let meds: Vec<Option<Run>> = runs.iter().map(|r| med(r)).collect();
+    let meds: Vec<Option<Figure>> = runs.iter().map(|r| median_by(r, |r| r.rate)).collect();
     let wal = meds[0].expect("log-tailing runs");
     println!(
         "\n1. Drain of {} messages into a no-op publisher (medians of {}):\n",
@@ -273,7 +194,7 @@ async fn drain(cluster: &Cluster, pool: &PgPool, plan: Plan) -> Res<()> {
 }
 
 /// A fresh slot, the backlog enqueued, then one relay until it published everything.
-async fn drain_wal(cluster: &Cluster, pool: &PgPool, n: u64, round: usize) -> Res<Run> {
+async fn drain_wal(cluster: &Cluster, pool: &PgPool, n: u64, round: usize) -> Res<Figure> {
     let name = format!("bench_drain_{round}");
     let outbox = wal_outbox(pool, &name).await?;
     for chunk in (0..n).collect::<Vec<_>>().chunks(1_000) {
@@ -299,7 +220,7 @@ async fn drain_wal(cluster: &Cluster, pool: &PgPool, n: u64, round: usize) -> Re
     stop.cancel();
     task.await??;
     drop_slot(pool, &name).await?;
-    Ok(Run::of(spent, n, elapsed))
+    Ok(Figure::of(n, elapsed, spent))
 }
 
 async fn wal_outbox(pool: &PgPool, name: &str) -> Res<WalOutbox> {
@@ -358,7 +279,7 @@ async fn load_table(pool: &PgPool, n: u64) -> Res<PgOutbox> {
     Ok(outbox)
 }
 
-async fn drain_polling(pool: &PgPool, n: u64, relays: u32) -> Res<Run> {
+async fn drain_polling(pool: &PgPool, n: u64, relays: u32) -> Res<Figure> {
     let outbox = load_table(pool, n).await?;
     let outbox = PgOutbox::new(
         pool.clone(),
@@ -384,12 +305,12 @@ async fn drain_polling(pool: &PgPool, n: u64, relays: u32) -> Res<Run> {
         h.shutdown().await?;
     }
     outbox.relay_pool().close().await;
-    Ok(Run::of(spent, n, elapsed))
+    Ok(Figure::of(n, elapsed, spent))
 }
 
 /// The minimal polling protocol: claim 100 due rows (`FOR UPDATE SKIP LOCKED`, a lease
 /// stamped), then delete them by id; pgbench, prepared, `clients` clients.
-async fn drain_pgbench(cluster: &Cluster, pool: &PgPool, n: u64, clients: u32) -> Res<Run> {
+async fn drain_pgbench(cluster: &Cluster, pool: &PgPool, n: u64, clients: u32) -> Res<Figure> {
     load_table(pool, n).await?;
     let script = "WITH c AS (SELECT id FROM bench_poll.outbox_messages \
          WHERE dispatched_at IS NULL AND dead_at IS NULL AND available_at <= now() \
@@ -432,7 +353,7 @@ async fn drain_pgbench(cluster: &Cluster, pool: &PgPool, n: u64, clients: u32) -
         return Err(format!("pgbench left {left} rows").into());
     }
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(Run::of(spent, n, elapsed))
+    Ok(Figure::of(n, elapsed, spent))
 }
 
 // ---------------------------------------------------------------------------------
@@ -503,14 +424,14 @@ const ENQUEUE_KINDS: [&str; 5] = [
     "+ SELECT 1 (the floor)",
 ];
 
-/// Rounds of every kind of transaction, taking turns: one `Run` per kind and round.
+/// Rounds of every kind of transaction, taking turns: one `Figure` per kind and round.
 async fn enqueue_turns(
     pool: &PgPool,
     wal: &WalOutbox,
     rows: &PgOutbox,
     plan: Plan,
-) -> Res<Vec<Vec<Run>>> {
-    let mut rates: Vec<Vec<Run>> = vec![Vec::new(); ENQUEUE_KINDS.len()];
+) -> Res<Vec<Vec<Figure>>> {
+    let mut rates: Vec<Vec<Figure>> = vec![Vec::new(); ENQUEUE_KINDS.len()];
     for round in 0..plan.enqueue_rounds {
         for (k, kind) in ENQUEUE_KINDS.iter().enumerate() {
             let before = cpu::sample(Server::Postgres);
@@ -554,7 +475,7 @@ async fn enqueue_turns(
             }
             let elapsed = start.elapsed();
             let n = (plan.enqueue_txns / 4 * 4) as u64;
-            let run = Run::of(cpu::since(before), n, elapsed);
+            let run = Figure::of(n, elapsed, cpu::since(before));
             println!(
                 "  round {} {kind:<29} {:>8.0} txn/s  client {:>6.2} µs/txn  server {:>6.2} µs/txn",
                 round + 1,
@@ -568,15 +489,11 @@ async fn enqueue_turns(
     Ok(rates)
 }
 
-fn print_enqueue(rates: &[Vec<Run>], mode: &str, plan: Plan) {
-    let med = |v: &[Run]| {
-        let mut v = v.to_vec();
-        v.sort_by(|a, b| a.rate.total_cmp(&b.rate));
-        v[v.len() / 2]
-    };
+fn print_enqueue(rates: &[Vec<Figure>], mode: &str, plan: Plan) {
+    let med = |v: &[Figure]| median_by(v, |r| r.rate).expect("at least one round");
     // Each kind against the business insert of the same round (they ran back to back),
     // then the median: steadier than a ratio of medians on a machine whose speed drifts.
-    let ratio = |r: &[Run]| {
+    let ratio = |r: &[Figure]| {
         let mut v: Vec<f64> = r
             .iter()
             .zip(&rates[0])
@@ -610,10 +527,7 @@ fn print_enqueue(rates: &[Vec<Run>], mode: &str, plan: Plan) {
 
 async fn latency(cluster: &Cluster, pool: &PgPool, plan: Plan) -> Res<()> {
     let outbox = wal_outbox(pool, "bench_latency").await?;
-    let publisher = Arc::new(Counting {
-        count: AtomicU64::new(0),
-        latencies_us: Some(Mutex::new(Vec::new())),
-    });
+    let publisher = Arc::new(Counting::with_latencies());
     let stop = CancellationToken::new();
     let relay = WalRelay::new(
         outbox.clone(),
@@ -640,19 +554,10 @@ async fn latency(cluster: &Cluster, pool: &PgPool, plan: Plan) -> Res<()> {
     stop.cancel();
     task.await??;
     drop_slot(pool, "bench_latency").await?;
-    let mut lat = publisher
-        .latencies_us
-        .as_ref()
-        .unwrap()
-        .lock()
-        .unwrap()
-        .clone();
+    let mut lat = publisher.latencies();
     lat.sort_unstable();
-    // Percentile p (in thousandths): nearest rank.
-    let pct = |permille: usize| {
-        let i = (lat.len() - 1) * permille / 1000;
-        lat[i] as f64 / 1000.0
-    };
+    // Percentile p (in thousandths): nearest rank, in milliseconds.
+    let pct = |per_mille: usize| ms(percentile(&lat, per_mille));
     let (client, server) = spent.per(n);
     println!(
         "3. Commit-to-publish latency, log-tailing relay, one message per transaction at \
