@@ -39,9 +39,10 @@
 //! Run: `cargo test -p outbox-core --test doc_lists`. It reads files only, so it lives
 //! in the crate with the fewest dependencies.
 
+mod workspace;
+
 use std::collections::BTreeSet;
-use std::fs;
-use std::path::{Path, PathBuf};
+use workspace::{read, root};
 
 /// What a workspace member is, for the lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,17 +113,6 @@ const REQUIRED: &[(&str, &[&str])] = &[
 ];
 
 const MARKER: &str = "<!-- checked list: ";
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("outbox-core sits in the workspace root")
-        .to_path_buf()
-}
-
-fn read(path: &Path) -> String {
-    fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
-}
 
 /// The `members` of the root `Cargo.toml`, as written (paths, globs included).
 fn member_paths(manifest: &str) -> Vec<String> {

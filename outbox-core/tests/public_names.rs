@@ -11,9 +11,12 @@
 //!
 //! Run: `cargo test -p outbox-core --test public_names`. It reads files only.
 
+mod workspace;
+
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
+use workspace::{read, root};
 
 /// The names re-exported at `outbox_core`'s root (and, the same, at the facade's).
 const ROOT_NAMES: &[&str] = &[
@@ -116,17 +119,6 @@ const FACADE_MODULES: &[&str] = &[
     "store",
     "testkit",
 ];
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the workspace root")
-        .to_path_buf()
-}
-
-fn read(path: &Path) -> String {
-    fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
-}
 
 /// The code of a `lib.rs`: its lines without comments (`//`, `//!`, `///`).
 fn code(text: &str) -> String {

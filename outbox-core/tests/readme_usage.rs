@@ -20,25 +20,15 @@
 //! Run: `cargo test -p outbox-core --test readme_usage`. It reads files only, so it
 //! lives in the crate with the fewest dependencies.
 
-use std::fs;
-use std::path::{Path, PathBuf};
+mod workspace;
+
+use workspace::{read, root};
 
 const README: &str = "README.md";
 const EXAMPLE: &str = "examples/readme-usage/src/main.rs";
 const SECTION: &str = "## Using it";
 const BEGIN: &str = "// README: usage begin";
 const END: &str = "// README: usage end";
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("outbox-core sits in the workspace root")
-        .to_path_buf()
-}
-
-fn read(path: &Path) -> String {
-    fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
-}
 
 /// The README's usage block: its first line number (1-based, after the fence) and
 /// its lines.
