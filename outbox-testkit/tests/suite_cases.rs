@@ -115,7 +115,7 @@ fn the_generated_rules_group_cases_and_repeat_only_the_relay_cases() {
 /// `__capabilities` module.
 #[test]
 fn every_required_capability_can_be_declared_lacked() {
-    let groups = src("groups.rs");
+    let groups = src("macros/groups.rs");
     for c in all_cases().iter().filter(|c| c.needs != "always") {
         assert!(
             groups.contains(&format!("(@find {} [{} ", c.needs, c.needs)),
