@@ -34,14 +34,26 @@ fn faulty(client: &Client, faults: &FaultInjector, retry: RetryConfig) -> Client
 /// An installed outbox (installed without faults) whose requests go through `faults`,
 /// with the SDK's retries off.
 async fn outbox_with(client: &Client, faults: &FaultInjector) -> DynamoOutbox {
+    outbox_retrying(client, faults, RetryConfig::disabled()).await
+}
+
+/// As [`outbox_with`], with the SDK retrying as `retry` says.
+async fn outbox_retrying(
+    client: &Client,
+    faults: &FaultInjector,
+    retry: RetryConfig,
+) -> DynamoOutbox {
     let plain = common::outbox(client, DynamoOutboxConfig::default())
         .await
         .unwrap();
-    DynamoOutbox::new(
-        faulty(client, faults, RetryConfig::disabled()),
-        plain.config().clone(),
-    )
-    .unwrap()
+    DynamoOutbox::new(faulty(client, faults, retry), plain.config().clone()).unwrap()
+}
+
+/// Standard retries, three attempts, from a millisecond: enough to absorb two throttles.
+fn three_quick_attempts() -> RetryConfig {
+    RetryConfig::standard()
+        .with_max_attempts(3)
+        .with_initial_backoff(Duration::from_millis(1))
 }
 
 /// A `dynamo_test!` fixture: a [`common::client`], an injector seeded from
@@ -163,17 +175,7 @@ dynamo_test! {
         client = common::client("outbox-dynamodb faults: SDK retries")
     ) {
         let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
-        let plain = common::outbox(&client, DynamoOutboxConfig::default())
-            .await
-            .unwrap();
-        let retrying = faulty(
-            &client,
-            &faults,
-            RetryConfig::standard()
-                .with_max_attempts(3)
-                .with_initial_backoff(Duration::from_millis(1)),
-        );
-        let outbox = DynamoOutbox::new(retrying, plain.config().clone()).unwrap();
+        let outbox = outbox_retrying(&client, &faults, three_quick_attempts()).await;
         let sent = enqueue(&outbox, 3).await;
         faults.add(
             Rule::throttle("UpdateItem", Fault::Throttling)
@@ -349,17 +351,7 @@ dynamo_test! {
         client = common::client("outbox-dynamodb faults: throttle counts")
     ) {
         let faults = FaultInjector::seeded_from_env("OUTBOX_FAULT_SEED");
-        let plain = common::outbox(&client, DynamoOutboxConfig::default())
-            .await
-            .unwrap();
-        let retrying = faulty(
-            &client,
-            &faults,
-            RetryConfig::standard()
-                .with_max_attempts(3)
-                .with_initial_backoff(Duration::from_millis(1)),
-        );
-        let outbox = DynamoOutbox::new(retrying, plain.config().clone()).unwrap();
+        let outbox = outbox_retrying(&client, &faults, three_quick_attempts()).await;
         faults.add(
             Rule::throttle("TransactWriteItems", Fault::ProvisionedThroughputExceeded).times(1),
         );
