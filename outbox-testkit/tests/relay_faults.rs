@@ -332,7 +332,7 @@ async fn on_a_renewing_store_a_chunk_with_too_little_lease_renews_instead() {
     // The store renews, so the relay extends the batch's leases and publishes the
     // second wave instead of releasing it.
     let memory = renewing_with(2);
-    let (_store, publisher, relay) = short_second_wave(&memory);
+    let (store, publisher, relay) = short_second_wave(&memory);
     let report = dispatch_pending(&relay, &memory).await;
     assert_eq!(
         (report.dispatched, report.released, report.store_errors),
@@ -340,7 +340,15 @@ async fn on_a_renewing_store_a_chunk_with_too_little_lease_renews_instead() {
         "{report:?}"
     );
     assert_eq!(publisher.calls(), 2);
-    assert!(publisher.published().iter().all(|m| m.attempts == 1));
+    let published = publisher.published();
+    assert!(published.iter().all(|m| m.attempts == 1));
+    // The first wave's settle was sent before the second wave renewed: the renewal
+    // asks only for the lease still unsettled, not for one the store has completed.
+    assert_eq!(
+        store.renewals(),
+        vec![vec![published[1].id]],
+        "one renewal, of the second wave's lease only"
+    );
 }
 
 #[tokio::test]

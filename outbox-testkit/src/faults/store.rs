@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use outbox_core::{
     store::ClaimIds, store::ClaimRequest, store::Claimed, store::Failure, store::Lease,
     store::Renewed, store::Settled, store::StoreCapabilities, Error, ErrorKind, ErrorStatus,
-    OutboxStore, Result,
+    MessageId, OutboxStore, Result,
 };
 
 /// A store operation faults can be injected into.
@@ -47,6 +47,8 @@ struct Plan {
     faults: HashMap<Op, VecDeque<(Fault, usize)>>,
     calls: HashMap<Op, usize>,
     claim_delay: Duration,
+    /// The ids each renew call asked for, call by call.
+    renewals: Vec<Vec<MessageId>>,
 }
 
 /// Wraps an [`OutboxStore`] and makes chosen calls fail, panic or stall, to test how a
@@ -98,6 +100,12 @@ impl FaultyStore {
     /// the moment it is made).
     pub fn calls(&self, op: Op) -> usize {
         self.plan().calls.get(&op).copied().unwrap_or(0)
+    }
+
+    /// The ids each [`OutboxStore::renew`] call asked to extend, call by call (faulty
+    /// calls included): what a relay thought it still held when it renewed.
+    pub fn renewals(&self) -> Vec<Vec<MessageId>> {
+        self.plan().renewals.clone()
     }
 
     /// Faults planned for `op` and not yet used.
@@ -197,6 +205,8 @@ impl OutboxStore for FaultyStore {
     // complete, fail, release and claim above.
 
     async fn renew(&self, leases: &[Lease], lease: Duration) -> Result<Renewed> {
+        let ids = leases.iter().map(|l| l.id).collect();
+        self.plan().renewals.push(ids);
         self.run(Op::Renew, self.inner.renew(leases, lease)).await
     }
 }
