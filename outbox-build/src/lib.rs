@@ -35,15 +35,7 @@ pub enum Require {
 /// build. Asks cargo to rerun the script when the variables it reads change. Call it
 /// from a build script only: it prints cargo's build-script instructions.
 pub fn gate_on_url(var: &str, service: &str, require: Require) {
-    println!("cargo::rerun-if-env-changed={var}");
-    let url = std::env::var(var).ok();
-    apply(url_outcome(
-        var,
-        service,
-        require,
-        url.as_deref(),
-        read_require_integration(require).as_deref(),
-    ));
+    emit(url_gate(var, service, require, &env_var));
 }
 
 /// Gates a crate's tests that start a private PostgreSQL cluster on the server
@@ -55,14 +47,7 @@ pub fn gate_on_url(var: &str, service: &str, require: Require) {
 /// when `PATH` (where `pg_config` is found) or `/usr/lib/postgresql` changes. Call it
 /// from a build script only: it prints cargo's build-script instructions.
 pub fn gate_on_postgres_server(require: Require) {
-    println!("cargo::rerun-if-env-changed=PATH");
-    println!("cargo::rerun-if-changed={DEBIAN_POSTGRESQL}");
-    let bindir = postgres_bindir();
-    apply(server_outcome(
-        bindir.as_deref(),
-        require,
-        read_require_integration(require).as_deref(),
-    ));
+    emit(server_gate(postgres_bindir().as_deref(), require, &env_var));
 }
 
 /// The directory holding the PostgreSQL server binaries `initdb` and `pg_ctl`:
@@ -91,29 +76,83 @@ enum Outcome {
     Fail(String),
 }
 
-/// Reads `OUTBOX_REQUIRE_INTEGRATION` (and asks cargo to watch it) when `require` can
-/// make it matter.
-fn read_require_integration(require: Require) -> Option<String> {
+/// A gate's work: the build-script instructions to print, or (`Err`) the message to
+/// fail the build with.
+type Gate = std::result::Result<Vec<String>, String>;
+
+/// Reads an environment variable, `None` when it is unset or not Unicode.
+fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// Prints a gate's instructions, or panics with its message (which fails the build).
+fn emit(gate: Gate) {
+    match gate {
+        Ok(lines) => lines.iter().for_each(|line| println!("{line}")),
+        Err(message) => panic!("{message}"),
+    }
+}
+
+/// [`gate_on_url`]'s work, reading the environment through `env`.
+fn url_gate(
+    var: &str,
+    service: &str,
+    require: Require,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Gate {
+    let mut lines = vec![format!("cargo::rerun-if-env-changed={var}")];
+    let required = read_require_integration(require, env, &mut lines);
+    let url = env(var);
+    finish(
+        lines,
+        url_outcome(var, service, require, url.as_deref(), required.as_deref()),
+    )
+}
+
+/// [`gate_on_postgres_server`]'s work, given the directory found and reading the
+/// environment through `env`.
+fn server_gate(
+    bindir: Option<&Path>,
+    require: Require,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Gate {
+    let mut lines = vec![
+        "cargo::rerun-if-env-changed=PATH".to_owned(),
+        format!("cargo::rerun-if-changed={DEBIAN_POSTGRESQL}"),
+    ];
+    let required = read_require_integration(require, env, &mut lines);
+    finish(lines, server_outcome(bindir, require, required.as_deref()))
+}
+
+/// Reads `OUTBOX_REQUIRE_INTEGRATION` through `env` (and asks cargo to watch it) when
+/// `require` can make it matter.
+fn read_require_integration(
+    require: Require,
+    env: &dyn Fn(&str) -> Option<String>,
+    lines: &mut Vec<String>,
+) -> Option<String> {
     match require {
         Require::InCi => {
-            println!("cargo::rerun-if-env-changed={REQUIRE_INTEGRATION}");
-            std::env::var(REQUIRE_INTEGRATION).ok()
+            lines.push(format!("cargo::rerun-if-env-changed={REQUIRE_INTEGRATION}"));
+            env(REQUIRE_INTEGRATION)
         }
         Require::Never => None,
     }
 }
 
-/// Prints `outcome`'s build-script instructions, or panics with its message.
-fn apply(outcome: Outcome) {
-    println!("cargo::rustc-check-cfg=cfg({SERVICE_UNSET_CFG})");
+/// `lines` followed by `outcome`'s instructions: the cfg declared, and when the service
+/// is missing a warning and the cfg set; or `outcome`'s failure.
+fn finish(mut lines: Vec<String>, outcome: Outcome) -> Gate {
+    lines.push(format!("cargo::rustc-check-cfg=cfg({SERVICE_UNSET_CFG})"));
     match outcome {
         Outcome::Available => {}
         Outcome::Ignore(warning) => {
-            println!("cargo::warning={warning}");
-            println!("cargo::rustc-cfg={SERVICE_UNSET_CFG}");
+            lines.push(format!("cargo::warning={warning}"));
+            lines.push(format!("cargo::rustc-cfg={SERVICE_UNSET_CFG}"));
         }
-        Outcome::Fail(message) => panic!("{message}"),
+        Outcome::Fail(message) => return Err(message),
     }
+    Ok(lines)
 }
 
 /// [`gate_on_url`]'s decision, given the values of `var` and of
@@ -324,6 +363,117 @@ mod tests {
         assert!(m.contains("OUTBOX_REQUIRE_INTEGRATION=1"), "{m}");
         assert!(m.contains("install the PostgreSQL server package"), "{m}");
         warning(server_outcome(None, Require::Never, Some("1")));
+    }
+
+    /// An environment holding only `vars`.
+    fn env_of(vars: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
+    #[test]
+    fn a_url_gate_watches_what_it_read_and_sets_the_cfg_only_when_the_url_is_missing() {
+        let watch = [
+            "cargo::rerun-if-env-changed=OUTBOX_PG_URL",
+            "cargo::rerun-if-env-changed=OUTBOX_REQUIRE_INTEGRATION",
+            "cargo::rustc-check-cfg=cfg(outbox_service_unset)",
+        ];
+        let set = env_of(&[
+            ("OUTBOX_PG_URL", "postgres://x"),
+            ("OUTBOX_REQUIRE_INTEGRATION", "1"),
+        ]);
+        let lines = url_gate("OUTBOX_PG_URL", "PostgreSQL", Require::InCi, &set).unwrap();
+        assert_eq!(lines, watch);
+        let unset = env_of(&[]);
+        let lines = url_gate("OUTBOX_PG_URL", "PostgreSQL", Require::InCi, &unset).unwrap();
+        assert_eq!(lines[..3], watch);
+        assert!(
+            lines[3].starts_with("cargo::warning=OUTBOX_PG_URL is not set: "),
+            "{lines:?}"
+        );
+        assert_eq!(lines[4], "cargo::rustc-cfg=outbox_service_unset");
+        assert_eq!(lines.len(), 5);
+        let required = env_of(&[("OUTBOX_REQUIRE_INTEGRATION", "1")]);
+        let message = url_gate("OUTBOX_PG_URL", "PostgreSQL", Require::InCi, &required)
+            .expect_err("required and missing fails the build");
+        assert!(
+            message.contains("OUTBOX_REQUIRE_INTEGRATION=1"),
+            "{message}"
+        );
+        // A service CI does not run neither reads nor watches the requirement.
+        let lines = url_gate(
+            "OUTBOX_TEST_MSSQL_URL",
+            "SQL Server",
+            Require::Never,
+            &required,
+        )
+        .unwrap();
+        assert_eq!(
+            lines[0],
+            "cargo::rerun-if-env-changed=OUTBOX_TEST_MSSQL_URL"
+        );
+        assert_eq!(lines[1], "cargo::rustc-check-cfg=cfg(outbox_service_unset)");
+        assert_eq!(
+            lines.last().unwrap(),
+            "cargo::rustc-cfg=outbox_service_unset"
+        );
+    }
+
+    #[test]
+    fn a_server_gate_watches_the_search_and_sets_the_cfg_only_when_nothing_was_found() {
+        let required = env_of(&[("OUTBOX_REQUIRE_INTEGRATION", "1")]);
+        let dir = Path::new("/usr/lib/postgresql/16/bin");
+        let lines = server_gate(Some(dir), Require::InCi, &required).unwrap();
+        assert_eq!(
+            lines,
+            [
+                "cargo::rerun-if-env-changed=PATH",
+                "cargo::rerun-if-changed=/usr/lib/postgresql",
+                "cargo::rerun-if-env-changed=OUTBOX_REQUIRE_INTEGRATION",
+                "cargo::rustc-check-cfg=cfg(outbox_service_unset)",
+            ]
+        );
+        let message = server_gate(None, Require::InCi, &required).expect_err("required");
+        assert!(
+            message.contains("install the PostgreSQL server package"),
+            "{message}"
+        );
+        let lines = server_gate(None, Require::InCi, &env_of(&[])).unwrap();
+        assert_eq!(
+            lines.last().unwrap(),
+            "cargo::rustc-cfg=outbox_service_unset"
+        );
+    }
+
+    #[test]
+    fn env_var_reads_the_process_environment() {
+        // Cargo sets it for every test it runs.
+        let dir = std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo");
+        assert_eq!(env_var("CARGO_MANIFEST_DIR"), Some(dir));
+        assert_eq!(env_var("OUTBOX_BUILD_TEST_NEVER_SET"), None);
+    }
+
+    #[test]
+    #[should_panic(expected = "fails the build")]
+    fn emit_fails_the_build_with_the_gates_message() {
+        emit(Err("this message fails the build".to_owned()));
+    }
+
+    /// The search on this machine: what it finds holds a server, and under
+    /// `OUTBOX_REQUIRE_INTEGRATION=1` (CI, whose `scripts/services.sh` installs
+    /// PostgreSQL) it finds one.
+    #[test]
+    fn postgres_bindir_finds_a_whole_server_where_one_is_installed() {
+        let found = postgres_bindir();
+        if let Some(dir) = &found {
+            assert!(has_server(dir), "{}", dir.display());
+        }
+        if std::env::var(REQUIRE_INTEGRATION).as_deref() == Ok("1") {
+            assert!(found.is_some(), "no PostgreSQL server binaries found");
+        }
     }
 
     #[test]
