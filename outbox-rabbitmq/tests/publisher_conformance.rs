@@ -152,8 +152,14 @@ impl RabbitNamespace {
 
     /// The test's channel, reopened if a restart closed it.
     async fn channel(&self) -> Result<Channel> {
+        self.channel_reopened(false).await
+    }
+
+    /// The test's channel, on a new connection when `reopen` is set or the old one is
+    /// closed: a connection that a killed node left looking open is not trusted twice.
+    async fn channel_reopened(&self, reopen: bool) -> Result<Channel> {
         let mut link = self.link.lock().await;
-        if !link.1.status().connected() {
+        if reopen || !link.1.status().connected() {
             *link = open(&self.url).await?;
         }
         Ok(link.1.clone())
@@ -178,19 +184,27 @@ impl RestartableNamespace for RabbitNamespace {
         // mandatory publish to a bound key can come back NO_ROUTE (seen in CI), which
         // the publisher must report Permanent. "Back" is when it routes: probe with a
         // key of its own, which no read-back of a case's destinations returns.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        // Generous: a node that answers AMQP is seconds from routing, but a loaded CI
+        // machine has taken over 20 s.
+        let deadline = tokio::time::Instant::now() + ROUTE_AGAIN;
         let mut pause = outbox_core::backend::Backoff::new(
             Duration::from_millis(20),
             Duration::from_millis(200),
         );
+        let mut reopen = false;
         loop {
-            if self.routes("routed.probe").await {
-                return Ok(());
+            match self.routes("routed.probe", reopen).await {
+                Probe::Routed => return Ok(()),
+                Probe::Returned => reopen = false,
+                Probe::Broken => reopen = true,
             }
             if tokio::time::Instant::now() > deadline {
                 return Err(Error::new(
                     ErrorKind::Timeout,
-                    "the restarted node did not route to the namespace's queue within 20 s",
+                    format!(
+                        "the restarted node did not route to the namespace's queue within \
+                         {ROUTE_AGAIN:?}"
+                    ),
                 ));
             }
             pause.wait().await;
@@ -198,11 +212,29 @@ impl RestartableNamespace for RabbitNamespace {
     }
 }
 
+/// How long a restarted node may take, once it answers AMQP, to route again.
+const ROUTE_AGAIN: Duration = Duration::from_secs(60);
+
+/// What one routing probe met.
+enum Probe {
+    /// Confirmed and not returned: the node routes.
+    Routed,
+    /// Returned or nacked: the node answers but does not route yet.
+    Returned,
+    /// The connection failed or the probe hung: the next probe opens a new one.
+    Broken,
+}
+
 impl RabbitNamespace {
-    /// Whether a mandatory, confirmed publish to `key` is routed (not returned).
-    async fn routes(&self, key: &str) -> bool {
+    /// What a mandatory, confirmed publish to `key` met, on a fresh connection when
+    /// `reopen` is set. Opening the connection is bounded by [`open`], not by the
+    /// probe's own two seconds, so a slow handshake on a node still booting is not
+    /// cancelled every time.
+    async fn routes(&self, key: &str, reopen: bool) -> Probe {
+        let Ok(channel) = self.channel_reopened(reopen).await else {
+            return Probe::Broken;
+        };
         let probe = async {
-            let channel = self.channel().await.ok()?;
             let confirms = channel.clone();
             confirms
                 .confirm_select(ConfirmSelectOptions::default())
@@ -224,10 +256,11 @@ impl RabbitNamespace {
             let confirmation = confirm.await.ok()?;
             Some(confirmation.is_ack() && confirmation.take_message().is_none())
         };
-        matches!(
-            tokio::time::timeout(Duration::from_secs(2), probe).await,
-            Ok(Some(true))
-        )
+        match tokio::time::timeout(Duration::from_secs(2), probe).await {
+            Ok(Some(true)) => Probe::Routed,
+            Ok(Some(false)) => Probe::Returned,
+            Ok(None) | Err(_) => Probe::Broken,
+        }
     }
 }
 
